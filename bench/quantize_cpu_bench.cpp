@@ -1,0 +1,147 @@
+// CPU quantize throughput beside memcpy, in one run.
+//
+// Effective bandwidth = (bytes read + bytes written) / time, for a 4096x4096 bf16 input (32 MiB):
+// NVFP4 rowwise+columnwise with and without RHT, NVFP4 16x16 (both directions), MXFP8 E4M3
+// rowwise+columnwise; the fast path on 1 thread and on all threads, the reference path on 1.
+// The baseline is memcpy of the input (read 32 MiB + write 32 MiB) on the same thread counts.
+// The table printed last gives each figure as a ratio to memcpy and to the reference path.
+//
+// Run: build/release/bench/bench_quantize_cpu [--benchmark_format=json]  (takes about a minute)
+#include <benchmark/benchmark.h>
+#include <omp.h>
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "microscale/half.hpp"
+#include "microscale/quantize.hpp"
+
+namespace {
+
+using namespace microscale;
+
+constexpr int64_t kRows = 4096, kCols = 4096;
+
+const Tensor& input() {
+  static const Tensor x = [] {
+    Tensor t(DType::BF16, {kRows, kCols});
+    std::mt19937 rng(0);
+    std::normal_distribution<float> normal;
+    for (int64_t i = 0; i < t.numel(); ++i) t.data_as<uint16_t>()[i] = float_to_bf16(normal(rng));
+    return t;
+  }();
+  return x;
+}
+
+int64_t output_bytes(const QuantizedTensor& q) {
+  int64_t n = 0;
+  for (const Tensor* t : {&q.rowwise_data, &q.rowwise_scale, &q.columnwise_data, &q.columnwise_scale}) {
+    if (t->defined()) n += static_cast<int64_t>(t->nbytes());
+  }
+  return n;
+}
+
+struct Case {
+  const char* name;
+  QuantizeOptions options;
+};
+
+std::vector<Case> cases() {
+  QuantizeOptions nvfp4;
+  nvfp4.rowwise = nvfp4.columnwise = true;
+  QuantizeOptions nvfp4_rht = nvfp4;
+  nvfp4_rht.rht = true;
+  QuantizeOptions nvfp4_2d = nvfp4;
+  nvfp4_2d.tile = Tile::k16x16;
+  QuantizeOptions mxfp8 = nvfp4;
+  mxfp8.scheme = Scheme::MXFP8_E4M3;
+  return {{"nvfp4_row_col", nvfp4}, {"nvfp4_row_col_rht", nvfp4_rht}, {"nvfp4_16x16", nvfp4_2d}, {"mxfp8_row_col", mxfp8}};
+}
+
+void BM_memcpy(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  const size_t bytes = input().nbytes();
+  std::vector<std::byte> dst(bytes);
+  const auto* src = static_cast<const std::byte*>(input().data());
+  for (auto _ : state) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int chunk = 0; chunk < 64; ++chunk) {
+      const size_t begin = bytes * chunk / 64, end = bytes * (chunk + 1) / 64;
+      std::memcpy(dst.data() + begin, src + begin, end - begin);
+    }
+    benchmark::DoNotOptimize(dst.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(2 * bytes));
+}
+
+void BM_quantize(benchmark::State& state, Case c, bool reference) {
+  QuantizeOptions o = c.options;
+  o.num_threads = static_cast<int>(state.range(0));
+  int64_t moved = 0;
+  for (auto _ : state) {
+    const QuantizedTensor q = reference ? quantize_ref(input().view(), o) : quantize(input().view(), o);
+    moved = static_cast<int64_t>(input().nbytes()) + output_bytes(q);
+    benchmark::DoNotOptimize(q.rowwise_data.data());
+  }
+  state.SetBytesProcessed(state.iterations() * moved);
+}
+
+// Collects bytes/second per benchmark name for the closing table.
+class TableReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const Run& r : runs) {
+      if (r.run_type == Run::RT_Iteration && r.counters.count("bytes_per_second")) {
+        rates[r.benchmark_name()] = r.counters.at("bytes_per_second").value;
+      }
+    }
+  }
+  std::map<std::string, double> rates;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int all = omp_get_max_threads();
+  for (int threads : {1, all}) {
+    benchmark::RegisterBenchmark("memcpy", BM_memcpy)->Arg(threads)->UseRealTime()->Unit(benchmark::kMillisecond);
+  }
+  for (const Case& c : cases()) {
+    for (int threads : {1, all}) {
+      benchmark::RegisterBenchmark((std::string("fast/") + c.name).c_str(), BM_quantize, c, false)
+          ->Arg(threads)->UseRealTime()->Unit(benchmark::kMillisecond);
+    }
+    benchmark::RegisterBenchmark((std::string("ref/") + c.name).c_str(), BM_quantize, c, true)
+        ->Arg(1)->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+  }
+  benchmark::Initialize(&argc, argv);
+  TableReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+
+  auto rate = [&](const std::string& name) {
+    auto it = reporter.rates.find(name);
+    return it == reporter.rates.end() ? 0.0 : it->second;
+  };
+  std::printf("\n4096x4096 bf16, effective GB/s = (bytes read + written) / time; %d hardware threads\n", all);
+  std::printf("%-20s %8s %10s %12s %12s\n", "case", "threads", "GB/s", "vs memcpy", "vs ref(1t)");
+  for (const Case& c : cases()) {
+    const double ref = rate(std::string("ref/") + c.name + "/1/iterations:1/real_time");
+    for (int threads : {1, all}) {
+      const std::string suffix = "/" + std::to_string(threads) + "/real_time";
+      const double fast = rate(std::string("fast/") + c.name + suffix);
+      const double copy = rate("memcpy" + suffix);
+      std::printf("%-20s %8d %10.2f %11.2fx %11.1fx\n", c.name, threads, fast / 1e9, copy > 0 ? fast / copy : 0.0,
+                  ref > 0 ? fast / ref : 0.0);
+    }
+  }
+  std::printf("%-20s %8d %10.2f\n", "memcpy", 1, rate("memcpy/1/real_time") / 1e9);
+  std::printf("%-20s %8d %10.2f\n", "memcpy", all, rate("memcpy/" + std::to_string(all) + "/real_time") / 1e9);
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,69 @@
+// microscale/half.hpp — 16-bit float storage types (bfloat16, IEEE half) and exact conversions.
+//
+// Inputs and dequantized outputs can be bf16 or fp16. Widening to fp32 is exact; narrowing rounds
+// to nearest even, keeps NaN a NaN and overflows to Inf, as torch and the CUDA intrinsics do.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace microscale {
+
+inline uint32_t float_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+inline float bits_to_float(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+/// @brief bf16 bit pattern -> fp32 (exact).
+inline float bf16_to_float(uint16_t bits) { return bits_to_float(static_cast<uint32_t>(bits) << 16); }
+
+/// @brief fp32 -> bf16 bit pattern, round to nearest even; NaN stays a (quiet) NaN.
+inline uint16_t float_to_bf16(float x) {
+  const uint32_t u = float_bits(x);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  const uint32_t rounding_bias = 0x7FFFu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>((u + rounding_bias) >> 16);
+}
+
+/// @brief IEEE binary16 bit pattern -> fp32 (exact).
+inline float half_to_float(uint16_t bits) {
+  const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
+  const uint32_t exponent = (bits >> 10) & 0x1Fu;
+  const uint32_t mantissa = bits & 0x3FFu;
+  if (exponent == 0x1F) return bits_to_float(sign | 0x7F800000u | (mantissa << 13));
+  if (exponent == 0) {
+    // zero or subnormal: mantissa * 2^-24, exact in fp32
+    const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-08f;
+    return sign ? -magnitude : magnitude;
+  }
+  return bits_to_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+
+/// @brief fp32 -> IEEE binary16 bit pattern, round to nearest even, overflow to Inf.
+inline uint16_t float_to_half(float x) {
+  const uint32_t u = float_bits(x);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
+  if (a >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // >= 65520 rounds to Inf
+  if (a < 0x38800000u) {
+    // result is subnormal or zero in half: round a / 2^-24 to an integer, ties to even
+    const float scaled = bits_to_float(a) * 16777216.0f;  // exact: multiply by 2^24
+    const float whole = static_cast<float>(static_cast<uint32_t>(scaled));
+    float rounded = whole;
+    const float frac = scaled - whole;
+    if (frac > 0.5f || (frac == 0.5f && (static_cast<uint32_t>(whole) & 1u))) rounded += 1.0f;
+    return static_cast<uint16_t>(sign | static_cast<uint16_t>(rounded));
+  }
+  const uint32_t rounding_bias = 0xFFFu + ((a >> 13) & 1u);
+  return static_cast<uint16_t>(sign | ((a - 0x38000000u + rounding_bias) >> 13));
+}
+
+}  // namespace microscale

@@ -1,0 +1,125 @@
+// microscale/quantize.hpp — block-scaled quantization: schemes, options, quantize(), dequantize().
+//
+// A QuantizedTensor is data + scales + scheme, so every entry point serves every format.
+//
+// The input is flattened to 2-D [M, K] (M = product of the leading dims, K = last dim).
+//
+// NVFP4 (TransformerEngine >= 2.14, NVFP4QuantizerRef numerics; numerics-te.md §1-5):
+//   rowwise_data      u8  [M, K/2]   E2M1 codes, even element in the low nibble
+//   rowwise_scale     u8  [M, K/16]  E4M3 block decode scales (compact), or swizzled (see layout.hpp)
+//   rowwise_amax      f32            max|x|, or the override (global scale S_enc = 2688 / amax)
+//   columnwise_*      the same for X^T ([K, M/2], [K, M/16]); with rht, of RHT(X^T) rounded to bf16,
+//                     and columnwise_amax = max|RHT(X^T)|
+//   Tile::k16x16 shares one scale per 16x16 tile (weights); rows/columns of a tile repeat it.
+// MX (torchao main to_mx numerics, OCP MX v1.0 blocks of 32; numerics-mx.md §3-5):
+//   rowwise_data      u8  [M, K]     one code per byte (FP8, FP6 in the low 6 bits), FP4: [M, K/2]
+//   rowwise_scale     u8  [M, K/32]  E8M0 exponents (compact) or swizzled
+//   columnwise_data   u8  [M, K]     NOT transposed (TransformerEngine MXFP8 layout), blocks of 32
+//                                    along M; FP4: [M, K/2]
+//   columnwise_scale  u8  [M/32, K]  compact; swizzled as the transpose [K, M/32]
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "microscale/format.hpp"
+#include "microscale/tensor.hpp"
+
+namespace microscale {
+
+/// @brief The block-scaled schemes.
+enum class Scheme : uint8_t {
+  NVFP4,       ///< E2M1 elements, 16-element blocks, E4M3 block scales, FP32 global scale
+  MXFP8_E4M3,  ///< E4M3 elements, 32-element blocks, E8M0 scales
+  MXFP8_E5M2,  ///< E5M2 elements, 32-element blocks, E8M0 scales
+  MXFP6_E2M3,  ///< E2M3 elements, 32-element blocks, E8M0 scales
+  MXFP6_E3M2,  ///< E3M2 elements, 32-element blocks, E8M0 scales
+  MXFP4,       ///< E2M1 elements, 32-element blocks, E8M0 scales
+};
+
+/// @brief How an MX block's E8M0 scale is chosen from the block amax (numerics-mx.md §3.3).
+enum class ScaleMode : uint8_t {
+  Floor,  ///< OCP: 2^(floor(log2 amax) - emax); elements above max saturate
+  Ceil,   ///< 2^(ceil(log2 amax) - emax)
+  Even,   ///< amax rounded to the element's mantissa width first, then floor
+  RCeil,  ///< round up amax * (1/max) to a power of two (torchao RCEIL; TE MXFP8 for finite blocks,
+          ///< TE's kernels skip NaN in the amax and give Inf blocks 0xFE where torchao gives 0xFF)
+};
+
+/// @brief NVFP4 scale-block shape.
+enum class Tile : uint8_t { k1x16, k16x16 };
+
+/// @brief Where scales go: compact [rows, blocks] or the cuBLAS 128x4 swizzled layout.
+enum class ScaleLayout : uint8_t { Compact, Swizzled };
+
+/// @brief Which of the two outputs of a quantization.
+enum class Usage : uint8_t { Rowwise, Columnwise };
+
+/// @brief Stochastic rounding: element i of a direction's row-major output draws byte i % 16 of
+/// Philox4x32-10(key = seed, counter = {block, offset}) with block = i / 16, columnwise blocks
+/// numbered after the M*K/16 rowwise ones; see philox.hpp. Same seed, same bytes, on any thread
+/// count and, by construction, on CPU and GPU.
+struct StochasticRounding {
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+};
+
+struct QuantizeOptions {
+  Scheme scheme = Scheme::NVFP4;
+  bool rowwise = true;
+  bool columnwise = false;
+  ScaleMode scale_mode = ScaleMode::RCeil;  ///< MX only
+  Tile tile = Tile::k1x16;                  ///< NVFP4 only
+  bool rht = false;                         ///< NVFP4 columnwise only, bf16 input only
+  uint16_t rht_sign_mask = 0xD7E8;          ///< bit i set: sign of Hadamard row i is negative
+  std::optional<StochasticRounding> stochastic_rounding;  ///< NVFP4 only
+  std::optional<float> amax_rowwise;     ///< NVFP4: use this amax (e.g. all-reduced over a TP group)
+  std::optional<float> amax_columnwise;  ///< NVFP4: the same for the columnwise (post-RHT) amax
+  ScaleLayout scale_layout = ScaleLayout::Compact;
+  int num_threads = 0;  ///< CPU fast path: 0 = all hardware threads
+};
+
+/// @brief Quantized data and scales; the outputs not asked for are undefined Tensors.
+struct QuantizedTensor {
+  Scheme scheme = Scheme::NVFP4;
+  Tile tile = Tile::k1x16;
+  bool rht = false;
+  ScaleLayout scale_layout = ScaleLayout::Compact;
+  std::vector<int64_t> shape;  ///< the original (unflattened) input shape
+  int64_t rows = 0;            ///< M
+  int64_t cols = 0;            ///< K
+  Tensor rowwise_data, rowwise_scale;
+  Tensor columnwise_data, columnwise_scale;
+  float rowwise_amax = 0.0f;     ///< NVFP4 only
+  float columnwise_amax = 0.0f;  ///< NVFP4 only
+
+  bool has(Usage usage) const;
+};
+
+/// @brief Element format of a scheme's data.
+Format element_format(Scheme scheme);
+/// @brief Elements per scale block along the quantized dimension (16 or 32).
+int block_size(Scheme scheme);
+bool is_mx(Scheme scheme);
+/// @brief "nvfp4", "mxfp8_e4m3", ... and back (parse throws microscale::Error).
+std::string_view scheme_name(Scheme scheme);
+Scheme parse_scheme(std::string_view name);
+std::string_view scale_mode_name(ScaleMode mode);
+ScaleMode parse_scale_mode(std::string_view name);
+
+/// @brief Quantizes with the fast CPU path (threads + SIMD); equal bit for bit to quantize_ref.
+QuantizedTensor quantize(const TensorView& input, const QuantizeOptions& options);
+
+/// @brief The reference path: plain single-threaded loops, written to be read.
+QuantizedTensor quantize_ref(const TensorView& input, const QuantizeOptions& options);
+
+/// @brief Dequantizes one usage to f32, bf16 or f16.
+///
+/// Rowwise gives [M, K]. Columnwise gives, for NVFP4, X^T [K, M] (RHT(X^T) if rht was on), and for
+/// MX the non-transposed [M, K]. The result is reshaped to the original shape when it is [M, K].
+/// MX: code * 2^(e-127) (NaN when e = 0xFF), exact in fp32, rounded once to the output dtype.
+/// NVFP4: code * RN(scale_e4m3 * RN(1 / S_enc)) in fp32, then rounded to the output dtype.
+Tensor dequantize(const QuantizedTensor& q, Usage usage, DType out_dtype = DType::F32);
+
+}  // namespace microscale

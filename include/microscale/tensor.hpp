@@ -1,0 +1,82 @@
+// microscale/tensor.hpp — a non-owning TensorView and an owning host Tensor.
+//
+// The library's entry points take TensorViews (dtype, shape, strides in elements, device,
+// pointer), so callers hand over memory they own (a torch tensor, a numpy array, an mmapped file)
+// without copies. Results come back as Tensors, which own host memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace microscale {
+
+/// @brief Element types a TensorView can hold.
+enum class DType : uint8_t { F32, BF16, F16, U8 };
+
+/// @brief Bytes per element.
+size_t dtype_size(DType dtype);
+/// @brief "f32", "bf16", "f16", "u8".
+std::string_view dtype_name(DType dtype);
+
+enum class Device : uint8_t { CPU, CUDA };
+
+/// @brief A strided, non-owning view of memory.
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;  ///< in elements; empty means contiguous (row-major)
+  Device device = Device::CPU;
+
+  /// @brief A contiguous view of a buffer of `size_bytes`; throws if the shape needs more bytes.
+  static TensorView from_buffer(const void* data, size_t size_bytes, DType dtype,
+                                std::vector<int64_t> shape);
+
+  int64_t numel() const;
+  int64_t ndim() const { return static_cast<int64_t>(shape.size()); }
+  /// @brief Strides in elements (the contiguous ones when `strides` is empty).
+  std::vector<int64_t> effective_strides() const;
+  bool is_contiguous() const;
+};
+
+/// @brief An owning, contiguous host tensor (zero-initialised).
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(DType dtype, std::vector<int64_t> shape);
+
+  bool defined() const { return storage_ != nullptr; }
+  DType dtype() const { return dtype_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t numel() const;
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+
+  void* data() { return storage_.get(); }
+  const void* data() const { return storage_.get(); }
+  template <typename T>
+  T* data_as() {
+    return static_cast<T*>(data());
+  }
+  template <typename T>
+  const T* data_as() const {
+    return static_cast<const T*>(data());
+  }
+
+  TensorView view() const;
+  /// @brief Same bytes, new shape with the same element count.
+  Tensor reshaped(std::vector<int64_t> shape) const;
+
+ private:
+  std::shared_ptr<std::byte[]> storage_;
+  DType dtype_ = DType::U8;
+  std::vector<int64_t> shape_;
+};
+
+/// @brief "[128, 64]"
+std::string shape_string(const std::vector<int64_t>& shape);
+
+}  // namespace microscale

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Sets everything up and runs every test: the C++ suite (ctest, incl. all golden cases) on the
+# release build and again under AddressSanitizer + UBSan, then the Python cross-checks.
+# Usage: bash scripts/test.sh   (the README's test command; .ci/run calls it)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+if [ -d /usr/local/cuda/bin ]; then export PATH="$PATH:/usr/local/cuda/bin"; fi
+
+echo "== ctest (release)"
+ctest --preset release -j "$(nproc)"
+
+echo "== ctest (AddressSanitizer + UBSan)"
+cmake --preset asan >/dev/null
+cmake --build --preset asan -j "$(nproc)"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --preset asan -j "$(nproc)"
+
+echo "== pytest (ml_dtypes and safetensors as independent oracles)"
+MICROSCALE_CLI=build/release/microscale build/venv/bin/python -m pytest -q tests/python

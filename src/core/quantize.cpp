@@ -1,0 +1,283 @@
+// quantize() / quantize_ref() / dequantize(): argument checks, output allocation, dispatch to the
+// CPU kernels, and the scale layout pass. Kernels see only validated inputs.
+#include "microscale/quantize.hpp"
+
+#include <array>
+#include <cctype>
+#include <cmath>
+#include <string>
+
+#include "core/input_matrix.hpp"
+#include "core/scale_math.hpp"
+#include "cpu/quantize_kernels.hpp"
+#include "microscale/error.hpp"
+#include "microscale/half.hpp"
+#include "microscale/layout.hpp"
+
+namespace microscale {
+namespace {
+
+struct SchemeRow {
+  Scheme scheme;
+  std::string_view name;
+  Format format;
+  int block;
+};
+
+constexpr std::array<SchemeRow, 6> kSchemes = {{
+    {Scheme::NVFP4, "nvfp4", Format::E2M1, 16},
+    {Scheme::MXFP8_E4M3, "mxfp8_e4m3", Format::E4M3, 32},
+    {Scheme::MXFP8_E5M2, "mxfp8_e5m2", Format::E5M2, 32},
+    {Scheme::MXFP6_E2M3, "mxfp6_e2m3", Format::E2M3, 32},
+    {Scheme::MXFP6_E3M2, "mxfp6_e3m2", Format::E3M2, 32},
+    {Scheme::MXFP4, "mxfp4", Format::E2M1, 32},
+}};
+
+const SchemeRow& scheme_row(Scheme scheme) {
+  for (const SchemeRow& row : kSchemes) {
+    if (row.scheme == scheme) return row;
+  }
+  throw Error("unknown scheme id " + std::to_string(static_cast<int>(scheme)));
+}
+
+std::string lowercase(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+void require(bool condition, const std::string& reason) {
+  if (!condition) throw Error(reason);
+}
+
+void validate(const InputMatrix& x, const QuantizeOptions& o) {
+  const SchemeRow& s = scheme_row(o.scheme);
+  const std::string name(s.name);
+  const std::string shape = "[" + std::to_string(x.rows) + ", " + std::to_string(x.cols) + "]";
+  require(o.rowwise || o.columnwise, "ask for rowwise and/or columnwise output");
+  require(o.num_threads >= 0, "num_threads must be >= 0");
+  require(o.scale_layout == ScaleLayout::Compact || o.scale_layout == ScaleLayout::Swizzled,
+          "unknown scale layout");
+  if (o.rowwise) {
+    require(x.cols % s.block == 0, name + " rowwise needs the last dim divisible by " +
+                                       std::to_string(s.block) + "; input (flattened) is " + shape);
+  }
+  if (o.columnwise) {
+    require(x.rows % s.block == 0, name + " columnwise needs the flattened leading dims divisible by " +
+                                       std::to_string(s.block) + "; input (flattened) is " + shape);
+  }
+  if (o.scheme == Scheme::NVFP4) {
+    require(o.tile == Tile::k1x16 || o.tile == Tile::k16x16, "unknown NVFP4 tile");
+    if (o.tile == Tile::k16x16) {
+      require(x.rows % 16 == 0 && x.cols % 16 == 0,
+              "nvfp4 16x16 tiles need both dims divisible by 16; input (flattened) is " + shape);
+      require(!o.rht, "RHT is for 1x16 activations and gradients, not 16x16 weight tiles");
+    }
+    if (o.rht && o.columnwise) {
+      require(x.dtype == DType::BF16, "RHT is only supported for bf16 input (as in TransformerEngine)");
+    }
+    for (const auto& amax : {o.amax_rowwise, o.amax_columnwise}) {
+      if (amax) require(std::isfinite(*amax) && *amax >= 0.0f, "an amax override must be finite and >= 0");
+    }
+  } else {
+    require(o.tile == Tile::k1x16, name + " has 32-element blocks; tile applies to nvfp4 only");
+    require(!o.rht, "RHT applies to nvfp4 only");
+    require(!o.stochastic_rounding, "stochastic rounding applies to nvfp4 only");
+    require(!o.amax_rowwise && !o.amax_columnwise, "amax overrides apply to nvfp4 only (MX has no global scale)");
+    require(o.scale_mode == ScaleMode::Floor || o.scale_mode == ScaleMode::Ceil ||
+                o.scale_mode == ScaleMode::Even || o.scale_mode == ScaleMode::RCeil,
+            "unknown scale mode");
+  }
+}
+
+QuantizedTensor allocate(const TensorView& input, const InputMatrix& x, const QuantizeOptions& o) {
+  QuantizedTensor q;
+  q.scheme = o.scheme;
+  q.tile = o.tile;
+  q.rht = o.rht;
+  q.scale_layout = ScaleLayout::Compact;
+  q.shape = input.shape;
+  q.rows = x.rows;
+  q.cols = x.cols;
+  const int64_t m = x.rows, k = x.cols;
+  const int block = block_size(o.scheme);
+  if (o.scheme == Scheme::NVFP4) {
+    if (o.rowwise) {
+      q.rowwise_data = Tensor(DType::U8, {m, k / 2});
+      q.rowwise_scale = Tensor(DType::U8, {m, k / block});
+    }
+    if (o.columnwise) {
+      q.columnwise_data = Tensor(DType::U8, {k, m / 2});
+      q.columnwise_scale = Tensor(DType::U8, {k, m / block});
+    }
+  } else {
+    const int64_t data_cols = element_format(o.scheme) == Format::E2M1 ? k / 2 : k;
+    if (o.rowwise) {
+      q.rowwise_data = Tensor(DType::U8, {m, data_cols});
+      q.rowwise_scale = Tensor(DType::U8, {m, k / block});
+    }
+    if (o.columnwise) {
+      q.columnwise_data = Tensor(DType::U8, {m, data_cols});
+      q.columnwise_scale = Tensor(DType::U8, {m / block, k});
+    }
+  }
+  return q;
+}
+
+Tensor transpose_u8(const Tensor& t) {
+  const int64_t rows = t.shape()[0], cols = t.shape()[1];
+  Tensor out(DType::U8, {cols, rows});
+  const auto* src = t.data_as<uint8_t>();
+  auto* dst = out.data_as<uint8_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
+  }
+  return out;
+}
+
+// MX columnwise scales [M/32, K] are swizzled as their transpose [K, M/32] (the GEMM reads the
+// columnwise operand as if transposed); every other scale matrix is swizzled as it is.
+bool swizzled_as_transpose(const QuantizedTensor& q, Usage usage) {
+  return usage == Usage::Columnwise && is_mx(q.scheme);
+}
+
+void swizzle_outputs(QuantizedTensor& q) {
+  if (q.rowwise_scale.defined()) q.rowwise_scale = swizzle_scales(q.rowwise_scale.view());
+  if (q.columnwise_scale.defined()) {
+    q.columnwise_scale = swizzled_as_transpose(q, Usage::Columnwise)
+                             ? swizzle_scales(transpose_u8(q.columnwise_scale).view())
+                             : swizzle_scales(q.columnwise_scale.view());
+  }
+  q.scale_layout = ScaleLayout::Swizzled;
+}
+
+using Kernel = void (*)(const InputMatrix&, const QuantizeOptions&, QuantizedTensor&);
+
+QuantizedTensor run(const TensorView& input, const QuantizeOptions& options, Kernel nvfp4, Kernel mx) {
+  const InputMatrix x = make_input_matrix(input);
+  validate(x, options);
+  QuantizedTensor q = allocate(input, x, options);
+  (options.scheme == Scheme::NVFP4 ? nvfp4 : mx)(x, options, q);
+  if (options.scale_layout == ScaleLayout::Swizzled) swizzle_outputs(q);
+  return q;
+}
+
+// Compact scales of one usage, whatever layout q holds them in.
+Tensor compact_scales(const QuantizedTensor& q, Usage usage) {
+  const Tensor& scales = usage == Usage::Rowwise ? q.rowwise_scale : q.columnwise_scale;
+  if (q.scale_layout == ScaleLayout::Compact) return scales;
+  const int block = block_size(q.scheme);
+  // Shape of the matrix that was swizzled: rowwise [M, K/block]; columnwise, NVFP4's [K, M/16]
+  // and the transpose of MX's [M/32, K], i.e. [K, M/block] in both cases.
+  const int64_t rows = usage == Usage::Rowwise ? q.rows : q.cols;
+  const int64_t cols = usage == Usage::Rowwise ? q.cols / block : q.rows / block;
+  Tensor compact = unswizzle_scales(scales.view(), rows, cols);
+  return swizzled_as_transpose(q, usage) ? transpose_u8(compact) : compact;
+}
+
+void store(DType dtype, void* out, int64_t i, float v) {
+  switch (dtype) {
+    case DType::F32: static_cast<float*>(out)[i] = v; break;
+    case DType::BF16: static_cast<uint16_t*>(out)[i] = float_to_bf16(v); break;
+    case DType::F16: static_cast<uint16_t*>(out)[i] = float_to_half(v); break;
+    default: throw Error("dequantize output dtype must be f32, bf16 or f16");
+  }
+}
+
+uint8_t code_at(const uint8_t* row, int64_t column, bool packed_fp4) {
+  if (!packed_fp4) return row[column];
+  const uint8_t byte = row[column / 2];
+  return column % 2 == 0 ? (byte & 0x0F) : static_cast<uint8_t>(byte >> 4);
+}
+
+}  // namespace
+
+bool QuantizedTensor::has(Usage usage) const {
+  return usage == Usage::Rowwise ? rowwise_data.defined() : columnwise_data.defined();
+}
+
+Format element_format(Scheme scheme) { return scheme_row(scheme).format; }
+int block_size(Scheme scheme) { return scheme_row(scheme).block; }
+bool is_mx(Scheme scheme) { return scheme != Scheme::NVFP4; }
+std::string_view scheme_name(Scheme scheme) { return scheme_row(scheme).name; }
+
+Scheme parse_scheme(std::string_view name) {
+  const std::string lower = lowercase(name);
+  for (const SchemeRow& row : kSchemes) {
+    if (row.name == lower) return row.scheme;
+  }
+  throw Error("unknown scheme '" + std::string(name) +
+              "' (expected nvfp4, mxfp8_e4m3, mxfp8_e5m2, mxfp6_e2m3, mxfp6_e3m2 or mxfp4)");
+}
+
+std::string_view scale_mode_name(ScaleMode mode) {
+  switch (mode) {
+    case ScaleMode::Floor: return "floor";
+    case ScaleMode::Ceil: return "ceil";
+    case ScaleMode::Even: return "even";
+    case ScaleMode::RCeil: return "rceil";
+  }
+  throw Error("unknown scale mode id " + std::to_string(static_cast<int>(mode)));
+}
+
+ScaleMode parse_scale_mode(std::string_view name) {
+  const std::string lower = lowercase(name);
+  for (ScaleMode mode : {ScaleMode::Floor, ScaleMode::Ceil, ScaleMode::Even, ScaleMode::RCeil}) {
+    if (scale_mode_name(mode) == lower) return mode;
+  }
+  throw Error("unknown scale mode '" + std::string(name) + "' (expected floor, rceil, ceil or even)");
+}
+
+QuantizedTensor quantize(const TensorView& input, const QuantizeOptions& options) {
+  return run(input, options, cpu::quantize_nvfp4, cpu::quantize_mx);
+}
+
+QuantizedTensor quantize_ref(const TensorView& input, const QuantizeOptions& options) {
+  return run(input, options, cpu::quantize_nvfp4_ref, cpu::quantize_mx_ref);
+}
+
+Tensor dequantize(const QuantizedTensor& q, Usage usage, DType out_dtype) {
+  if (!q.has(usage)) {
+    throw Error(std::string("this quantized tensor has no ") +
+                (usage == Usage::Rowwise ? "rowwise" : "columnwise") + " data");
+  }
+  if (out_dtype == DType::U8) throw Error("dequantize output dtype must be f32, bf16 or f16");
+  const Tensor& data = usage == Usage::Rowwise ? q.rowwise_data : q.columnwise_data;
+  const Tensor scales = compact_scales(q, usage);
+  const bool nvfp4 = q.scheme == Scheme::NVFP4;
+  const Format format = element_format(q.scheme);
+  const bool packed = format == Format::E2M1;
+  const int block = block_size(q.scheme);
+  // Logical shape of the data: NVFP4 columnwise holds X^T.
+  const bool transposed = nvfp4 && usage == Usage::Columnwise;
+  const int64_t rows = transposed ? q.cols : q.rows, cols = transposed ? q.rows : q.cols;
+  const int64_t data_cols = packed ? cols / 2 : cols;
+  const bool mx_columnwise = !nvfp4 && usage == Usage::Columnwise;
+
+  Tensor out(out_dtype, {rows, cols});
+  const auto* codes = data.data_as<uint8_t>();
+  const auto* scale = scales.data_as<uint8_t>();
+  float s_dec = 0.0f;
+  if (nvfp4) {
+    const float amax = usage == Usage::Rowwise ? q.rowwise_amax : q.columnwise_amax;
+    s_dec = 1.0f / nvfp4_global_encode_scale(amax);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint8_t code = code_at(codes + r * data_cols, c, packed);
+      const uint8_t s = mx_columnwise ? scale[(r / block) * cols + c] : scale[r * (cols / block) + c / block];
+      float value;
+      if (nvfp4) {
+        value = decode(format, code) * (decode(Format::E4M3, s) * s_dec);
+      } else {
+        // exact in fp32: at most 3 mantissa bits times a power of two >= 2^-127
+        value = s == 0xFF ? NAN : decode(format, code) * std::ldexp(1.0f, s - 127);
+      }
+      store(out_dtype, out.data(), r * cols + c, value);
+    }
+  }
+  if (!transposed) return out.reshaped(q.shape);
+  return out;
+}
+
+}  // namespace microscale

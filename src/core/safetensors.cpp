@@ -1,0 +1,242 @@
+// safetensors reader (mmap, bounds-checked) and writer.
+#include "microscale/safetensors.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "microscale/error.hpp"
+
+namespace microscale {
+namespace {
+
+using json = nlohmann::json;
+
+// A header larger than this is refused before parsing (the reference implementation uses 100 MB).
+constexpr uint64_t kMaxHeaderBytes = 100u << 20;
+
+struct DtypeRow {
+  std::string_view name;
+  size_t size;
+};
+constexpr std::array<DtypeRow, 16> kDtypes = {{
+    {"BOOL", 1}, {"U8", 1}, {"I8", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"F8_E8M0", 1},
+    {"I16", 2}, {"U16", 2}, {"F16", 2}, {"BF16", 2}, {"I32", 4}, {"U32", 4},
+    {"F32", 4}, {"F64", 8}, {"I64", 8}, {"U64", 8},
+}};
+
+std::string describe(const std::string& origin) { return origin.empty() ? "safetensors data" : origin; }
+
+}  // namespace
+
+size_t safetensors_dtype_size(std::string_view dtype) {
+  for (const DtypeRow& row : kDtypes) {
+    if (row.name == dtype) return row.size;
+  }
+  throw Error("unknown safetensors dtype '" + std::string(dtype) + "'");
+}
+
+std::optional<DType> safetensors_to_dtype(std::string_view dtype) {
+  if (dtype == "F32") return DType::F32;
+  if (dtype == "BF16") return DType::BF16;
+  if (dtype == "F16") return DType::F16;
+  if (dtype == "U8") return DType::U8;
+  return std::nullopt;
+}
+
+std::string_view dtype_to_safetensors(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return "F32";
+    case DType::BF16: return "BF16";
+    case DType::F16: return "F16";
+    case DType::U8: return "U8";
+  }
+  throw Error("unknown dtype id " + std::to_string(static_cast<int>(dtype)));
+}
+
+SafetensorsFile SafetensorsFile::open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error("cannot open '" + path + "': " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error("'" + path + "' is not a regular file");
+  }
+  SafetensorsFile file;
+  file.size_ = static_cast<size_t>(st.st_size);
+  if (file.size_ == 0) {
+    ::close(fd);
+    throw Error("'" + path + "' is empty, not a safetensors file");
+  }
+  void* mapping = ::mmap(nullptr, file.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (mapping == MAP_FAILED) throw Error("cannot map '" + path + "': " + std::strerror(errno));
+  const size_t size = file.size_;
+  file.owner_ = std::shared_ptr<const void>(mapping, [size](const void* p) {
+    ::munmap(const_cast<void*>(p), size);
+  });
+  file.bytes_ = static_cast<const std::byte*>(mapping);
+  file.parse(path);
+  return file;
+}
+
+SafetensorsFile SafetensorsFile::from_bytes(std::vector<std::byte> bytes) {
+  auto owned = std::make_shared<std::vector<std::byte>>(std::move(bytes));
+  SafetensorsFile file;
+  file.bytes_ = owned->data();
+  file.size_ = owned->size();
+  file.owner_ = owned;
+  file.parse("");
+  return file;
+}
+
+void SafetensorsFile::parse(const std::string& origin) {
+  const std::string where = describe(origin);
+  if (size_ < 8) throw Error(where + ": too short for a safetensors header (" + std::to_string(size_) + " bytes)");
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(bytes_[i]);
+  if (header_len > kMaxHeaderBytes) throw Error(where + ": header length " + std::to_string(header_len) + " is too large");
+  if (header_len > size_ - 8) {
+    throw Error(where + ": header length " + std::to_string(header_len) + " runs past the end of the file (" +
+                std::to_string(size_) + " bytes): truncated?");
+  }
+  const auto* header_begin = reinterpret_cast<const char*>(bytes_ + 8);
+  json header;
+  try {
+    header = json::parse(header_begin, header_begin + header_len);
+  } catch (const json::exception& e) {
+    throw Error(where + ": header is not valid JSON (" + e.what() + ")");
+  }
+  if (!header.is_object()) throw Error(where + ": header is not a JSON object");
+  const std::byte* data = bytes_ + 8 + header_len;
+  const uint64_t data_size = size_ - 8 - header_len;
+
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const json& value = it.value();
+    if (name == "__metadata__") {
+      if (!value.is_object()) throw Error(where + ": __metadata__ must be an object of strings");
+      for (auto m = value.begin(); m != value.end(); ++m) {
+        if (!m.value().is_string()) throw Error(where + ": __metadata__ value '" + m.key() + "' is not a string");
+        metadata_[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    const std::string context = where + ": tensor '" + name + "'";
+    if (!value.is_object()) throw Error(context + " is not an object");
+    if (!value.contains("dtype") || !value["dtype"].is_string()) throw Error(context + " has no string dtype");
+    if (!value.contains("shape") || !value["shape"].is_array()) throw Error(context + " has no shape array");
+    if (!value.contains("data_offsets") || !value["data_offsets"].is_array() || value["data_offsets"].size() != 2) {
+      throw Error(context + " needs data_offsets [begin, end]");
+    }
+    SafetensorsEntry entry;
+    entry.name = name;
+    entry.dtype = value["dtype"].get<std::string>();
+    size_t element_size = 0;
+    try {
+      element_size = safetensors_dtype_size(entry.dtype);
+    } catch (const Error&) {
+      throw Error(context + " has unknown dtype '" + entry.dtype + "'");
+    }
+    uint64_t numel = 1;
+    for (const json& d : value["shape"]) {
+      if (!d.is_number_unsigned()) throw Error(context + " has a shape entry that is not a non-negative integer");
+      const uint64_t dim = d.get<uint64_t>();
+      if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+          (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / dim)) {
+        throw Error(context + " has a shape too large");
+      }
+      numel *= dim;
+      entry.shape.push_back(static_cast<int64_t>(dim));
+    }
+    const json& offsets = value["data_offsets"];
+    if (!offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned()) {
+      throw Error(context + " has data_offsets that are not non-negative integers");
+    }
+    const uint64_t begin = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
+    if (begin > end || end > data_size) {
+      throw Error(context + " has data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                  "] outside the data buffer of " + std::to_string(data_size) + " bytes: truncated or corrupt");
+    }
+    if (numel > std::numeric_limits<uint64_t>::max() / element_size || numel * element_size != end - begin) {
+      throw Error(context + " has " + std::to_string(end - begin) + " bytes but its dtype and shape need " +
+                  std::to_string(numel) + " x " + std::to_string(element_size));
+    }
+    entry.data = data + begin;
+    entry.nbytes = static_cast<size_t>(end - begin);
+    tensors_.push_back(std::move(entry));
+  }
+  std::sort(tensors_.begin(), tensors_.end(),
+            [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.data < b.data; });
+  for (size_t i = 1; i < tensors_.size(); ++i) {
+    if (tensors_[i - 1].data + tensors_[i - 1].nbytes > tensors_[i].data) {
+      throw Error(where + ": tensors '" + tensors_[i - 1].name + "' and '" + tensors_[i].name + "' overlap");
+    }
+  }
+}
+
+bool SafetensorsFile::contains(std::string_view name) const {
+  return std::any_of(tensors_.begin(), tensors_.end(), [&](const SafetensorsEntry& e) { return e.name == name; });
+}
+
+const SafetensorsEntry& SafetensorsFile::at(std::string_view name) const {
+  for (const SafetensorsEntry& e : tensors_) {
+    if (e.name == name) return e;
+  }
+  throw Error("no tensor named '" + std::string(name) + "' in the safetensors file");
+}
+
+TensorView SafetensorsFile::view(std::string_view name) const {
+  const SafetensorsEntry& e = at(name);
+  const std::optional<DType> dtype = safetensors_to_dtype(e.dtype);
+  if (!dtype) throw Error("tensor '" + e.name + "' has dtype " + e.dtype + ", not F32/BF16/F16/U8");
+  return TensorView::from_buffer(e.data, e.nbytes, *dtype, e.shape);
+}
+
+void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const SafetensorsTensor& t : tensors) {
+    if (t.name == "__metadata__" || header.contains(t.name)) throw Error("duplicate or reserved tensor name '" + t.name + "'");
+    uint64_t numel = 1;
+    for (int64_t d : t.shape) {
+      if (d < 0) throw Error("tensor '" + t.name + "' has a negative dimension");
+      if (d != 0 && numel > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d)) {
+        throw Error("tensor '" + t.name + "' has a shape too large");
+      }
+      numel *= static_cast<uint64_t>(d);
+    }
+    const size_t element_size = safetensors_dtype_size(t.dtype);
+    if (numel > std::numeric_limits<uint64_t>::max() / element_size || numel * element_size != t.nbytes) {
+      throw Error("tensor '" + t.name + "': " + std::to_string(t.nbytes) + " bytes do not match " + t.dtype + " " +
+                  shape_string(t.shape));
+    }
+    if (t.data == nullptr && t.nbytes > 0) throw Error("tensor '" + t.name + "' has a null data pointer");
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.nbytes}}};
+    offset += t.nbytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data buffer starts 8-byte aligned
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw Error("cannot write '" + path + "'");
+  const uint64_t len = text.size();
+  std::array<char, 8> len_bytes{};
+  for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<char>((len >> (8 * i)) & 0xFF);
+  out.write(len_bytes.data(), 8);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  for (const SafetensorsTensor& t : tensors) out.write(static_cast<const char*>(t.data), static_cast<std::streamsize>(t.nbytes));
+  if (!out) throw Error("error while writing '" + path + "'");
+}
+
+}  // namespace microscale

@@ -1,0 +1,86 @@
+// Scale formulas shared by every backend (host and device): the NVFP4 two-level scales and the
+// MX E8M0 exponent per scale mode. Each line is an fp32 operation in the order the references
+// perform it, since a different order can move a result by one ulp and flip a rounding.
+#pragma once
+
+#include <cfloat>
+#include <cstdint>
+#include <cstring>
+
+#include "microscale/philox.hpp"  // MICROSCALE_HOST_DEVICE
+
+namespace microscale {
+
+MICROSCALE_HOST_DEVICE uint32_t bits_of(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+MICROSCALE_HOST_DEVICE float float_of(uint32_t u) {
+  float x;
+  memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+// ---- NVFP4 (numerics-te.md §1.1-1.4, TE >= 2.14) ------------------------------------------------
+
+/// Global encode scale S_enc = 2688 / amax, clamped to FLT_MAX; 1 when amax is 0 or S_enc is 0.
+MICROSCALE_HOST_DEVICE float nvfp4_global_encode_scale(float amax) {
+  float s_enc = 2688.0f / amax;                 // 2688 = 448 * 6
+  s_enc = s_enc < FLT_MAX ? s_enc : FLT_MAX;    // +Inf (amax = 0) and NaN clamp to FLT_MAX
+  if (amax == 0.0f || s_enc == 0.0f) s_enc = 1.0f;
+  return s_enc;
+}
+
+/// Multiplier turning a block amax into the fp32 block decode scale: RN(S_enc * RN(1/6)).
+MICROSCALE_HOST_DEVICE float nvfp4_block_scale_multiplier(float s_enc) {
+  const float one_sixth = 1.0f / 6.0f;  // 0x3E2AAAAB
+  return s_enc * one_sixth;
+}
+
+/// Block encode scale from the decoded E4M3 block scale: min(1 / RN(scale * S_dec), FLT_MAX).
+/// A zero scale gives FLT_MAX, so the block's nonzero elements saturate (as TE does).
+MICROSCALE_HOST_DEVICE float nvfp4_block_encode_scale(float block_scale, float s_dec) {
+  const float product = block_scale * s_dec;
+  const float inverse = 1.0f / product;
+  return inverse < FLT_MAX ? inverse : FLT_MAX;
+}
+
+// ---- MX E8M0 scale (numerics-mx.md §3.3-3.4, torchao main) --------------------------------------
+
+enum class MxScaleRule : uint8_t { Floor, Ceil, Even, RCeil };
+
+/// E8M0 byte of a block with amax `amax` (NaN if any element is NaN), for an element format with
+/// max exponent `emax`, `mantissa_bits` and max value `max_normal`.
+MICROSCALE_HOST_DEVICE uint8_t mx_scale_byte(float amax, MxScaleRule rule, int emax, int mantissa_bits,
+                                             float max_normal) {
+  if (rule == MxScaleRule::RCeil) {
+    const float d = amax * (1.0f / max_normal);  // reciprocal rounded to fp32 first, one multiply
+    const uint32_t u = bits_of(d);
+    const uint32_t exponent = (u >> 23) & 0xFFu, mantissa = u & 0x7FFFFFu;
+    if (exponent == 0xFFu) return 0xFF;
+    if (exponent == 0) return mantissa > 0x400000u ? 1 : 0;  // round up to 2^-126 or down to 2^-127
+    return static_cast<uint8_t>(exponent + (mantissa != 0 ? 1u : 0u));  // 254 + 1 -> 255 = NaN
+  }
+  uint32_t u = bits_of(amax) & 0x7FFFFFFFu;
+  if (u >= 0x7F800000u) return 0xFF;  // Inf or NaN amax
+  if (rule == MxScaleRule::Even) {
+    u += 1u << (22 - mantissa_bits);  // round the amax to the element's mantissa width
+    if (u >= 0x7F800000u) return 0xFF;
+  }
+  const int exponent = static_cast<int>(u >> 23) - 127;  // -127 for zero and subnormals
+  int unbiased = exponent - emax;
+  if (rule == MxScaleRule::Ceil && (u & 0x7FFFFFu) != 0) unbiased += 1;
+  unbiased = unbiased < -127 ? -127 : (unbiased > 128 ? 128 : unbiased);
+  return static_cast<uint8_t>(unbiased + 127);
+}
+
+/// fp32 2^(127 - byte): the multiplier applied to a block's elements; NaN for byte 0xFF.
+MICROSCALE_HOST_DEVICE float mx_inverse_scale(uint8_t byte) {
+  if (byte == 0xFF) return float_of(0x7FC00000u);
+  if (byte == 0xFE) return float_of(0x00400000u);  // 2^-127, an fp32 subnormal
+  return float_of(static_cast<uint32_t>(254 - byte) << 23);
+}
+
+}  // namespace microscale

@@ -1,0 +1,51 @@
+// The 16-point random Hadamard transform of NVFP4's columnwise (wgrad) operands.
+//
+// y_j = 0.25 * sum_i s_i * (-1)^popcount(i & j) * x_i, with s_i = -1 where bit i of the sign mask
+// is set (TE: 0xD7E8). Every product is exact and the sum is taken in double in i order (exact for
+// any realistic range of 16 bf16 values). It then goes to bf16 the way TE's reference output does:
+// truncated toward zero to fp32, then rounded to nearest even to bf16. Two golden cases pin this
+// down and rule out both "fp32 RN, then bf16" and "one RN to bf16": nvfp4_23 has an exact sum of
+// -171.49999618 (golden -171; fp32 RN would give the tie -171.5 and then -172) and nvfp4_31 has
+// 150.50000083 (golden 150; a single rounding gives 151). A tensor-core fp32 accumulator, which
+// truncates, behaves this way. Every backend calls these functions.
+#pragma once
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
+#include "microscale/half.hpp"
+
+namespace microscale {
+
+/// Sign (+1 / -1) of Hadamard-with-signs entry (i, j).
+/// NOTE: written with integer xor on purpose: GCC 12 at -O1/-O2 folds the equivalent
+/// `bool != (popcount(i & j) & 1)` form to a constant once inlined (seen on Debian's 12.2).
+inline double rht_sign(uint16_t sign_mask, int i, int j) {
+  const unsigned parity = static_cast<unsigned>(std::popcount(static_cast<unsigned>(i & j)));
+  const unsigned negative = (static_cast<unsigned>(sign_mask >> i) ^ parity) & 1u;
+  return negative ? -1.0 : 1.0;
+}
+
+/// Narrows a double to fp32, rounding toward zero.
+inline float truncate_to_f32(double d) {
+  const float f = static_cast<float>(d);  // round to nearest
+  if (std::fabs(static_cast<double>(f)) <= std::fabs(d)) return f;
+  return bits_to_float(float_bits(f) - 1u);  // one ulp back toward zero
+}
+
+/// The exact 16-term sum of output j, narrowed as TE's reference does (see above).
+inline float rht_output_to_bf16_value(double exact_sum) {
+  return bf16_to_float(float_to_bf16(truncate_to_f32(exact_sum)));
+}
+
+/// y = RHT(x) for one 16-vector, each output rounded to bf16 and returned as its exact fp32 value.
+inline void rht16(const float x[16], uint16_t sign_mask, float y[16]) {
+  for (int j = 0; j < 16; ++j) {
+    double sum = 0.0;
+    for (int i = 0; i < 16; ++i) sum += rht_sign(sign_mask, i, j) * 0.25 * x[i];
+    y[j] = rht_output_to_bf16_value(sum);
+  }
+}
+
+}  // namespace microscale

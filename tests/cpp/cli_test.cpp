@@ -1,0 +1,133 @@
+// The `microscale quantize-tensors` command: output names, bytes equal to the library's, the
+// table, and clear messages with a non-zero exit for bad input.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "microscale/quantize.hpp"
+#include "microscale/safetensors.hpp"
+#include "test_data.hpp"
+
+namespace microscale {
+namespace {
+
+struct Result {
+  int exit_code;
+  std::string output;  // stdout and stderr
+};
+
+Result run_cli(const std::string& args) {
+  const std::string command = std::string(MICROSCALE_CLI_PATH) + " " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  Result r{-1, ""};
+  if (pipe == nullptr) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.output.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string temp(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("microscale_cli_" + name)).string();
+}
+
+std::string make_input() {
+  const std::string path = temp("in.safetensors");
+  const Tensor w = testing_data::random_tensor(DType::BF16, {64, 128}, testing_data::Fill::Normal, 1);
+  const Tensor b = testing_data::random_tensor(DType::BF16, {32, 32}, testing_data::Fill::Normal, 2);
+  const std::vector<int64_t> ids = {1, 2, 3};
+  write_safetensors(path, {{"layer.weight", "BF16", w.shape(), w.data(), w.nbytes()},
+                           {"layer.bias", "BF16", b.shape(), b.data(), b.nbytes()},
+                           {"ids", "I64", {3}, ids.data(), 24}});
+  return path;
+}
+
+TEST(Cli, QuantizeTensorsNvfp4) {
+  const std::string in = make_input(), out = temp("out.safetensors");
+  const Result r = run_cli("quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --rht --swizzle");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("SQNR"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("layer.weight"), std::string::npos);
+  const SafetensorsFile f = SafetensorsFile::open(out);
+  for (const char* name : {"layer.weight.rowwise_data", "layer.weight.rowwise_scale", "layer.weight.rowwise_amax",
+                           "layer.weight.columnwise_data", "layer.weight.columnwise_scale",
+                           "layer.weight.columnwise_amax", "layer.bias.rowwise_data", "ids"}) {
+    EXPECT_TRUE(f.contains(name)) << name;
+  }
+  // The bytes are the library's.
+  const SafetensorsFile src = SafetensorsFile::open(in);
+  QuantizeOptions o;
+  o.rowwise = o.columnwise = true;
+  o.rht = true;
+  o.scale_layout = ScaleLayout::Swizzled;
+  const QuantizedTensor q = quantize(src.view("layer.weight"), o);
+  const SafetensorsEntry& data = f.at("layer.weight.columnwise_data");
+  ASSERT_EQ(data.nbytes, q.columnwise_data.nbytes());
+  EXPECT_EQ(0, std::memcmp(data.data, q.columnwise_data.data(), data.nbytes));
+  const SafetensorsEntry& scale = f.at("layer.weight.rowwise_scale");
+  ASSERT_EQ(scale.nbytes, q.rowwise_scale.nbytes());
+  EXPECT_EQ(0, std::memcmp(scale.data, q.rowwise_scale.data(), scale.nbytes));
+  EXPECT_EQ(f.metadata().at("microscale.scheme"), "nvfp4");
+}
+
+TEST(Cli, QuantizeTensorsMxRowwiseOnly) {
+  const std::string in = make_input(), out = temp("out_mx.safetensors");
+  const Result r = run_cli("quantize-tensors " + in + " -o " + out + " --scheme mxfp4 --scale-mode floor --rowwise");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const SafetensorsFile f = SafetensorsFile::open(out);
+  EXPECT_TRUE(f.contains("layer.weight.rowwise_data"));
+  EXPECT_FALSE(f.contains("layer.weight.columnwise_data"));
+  EXPECT_FALSE(f.contains("layer.weight.rowwise_amax"));  // MX has no global scale
+  EXPECT_EQ(f.at("layer.weight.rowwise_data").shape, (std::vector<int64_t>{64, 64}));
+  EXPECT_EQ(f.at("layer.weight.rowwise_scale").shape, (std::vector<int64_t>{64, 4}));
+}
+
+TEST(Cli, BadInputIsAMessageAndNonZeroExit) {
+  const std::string in = make_input(), out = temp("bad.safetensors");
+  const std::pair<std::string, std::string> cases[] = {
+      {"quantize-tensors " + in + " -o " + out + " --scheme nvfp5", "unknown scheme"},
+      {"quantize-tensors " + in + " -o " + out + " --scheme mxfp8_e4m3 --scale-mode up", "unknown scale mode"},
+      {"quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --scale-mode floor", "--scale-mode applies"},
+      {"quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --tile 8x8", "--tile must be"},
+      {"quantize-tensors " + in + " -o " + out + " --scheme mxfp4 --sr-seed 3", "stochastic rounding"},
+      {"quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --bogus", "bogus"},
+      {"quantize-tensors " + in + " --scheme nvfp4", "output"},
+      {"quantize-tensors /nonexistent.safetensors -o " + out + " --scheme nvfp4", "nonexistent"},
+      {"frobnicate", "subcommand"},
+  };
+  for (const auto& [args, message] : cases) {
+    const Result r = run_cli(args);
+    EXPECT_NE(r.exit_code, 0) << args;
+    EXPECT_NE(r.output.find(message), std::string::npos) << args << "\n" << r.output;
+  }
+  // A truncated file, and a tensor that cannot be blocked (rows of 30 for columnwise).
+  {
+    std::ofstream bad(temp("truncated.safetensors"), std::ios::binary);
+    bad.write("\x40\x00\x00\x00\x00\x00\x00\x00{\"a\":", 13);
+  }
+  Result r = run_cli("quantize-tensors " + temp("truncated.safetensors") + " -o " + out + " --scheme nvfp4");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("truncated"), std::string::npos) << r.output;
+  const std::vector<float> odd(30 * 32, 1.0f);
+  write_safetensors(temp("odd.safetensors"), {{"odd", "F32", {30, 32}, odd.data(), odd.size() * 4}});
+  r = run_cli("quantize-tensors " + temp("odd.safetensors") + " -o " + out + " --scheme mxfp8_e4m3");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("tensor 'odd'"), std::string::npos) << r.output;
+  // RHT needs bf16 input: an f32 tensor is refused by name.
+  const std::vector<float> f32(32 * 32, 1.0f);
+  write_safetensors(temp("f32.safetensors"), {{"w", "F32", {32, 32}, f32.data(), f32.size() * 4}});
+  r = run_cli("quantize-tensors " + temp("f32.safetensors") + " -o " + out + " --scheme nvfp4 --rht");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("RHT is only supported for bf16"), std::string::npos) << r.output;
+  EXPECT_EQ(run_cli("quantize-tensors --help").exit_code, 0);
+}
+
+}  // namespace
+}  // namespace microscale

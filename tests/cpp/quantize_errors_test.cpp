@@ -1,0 +1,139 @@
+// Bad input: every case is a microscale::Error with a reason, never a crash or silent garbage.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "microscale/error.hpp"
+#include "microscale/layout.hpp"
+#include "microscale/quantize.hpp"
+#include "test_data.hpp"
+
+namespace microscale {
+namespace {
+
+using testing_data::Fill;
+using testing_data::random_tensor;
+
+// Expects quantize and quantize_ref to throw microscale::Error whose message contains `reason`.
+void expect_rejected(const TensorView& x, const QuantizeOptions& o, const std::string& reason) {
+  for (auto fn : {quantize, quantize_ref}) {
+    try {
+      fn(x, o);
+      ADD_FAILURE() << "accepted; expected an error about '" << reason << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(reason), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(QuantizeErrors, WrongDtype) {
+  const Tensor x(DType::U8, {32, 32});
+  expect_rejected(x.view(), QuantizeOptions{}, "dtype must be f32, bf16 or f16");
+}
+
+TEST(QuantizeErrors, EmptyAndNull) {
+  const Tensor empty(DType::F32, {0, 32});
+  expect_rejected(empty.view(), QuantizeOptions{}, "is empty");
+  TensorView scalar = Tensor(DType::F32, {1}).view();
+  scalar.shape = {};
+  expect_rejected(scalar, QuantizeOptions{}, "at least one dimension");
+  TensorView null_view = Tensor(DType::F32, {16, 16}).view();
+  null_view.data = nullptr;
+  expect_rejected(null_view, QuantizeOptions{}, "null data pointer");
+}
+
+TEST(QuantizeErrors, ShortAndNullBuffers) {
+  std::vector<float> buffer(100);
+  EXPECT_THROW(TensorView::from_buffer(buffer.data(), buffer.size() * 4, DType::F32, {16, 16}), Error);
+  EXPECT_THROW(TensorView::from_buffer(nullptr, 1024, DType::F32, {16, 16}), Error);
+  EXPECT_THROW(TensorView::from_buffer(buffer.data(), 400, DType::F32, {-1, 16}), Error);
+  EXPECT_NO_THROW(TensorView::from_buffer(buffer.data(), 400, DType::F32, {100}));
+}
+
+TEST(QuantizeErrors, BadStrides) {
+  const Tensor base = random_tensor(DType::F32, {64, 64}, Fill::Normal, 1);
+  TensorView v = base.view();
+  v.strides = {-64, 1};
+  expect_rejected(v, QuantizeOptions{}, "must be positive");
+  v.strides = {64};
+  expect_rejected(v, QuantizeOptions{}, "do not match shape");
+  v.strides = {1, 1};  // rows overlap
+  expect_rejected(v, QuantizeOptions{}, "overlap");
+  TensorView three = base.view();
+  three.shape = {4, 16, 64};
+  three.strides = {1, 64, 1};  // leading dims do not fold
+  expect_rejected(three, QuantizeOptions{}, "do not fold");
+}
+
+TEST(QuantizeErrors, ShapesThatCannotBeBlocked) {
+  const Tensor x = random_tensor(DType::BF16, {48, 40}, Fill::Normal, 2);
+  QuantizeOptions o;
+  expect_rejected(x.view(), o, "divisible by 16");  // K = 40
+  o.scheme = Scheme::MXFP8_E4M3;
+  expect_rejected(x.view(), o, "divisible by 32");
+  const Tensor y = random_tensor(DType::BF16, {40, 64}, Fill::Normal, 3);
+  o.columnwise = true;
+  expect_rejected(y.view(), o, "leading dims divisible by 32");  // M = 40, MX columnwise
+  o.scheme = Scheme::NVFP4;
+  o.rowwise = true;
+  o.columnwise = false;
+  o.tile = Tile::k16x16;
+  const Tensor z = random_tensor(DType::BF16, {40, 64}, Fill::Normal, 4);
+  expect_rejected(z.view(), o, "16x16 tiles need both dims divisible by 16");
+}
+
+TEST(QuantizeErrors, OptionsThatDoNotApply) {
+  const Tensor x = random_tensor(DType::F32, {64, 64}, Fill::Normal, 5);
+  QuantizeOptions o;
+  o.rowwise = o.columnwise = false;
+  expect_rejected(x.view(), o, "rowwise and/or columnwise");
+  o = QuantizeOptions{};
+  o.columnwise = true;
+  o.rht = true;
+  expect_rejected(x.view(), o, "RHT is only supported for bf16");
+  o = QuantizeOptions{};
+  o.tile = Tile::k16x16;
+  o.rht = true;
+  expect_rejected(random_tensor(DType::BF16, {64, 64}, Fill::Normal, 6).view(), o, "not 16x16");
+  o = QuantizeOptions{};
+  o.scheme = Scheme::MXFP4;
+  o.stochastic_rounding = StochasticRounding{};
+  expect_rejected(x.view(), o, "stochastic rounding applies to nvfp4");
+  o.stochastic_rounding.reset();
+  o.tile = Tile::k16x16;
+  expect_rejected(x.view(), o, "tile applies to nvfp4");
+  o.tile = Tile::k1x16;
+  o.rht = true;
+  expect_rejected(x.view(), o, "RHT applies to nvfp4");
+  o = QuantizeOptions{};
+  o.amax_rowwise = NAN;
+  expect_rejected(x.view(), o, "amax override");
+  o.amax_rowwise = -1.0f;
+  expect_rejected(x.view(), o, "amax override");
+  o = QuantizeOptions{};
+  o.num_threads = -2;
+  expect_rejected(x.view(), o, "num_threads");
+  o = QuantizeOptions{};
+  o.scheme = static_cast<Scheme>(99);
+  expect_rejected(x.view(), o, "unknown scheme");
+  o = QuantizeOptions{};
+  o.scheme = Scheme::MXFP8_E5M2;
+  o.scale_mode = static_cast<ScaleMode>(42);
+  expect_rejected(x.view(), o, "unknown scale mode");
+}
+
+TEST(QuantizeErrors, NamesAndDequantize) {
+  EXPECT_THROW(parse_scheme("nvfp5"), Error);
+  EXPECT_THROW(parse_scale_mode("round"), Error);
+  EXPECT_EQ(parse_scheme("MXFP8_E4M3"), Scheme::MXFP8_E4M3);
+  const Tensor x = random_tensor(DType::F32, {32, 32}, Fill::Normal, 8);
+  const QuantizedTensor q = quantize(x.view(), QuantizeOptions{});
+  EXPECT_THROW(dequantize(q, Usage::Columnwise), Error);
+  EXPECT_THROW(dequantize(q, Usage::Rowwise, DType::U8), Error);
+  TensorView cuda_view = x.view();
+  cuda_view.device = Device::CUDA;
+  expect_rejected(cuda_view, QuantizeOptions{}, "CPU tensor");
+}
+
+}  // namespace
+}  // namespace microscale

@@ -1,0 +1,237 @@
+// quantize() (fast path) equals quantize_ref() bit for bit on random shapes, dtypes, strides,
+// ranks, fills and options; dequantize() inverts to within the format's error; layouts agree.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "microscale/error.hpp"
+#include "microscale/layout.hpp"
+#include "microscale/quantize.hpp"
+#include "test_data.hpp"
+
+namespace microscale {
+namespace {
+
+using testing_data::Fill;
+using testing_data::random_tensor;
+using testing_data::same_bytes;
+
+void expect_same(const QuantizedTensor& a, const QuantizedTensor& b, const std::string& what) {
+  EXPECT_TRUE(same_bytes(a.rowwise_data, b.rowwise_data)) << what << ": rowwise_data";
+  EXPECT_TRUE(same_bytes(a.rowwise_scale, b.rowwise_scale)) << what << ": rowwise_scale";
+  EXPECT_TRUE(same_bytes(a.columnwise_data, b.columnwise_data)) << what << ": columnwise_data";
+  EXPECT_TRUE(same_bytes(a.columnwise_scale, b.columnwise_scale)) << what << ": columnwise_scale";
+  if (!is_mx(a.scheme)) {
+    EXPECT_EQ(float_bits(a.rowwise_amax), float_bits(b.rowwise_amax)) << what;
+    EXPECT_EQ(float_bits(a.columnwise_amax), float_bits(b.columnwise_amax)) << what;
+  }
+}
+
+const Scheme kAllSchemes[] = {Scheme::NVFP4,      Scheme::MXFP8_E4M3, Scheme::MXFP8_E5M2,
+                              Scheme::MXFP6_E2M3, Scheme::MXFP6_E3M2, Scheme::MXFP4};
+
+TEST(Quantize, FastEqualsReferenceMx) {
+  uint32_t seed = 1;
+  for (Scheme scheme : kAllSchemes) {
+    if (!is_mx(scheme)) continue;
+    for (ScaleMode mode : {ScaleMode::Floor, ScaleMode::Ceil, ScaleMode::Even, ScaleMode::RCeil}) {
+      for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+        for (Fill fill : {Fill::Normal, Fill::Heavy, Fill::Specials}) {
+          for (auto shape : {std::vector<int64_t>{32, 64}, {96, 160}, {2, 3, 32, 32}, {64, 32}}) {
+            const Tensor x = random_tensor(dtype, shape, fill, seed++);
+            QuantizeOptions o;
+            o.scheme = scheme;
+            o.scale_mode = mode;
+            o.rowwise = o.columnwise = true;
+            o.num_threads = 2;
+            const std::string what = std::string(scheme_name(scheme)) + " " + std::string(scale_mode_name(mode)) +
+                                     " " + std::string(dtype_name(dtype)) + " " + shape_string(shape);
+            expect_same(quantize(x.view(), o), quantize_ref(x.view(), o), what);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Quantize, FastEqualsReferenceNvfp4) {
+  uint32_t seed = 100;
+  for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+    for (Fill fill : {Fill::Normal, Fill::Heavy, Fill::Specials}) {
+      for (auto shape : {std::vector<int64_t>{16, 16}, {48, 80}, {144, 32}, {2, 8, 64}}) {
+        for (Tile tile : {Tile::k1x16, Tile::k16x16}) {
+          for (bool rht : {false, true}) {
+            if (rht && (dtype != DType::BF16 || tile == Tile::k16x16)) continue;
+            for (bool sr : {false, true}) {
+              const Tensor x = random_tensor(dtype, shape, fill, seed++);
+              QuantizeOptions o;
+              o.scheme = Scheme::NVFP4;
+              o.rowwise = o.columnwise = true;
+              o.tile = tile;
+              o.rht = rht;
+              if (sr) o.stochastic_rounding = StochasticRounding{seed, 3};
+              o.num_threads = 3;
+              const std::string what = std::string(dtype_name(dtype)) + " " + shape_string(shape) +
+                                       (tile == Tile::k16x16 ? " 16x16" : " 1x16") + (rht ? " rht" : "") +
+                                       (sr ? " sr" : "");
+              expect_same(quantize(x.view(), o), quantize_ref(x.view(), o), what);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Quantize, RowwiseOnlyRaggedRowsAndAmaxOverride) {
+  // Rowwise needs only the last dim blocked: 37 rows are fine.
+  const Tensor x = random_tensor(DType::BF16, {37, 64}, Fill::Normal, 7);
+  for (Scheme scheme : kAllSchemes) {
+    QuantizeOptions o;
+    o.scheme = scheme;
+    expect_same(quantize(x.view(), o), quantize_ref(x.view(), o), std::string(scheme_name(scheme)));
+  }
+  QuantizeOptions o;
+  o.amax_rowwise = 100.0f;  // e.g. the max over a tensor-parallel group
+  const QuantizedTensor q = quantize(x.view(), o);
+  EXPECT_EQ(q.rowwise_amax, 100.0f);
+  expect_same(q, quantize_ref(x.view(), o), "override");
+}
+
+TEST(Quantize, NonContiguousInputEqualsContiguousCopy) {
+  // A transposed view (TE's non-contiguous test): strides (1, 32) over a [128, 32] buffer.
+  const Tensor base = random_tensor(DType::F32, {128, 32}, Fill::Normal, 11);
+  TensorView transposed = base.view();
+  transposed.shape = {32, 128};
+  transposed.strides = {1, 32};
+  Tensor copy(DType::F32, {32, 128});
+  for (int64_t r = 0; r < 32; ++r) {
+    for (int64_t c = 0; c < 128; ++c) copy.data_as<float>()[r * 128 + c] = base.data_as<float>()[c * 32 + r];
+  }
+  for (Scheme scheme : {Scheme::NVFP4, Scheme::MXFP8_E4M3, Scheme::MXFP4}) {
+    QuantizeOptions o;
+    o.scheme = scheme;
+    o.rowwise = o.columnwise = true;
+    const QuantizedTensor a = quantize(transposed, o);
+    expect_same(a, quantize(copy.view(), o), "strided vs copy");
+    expect_same(a, quantize_ref(transposed, o), "strided fast vs ref");
+  }
+}
+
+TEST(Quantize, ThreadCountDoesNotChangeBytes) {
+  const Tensor x = random_tensor(DType::BF16, {256, 128}, Fill::Heavy, 21);
+  QuantizeOptions o;
+  o.rowwise = o.columnwise = true;
+  o.rht = true;
+  o.stochastic_rounding = StochasticRounding{42, 0};
+  o.num_threads = 1;
+  const QuantizedTensor one = quantize(x.view(), o);
+  for (int threads : {2, 3, 7, 0}) {
+    o.num_threads = threads;
+    expect_same(quantize(x.view(), o), one, "threads " + std::to_string(threads));
+  }
+}
+
+TEST(Quantize, SwizzledScalesEqualSwizzledCompact) {
+  const Tensor x = random_tensor(DType::BF16, {160, 96}, Fill::Normal, 5);
+  for (Scheme scheme : {Scheme::NVFP4, Scheme::MXFP8_E4M3}) {
+    QuantizeOptions o;
+    o.scheme = scheme;
+    o.rowwise = o.columnwise = true;
+    const QuantizedTensor compact = quantize(x.view(), o);
+    o.scale_layout = ScaleLayout::Swizzled;
+    const QuantizedTensor swizzled = quantize(x.view(), o);
+    EXPECT_TRUE(same_bytes(swizzled.rowwise_scale, swizzle_scales(compact.rowwise_scale.view())));
+    EXPECT_TRUE(same_bytes(swizzled.rowwise_data, compact.rowwise_data));
+    // Dequantization reads either layout to the same values.
+    for (Usage usage : {Usage::Rowwise, Usage::Columnwise}) {
+      EXPECT_TRUE(same_bytes(dequantize(compact, usage), dequantize(swizzled, usage))) << scheme_name(scheme);
+    }
+  }
+}
+
+// SQNR of dequantize(quantize(x)) against x (rowwise), by scheme, for normal data. Floors from
+// torchao's test_mx_tensor (e4m3 >= 18 dB, others >= 13) and test_nvfp4_reconstruction (>= 8).
+TEST(Quantize, DequantizeReconstructs) {
+  const Tensor x = random_tensor(DType::F32, {128, 256}, Fill::Normal, 9);
+  const float* ref = x.data_as<float>();
+  for (Scheme scheme : kAllSchemes) {
+    QuantizeOptions o;
+    o.scheme = scheme;
+    o.rowwise = o.columnwise = true;
+    const QuantizedTensor q = quantize(x.view(), o);
+    for (DType out : {DType::F32, DType::BF16, DType::F16}) {
+      const Tensor d = dequantize(q, Usage::Rowwise, out);
+      ASSERT_EQ(d.shape(), x.shape());
+      double signal = 0, noise = 0;
+      for (int64_t i = 0; i < x.numel(); ++i) {
+        const float v = out == DType::F32    ? d.data_as<float>()[i]
+                        : out == DType::BF16 ? bf16_to_float(d.data_as<uint16_t>()[i])
+                                             : half_to_float(d.data_as<uint16_t>()[i]);
+        signal += double(ref[i]) * ref[i];
+        noise += (double(ref[i]) - v) * (double(ref[i]) - v);
+      }
+      const double sqnr = 10 * std::log10(signal / noise);
+      const double floor = scheme == Scheme::MXFP8_E4M3 ? 18.0 : scheme == Scheme::NVFP4 ? 8.0 : 13.0;
+      EXPECT_GT(sqnr, floor) << scheme_name(scheme) << " " << dtype_name(out);
+    }
+    // Columnwise: NVFP4 gives X^T, MX gives X.
+    const Tensor c = dequantize(q, Usage::Columnwise);
+    EXPECT_EQ(c.shape(), is_mx(scheme) ? x.shape() : (std::vector<int64_t>{256, 128}));
+  }
+}
+
+TEST(Quantize, MxSpecialValueSemantics) {
+  // numerics-mx.md §3.6: [1000, .5, -17, 3] style checks on a 32-block: an Inf or NaN makes the
+  // scale 0xFF and FP8 elements NaN; zeros give scale 0; 2^-126 blocks give scale 0 and 2.0.
+  Tensor x(DType::F32, {4, 32});
+  float* v = x.data_as<float>();
+  for (int i = 0; i < 32; ++i) {
+    v[i] = 1.0f;
+    v[32 + i] = 1.0f;
+    v[64 + i] = 0.0f;
+    v[96 + i] = std::ldexp(1.0f, -126);
+  }
+  v[0] = INFINITY;
+  v[32] = NAN;
+  QuantizeOptions o;
+  o.scheme = Scheme::MXFP8_E4M3;
+  for (ScaleMode mode : {ScaleMode::Floor, ScaleMode::RCeil}) {
+    o.scale_mode = mode;
+    const QuantizedTensor q = quantize(x.view(), o);
+    const uint8_t* s = q.rowwise_scale.data_as<uint8_t>();
+    const uint8_t* d = q.rowwise_data.data_as<uint8_t>();
+    EXPECT_EQ(s[0], 0xFF);
+    EXPECT_EQ(s[1], 0xFF);
+    EXPECT_EQ(s[2], 0x00);
+    EXPECT_EQ(s[3], 0x00);
+    EXPECT_TRUE(std::isnan(decode(Format::E4M3, d[1])));
+    EXPECT_TRUE(std::isnan(decode(Format::E4M3, d[33])));
+    EXPECT_EQ(d[64], 0x00);
+    EXPECT_EQ(d[96], 0x40);  // 2^-126 * 2^127 = 2.0
+    const Tensor deq = dequantize(q, Usage::Rowwise);
+    EXPECT_TRUE(std::isnan(deq.data_as<float>()[5]));        // whole NaN-scale block is NaN
+    EXPECT_EQ(deq.data_as<float>()[96], std::ldexp(1.0f, -126));
+  }
+}
+
+TEST(Quantize, Nvfp4WorkedExample) {
+  // numerics-te.md §1.5: amax 10, a block with amax 3 -> scale 128 (0x70), codes as listed.
+  const float block[16] = {-1.5f, 0.7f, 2.2f, -0.01f, 1.0f, 2.9f, 0.33f, -0.26f,
+                           1.76f, 0.5f, -2.5f, 1.26f, 0.1f, 3.0f, 0.0f, 0.0f};
+  Tensor x(DType::F32, {1, 32});
+  for (int i = 0; i < 16; ++i) x.data_as<float>()[i] = block[i];
+  for (int i = 16; i < 32; ++i) x.data_as<float>()[i] = i == 16 ? 10.0f : 0.0f;
+  const QuantizedTensor q = quantize(x.view(), QuantizeOptions{});
+  EXPECT_EQ(q.rowwise_amax, 10.0f);
+  EXPECT_EQ(q.rowwise_scale.data_as<uint8_t>()[0], 0x70);
+  const float want[16] = {-3, 1.5, 4, -0.0f, 2, 6, 0.5, -0.5, 4, 1, -6, 3, 0, 6, 0, 0};
+  for (int i = 0; i < 16; ++i) {
+    const uint8_t byte = q.rowwise_data.data_as<uint8_t>()[i / 2];
+    const uint8_t code = i % 2 == 0 ? byte & 0xF : byte >> 4;
+    EXPECT_EQ(decode(Format::E2M1, code), want[i]) << i;
+  }
+}
+
+}  // namespace
+}  // namespace microscale

@@ -1,0 +1,50 @@
+// Random inputs for the quantizer tests: normal, heavy-tailed and with special values.
+#pragma once
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "microscale/half.hpp"
+#include "microscale/tensor.hpp"
+
+namespace microscale::testing_data {
+
+enum class Fill { Normal, Heavy, Specials };
+
+/// A tensor of `dtype` and `shape` filled from `fill` with a fixed seed.
+inline Tensor random_tensor(DType dtype, std::vector<int64_t> shape, Fill fill, uint32_t seed) {
+  Tensor t(dtype, std::move(shape));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> uniform(-30.0f, 10.0f);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    float v = normal(rng);
+    if (fill == Fill::Heavy) v *= std::exp2(uniform(rng));
+    if (fill == Fill::Specials) {
+      const uint32_t pick = rng() % 64;
+      if (pick == 0) v = NAN;
+      if (pick == 1) v = INFINITY;
+      if (pick == 2) v = -0.0f;
+      if (pick == 3) v = 1e-40f;  // fp32 subnormal
+      if (pick == 4) v = 0.0f;
+      if (pick == 5) v = 60000.0f;
+    }
+    switch (dtype) {
+      case DType::F32: t.data_as<float>()[i] = v; break;
+      case DType::BF16: t.data_as<uint16_t>()[i] = float_to_bf16(v); break;
+      case DType::F16: t.data_as<uint16_t>()[i] = float_to_half(v); break;
+      case DType::U8: t.data_as<uint8_t>()[i] = static_cast<uint8_t>(rng()); break;
+    }
+  }
+  return t;
+}
+
+inline bool same_bytes(const Tensor& a, const Tensor& b) {
+  if (a.defined() != b.defined()) return false;
+  if (!a.defined()) return true;
+  return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+}  // namespace microscale::testing_data

@@ -1,0 +1,157 @@
+#include "quantize_tensors.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "error_stats.hpp"
+#include "microscale/error.hpp"
+#include "microscale/hadamard.hpp"
+#include "microscale/half.hpp"
+#include "microscale/quantize.hpp"
+#include "microscale/safetensors.hpp"
+
+namespace microscale::tools {
+namespace {
+
+struct Args {
+  std::string input, output, scheme, scale_mode, tile = "1x16";
+  bool rht = false, rowwise = false, columnwise = false, swizzle = false;
+  int64_t sr_seed = -1;
+  int threads = 0;
+};
+
+QuantizeOptions to_options(const Args& a) {
+  QuantizeOptions o;
+  o.scheme = parse_scheme(a.scheme);
+  if (!a.scale_mode.empty()) {
+    if (!is_mx(o.scheme)) throw Error("--scale-mode applies to the MX schemes, not " + a.scheme);
+    o.scale_mode = parse_scale_mode(a.scale_mode);
+  }
+  if (a.tile == "16x16") {
+    if (is_mx(o.scheme)) throw Error("--tile applies to nvfp4 only");
+    o.tile = Tile::k16x16;
+  } else if (a.tile != "1x16") {
+    throw Error("--tile must be 1x16 or 16x16, got '" + a.tile + "'");
+  }
+  o.rht = a.rht;
+  // Neither flag: both usages, as TransformerEngine's quantizers produce by default.
+  o.rowwise = a.rowwise || !a.columnwise;
+  o.columnwise = a.columnwise || !a.rowwise;
+  o.scale_layout = a.swizzle ? ScaleLayout::Swizzled : ScaleLayout::Compact;
+  if (a.sr_seed >= 0) o.stochastic_rounding = StochasticRounding{static_cast<uint64_t>(a.sr_seed), 0};
+  o.num_threads = a.threads;
+  return o;
+}
+
+// The input as fp32, row-major [M, K] (transposed to [K, M] when asked).
+std::vector<float> input_values(const TensorView& v, int64_t m, int64_t k, bool transposed) {
+  std::vector<float> out(static_cast<size_t>(m * k));
+  for (int64_t i = 0; i < m * k; ++i) {
+    float x = 0.0f;
+    switch (v.dtype) {
+      case DType::BF16: x = bf16_to_float(static_cast<const uint16_t*>(v.data)[i]); break;
+      case DType::F16: x = half_to_float(static_cast<const uint16_t*>(v.data)[i]); break;
+      default: x = static_cast<const float*>(v.data)[i]; break;
+    }
+    const int64_t r = i / k, c = i % k;
+    out[transposed ? c * m + r : i] = x;
+  }
+  return out;
+}
+
+// Dequantizes one usage and compares it with the input in the same orientation; NVFP4's
+// columnwise output is X^T, and with RHT its transform is undone first.
+ErrorStats usage_error(const TensorView& input, const QuantizedTensor& q, Usage usage, uint16_t rht_mask) {
+  const bool transposed = usage == Usage::Columnwise && !is_mx(q.scheme);
+  Tensor deq = dequantize(q, usage, DType::F32);
+  if (transposed && q.rht) deq = hadamard16(deq.view(), rht_mask, /*inverse=*/true);
+  const std::vector<float> ref = input_values(input, q.rows, q.cols, transposed);
+  return error_stats(ref.data(), deq.data_as<float>(), q.rows * q.cols);
+}
+
+void append(std::vector<SafetensorsTensor>& out, const std::string& name, const Tensor& t) {
+  out.push_back({name, std::string(dtype_to_safetensors(t.dtype())), t.shape(), t.data(), t.nbytes()});
+}
+
+void run(const Args& a) {
+  const QuantizeOptions options = to_options(a);
+  const SafetensorsFile in = SafetensorsFile::open(a.input);
+  std::vector<SafetensorsTensor> out;
+  std::vector<QuantizedTensor> keep;  // owns the bytes `out` points at
+  std::vector<Tensor> amaxes;
+  keep.reserve(in.tensors().size());
+  amaxes.reserve(2 * in.tensors().size());
+
+  std::printf("%-32s %-16s %-10s %10s %14s\n", "tensor", "shape", "usage", "SQNR dB", "max abs err");
+  for (const SafetensorsEntry& e : in.tensors()) {
+    const bool floating = e.dtype == "F32" || e.dtype == "BF16" || e.dtype == "F16";
+    if (!floating) {
+      out.push_back({e.name, e.dtype, e.shape, e.data, e.nbytes});
+      std::printf("%-32s %-16s %-10s %10s %14s\n", e.name.c_str(), shape_string(e.shape).c_str(), "kept", "-", "-");
+      continue;
+    }
+    const TensorView view = in.view(e.name);
+    QuantizedTensor q;
+    try {
+      q = quantize(view, options);
+    } catch (const Error& err) {
+      throw Error("tensor '" + e.name + "' " + shape_string(e.shape) + ": " + err.reason());
+    }
+    for (Usage usage : {Usage::Rowwise, Usage::Columnwise}) {
+      if (!q.has(usage)) continue;
+      const std::string prefix = e.name + (usage == Usage::Rowwise ? ".rowwise" : ".columnwise");
+      append(out, prefix + "_data", usage == Usage::Rowwise ? q.rowwise_data : q.columnwise_data);
+      append(out, prefix + "_scale", usage == Usage::Rowwise ? q.rowwise_scale : q.columnwise_scale);
+      if (!is_mx(q.scheme)) {
+        Tensor amax(DType::F32, {1});
+        amax.data_as<float>()[0] = usage == Usage::Rowwise ? q.rowwise_amax : q.columnwise_amax;
+        amaxes.push_back(amax);
+        append(out, prefix + "_amax", amaxes.back());
+      }
+      const ErrorStats s = usage_error(view, q, usage, options.rht_sign_mask);
+      std::printf("%-32s %-16s %-10s %10.2f %14.6g\n", e.name.c_str(), shape_string(e.shape).c_str(),
+                  usage == Usage::Rowwise ? "rowwise" : "columnwise", s.sqnr_db, s.max_abs_error);
+    }
+    keep.push_back(std::move(q));
+  }
+  std::map<std::string, std::string> metadata = {
+      {"microscale.scheme", a.scheme},
+      {"microscale.scale_layout", a.swizzle ? "swizzled" : "compact"},
+  };
+  if (is_mx(options.scheme)) metadata["microscale.scale_mode"] = std::string(scale_mode_name(options.scale_mode));
+  if (!is_mx(options.scheme)) {
+    metadata["microscale.tile"] = a.tile;
+    metadata["microscale.rht"] = a.rht ? "true" : "false";
+  }
+  write_safetensors(a.output, out, metadata);
+  std::printf("wrote %zu tensors to %s\n", out.size(), a.output.c_str());
+}
+
+}  // namespace
+
+void add_quantize_tensors_command(CLI::App& app) {
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand(
+      "quantize-tensors",
+      "Quantize every floating tensor (F32/BF16/F16) of a safetensors file; other tensors are copied.\n"
+      "For a tensor x it writes x.rowwise_data, x.rowwise_scale, x.columnwise_data, x.columnwise_scale\n"
+      "(U8) and, for nvfp4, x.rowwise_amax / x.columnwise_amax (F32), and prints each usage's error.");
+  cmd->add_option("input", args->input, "input .safetensors file")->required()->check(CLI::ExistingFile);
+  cmd->add_option("-o,--output", args->output, "output .safetensors file")->required();
+  cmd->add_option("--scheme", args->scheme, "nvfp4 | mxfp8_e4m3 | mxfp8_e5m2 | mxfp6_e2m3 | mxfp6_e3m2 | mxfp4")
+      ->required();
+  cmd->add_option("--scale-mode", args->scale_mode, "MX scale rule: floor | rceil | ceil | even (default rceil)");
+  cmd->add_option("--tile", args->tile, "nvfp4 scale block: 1x16 (default) or 16x16 (weights)");
+  cmd->add_flag("--rht", args->rht, "nvfp4: random Hadamard transform on the columnwise output (bf16 input)");
+  cmd->add_flag("--rowwise", args->rowwise, "write the rowwise output (default: both usages)");
+  cmd->add_flag("--columnwise", args->columnwise, "write the columnwise output (default: both usages)");
+  cmd->add_flag("--swizzle", args->swizzle, "write scales in the cuBLAS 128x4 swizzled layout (default compact)");
+  cmd->add_option("--sr-seed", args->sr_seed, "nvfp4: stochastic rounding with this Philox seed")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--threads", args->threads, "CPU threads (default: all)")->check(CLI::NonNegativeNumber);
+  cmd->callback([args] { run(*args); });
+}
+
+}  // namespace microscale::tools
