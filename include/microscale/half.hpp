@@ -7,25 +7,27 @@
 #include <cstdint>
 #include <cstring>
 
+#include "microscale/host_device.hpp"
+
 namespace microscale {
 
-inline uint32_t float_bits(float x) {
+MICROSCALE_HOST_DEVICE uint32_t float_bits(float x) {
   uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
+  memcpy(&u, &x, sizeof u);
   return u;
 }
 
-inline float bits_to_float(uint32_t u) {
+MICROSCALE_HOST_DEVICE float bits_to_float(uint32_t u) {
   float x;
-  std::memcpy(&x, &u, sizeof x);
+  memcpy(&x, &u, sizeof x);
   return x;
 }
 
 /// @brief bf16 bit pattern -> fp32 (exact).
-inline float bf16_to_float(uint16_t bits) { return bits_to_float(static_cast<uint32_t>(bits) << 16); }
+MICROSCALE_HOST_DEVICE float bf16_to_float(uint16_t bits) { return bits_to_float(static_cast<uint32_t>(bits) << 16); }
 
 /// @brief fp32 -> bf16 bit pattern, round to nearest even; NaN stays a (quiet) NaN.
-inline uint16_t float_to_bf16(float x) {
+MICROSCALE_HOST_DEVICE uint16_t float_to_bf16(float x) {
   const uint32_t u = float_bits(x);
   if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
   const uint32_t rounding_bias = 0x7FFFu + ((u >> 16) & 1u);
@@ -33,7 +35,7 @@ inline uint16_t float_to_bf16(float x) {
 }
 
 /// @brief IEEE binary16 bit pattern -> fp32 (exact).
-inline float half_to_float(uint16_t bits) {
+MICROSCALE_HOST_DEVICE float half_to_float(uint16_t bits) {
   const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
   const uint32_t exponent = (bits >> 10) & 0x1Fu;
   const uint32_t mantissa = bits & 0x3FFu;
@@ -47,7 +49,7 @@ inline float half_to_float(uint16_t bits) {
 }
 
 /// @brief fp32 -> IEEE binary16 bit pattern, round to nearest even, overflow to Inf.
-inline uint16_t float_to_half(float x) {
+MICROSCALE_HOST_DEVICE uint16_t float_to_half(float x) {
   const uint32_t u = float_bits(x);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t a = u & 0x7FFFFFFFu;

@@ -16,11 +16,7 @@
 #include <array>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define MICROSCALE_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define MICROSCALE_HOST_DEVICE inline
-#endif
+#include "microscale/host_device.hpp"
 
 namespace microscale {
 

@@ -97,6 +97,22 @@ struct QuantizedTensor {
   bool has(Usage usage) const;
 };
 
+/// @brief Shapes of the outputs a quantization writes (u8 tensors); empty where not asked for.
+///
+/// Compact or swizzled scales per options.scale_layout (swizzled: [roundup(R,128), roundup(C,4)] of
+/// the compact [R, C], MX columnwise as its transpose [K, M/32]). Every backend allocates from this,
+/// and callers that bring their own buffers (the CUDA entry points, the PyTorch frontend) size them
+/// with it. Assumes `options` are valid for `shape` (quantize() checks that).
+struct QuantizedShapes {
+  int64_t rows = 0;  ///< M: the product of the leading dims
+  int64_t cols = 0;  ///< K: the last dim
+  std::vector<int64_t> rowwise_data, rowwise_scale;
+  std::vector<int64_t> columnwise_data, columnwise_scale;
+};
+
+/// @brief Output shapes of quantize(input of `shape`, options); throws for an empty shape.
+QuantizedShapes quantized_shapes(const std::vector<int64_t>& shape, const QuantizeOptions& options);
+
 /// @brief Element format of a scheme's data.
 Format element_format(Scheme scheme);
 /// @brief Elements per scale block along the quantized dimension (16 or 32).

@@ -4,8 +4,10 @@
 
 namespace microscale {
 
-InputMatrix make_input_matrix(const TensorView& input) {
-  if (input.device != Device::CPU) throw Error("the CPU backend needs a CPU tensor");
+InputMatrix make_input_matrix(const TensorView& input, Device device) {
+  if (input.device != device) {
+    throw Error(device == Device::CPU ? "the CPU backend needs a CPU tensor" : "the CUDA backend needs a CUDA tensor");
+  }
   if (input.dtype != DType::F32 && input.dtype != DType::BF16 && input.dtype != DType::F16) {
     throw Error("input dtype must be f32, bf16 or f16, got " + std::string(dtype_name(input.dtype)));
   }

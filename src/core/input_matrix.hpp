@@ -29,8 +29,8 @@ struct InputMatrix {
   bool contiguous_rows() const { return col_stride == 1; }
 };
 
-/// Validates a quantizer input (CPU memory, f32/bf16/f16, >= 1-D, non-empty, positive strides
-/// that fold to 2-D) and views it as an InputMatrix. Throws microscale::Error with the reason.
-InputMatrix make_input_matrix(const TensorView& input);
+/// Validates a quantizer input (memory on `device`, f32/bf16/f16, >= 1-D, non-empty, positive
+/// strides that fold to 2-D) and views it as an InputMatrix. Throws microscale::Error with the reason.
+InputMatrix make_input_matrix(const TensorView& input, Device device = Device::CPU);
 
 }  // namespace microscale

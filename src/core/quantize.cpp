@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/input_matrix.hpp"
+#include "core/quantize_checks.hpp"
 #include "core/scale_math.hpp"
 #include "cpu/quantize_kernels.hpp"
 #include "microscale/error.hpp"
@@ -50,7 +51,9 @@ void require(bool condition, const std::string& reason) {
   if (!condition) throw Error(reason);
 }
 
-void validate(const InputMatrix& x, const QuantizeOptions& o) {
+}  // namespace
+
+void validate_quantize(const InputMatrix& x, const QuantizeOptions& o) {
   const SchemeRow& s = scheme_row(o.scheme);
   const std::string name(s.name);
   const std::string shape = "[" + std::to_string(x.rows) + ", " + std::to_string(x.cols) + "]";
@@ -90,6 +93,8 @@ void validate(const InputMatrix& x, const QuantizeOptions& o) {
   }
 }
 
+namespace {
+
 QuantizedTensor allocate(const TensorView& input, const InputMatrix& x, const QuantizeOptions& o) {
   QuantizedTensor q;
   q.scheme = o.scheme;
@@ -99,27 +104,17 @@ QuantizedTensor allocate(const TensorView& input, const InputMatrix& x, const Qu
   q.shape = input.shape;
   q.rows = x.rows;
   q.cols = x.cols;
-  const int64_t m = x.rows, k = x.cols;
-  const int block = block_size(o.scheme);
-  if (o.scheme == Scheme::NVFP4) {
-    if (o.rowwise) {
-      q.rowwise_data = Tensor(DType::U8, {m, k / 2});
-      q.rowwise_scale = Tensor(DType::U8, {m, k / block});
-    }
-    if (o.columnwise) {
-      q.columnwise_data = Tensor(DType::U8, {k, m / 2});
-      q.columnwise_scale = Tensor(DType::U8, {k, m / block});
-    }
-  } else {
-    const int64_t data_cols = element_format(o.scheme) == Format::E2M1 ? k / 2 : k;
-    if (o.rowwise) {
-      q.rowwise_data = Tensor(DType::U8, {m, data_cols});
-      q.rowwise_scale = Tensor(DType::U8, {m, k / block});
-    }
-    if (o.columnwise) {
-      q.columnwise_data = Tensor(DType::U8, {m, data_cols});
-      q.columnwise_scale = Tensor(DType::U8, {m / block, k});
-    }
+  // The kernels fill compact scales; swizzle_outputs() brings them to the asked layout.
+  QuantizeOptions compact = o;
+  compact.scale_layout = ScaleLayout::Compact;
+  const QuantizedShapes s = quantized_shapes(input.shape, compact);
+  if (o.rowwise) {
+    q.rowwise_data = Tensor(DType::U8, s.rowwise_data);
+    q.rowwise_scale = Tensor(DType::U8, s.rowwise_scale);
+  }
+  if (o.columnwise) {
+    q.columnwise_data = Tensor(DType::U8, s.columnwise_data);
+    q.columnwise_scale = Tensor(DType::U8, s.columnwise_scale);
   }
   return q;
 }
@@ -155,7 +150,7 @@ using Kernel = void (*)(const InputMatrix&, const QuantizeOptions&, QuantizedTen
 
 QuantizedTensor run(const TensorView& input, const QuantizeOptions& options, Kernel nvfp4, Kernel mx) {
   const InputMatrix x = make_input_matrix(input);
-  validate(x, options);
+  validate_quantize(x, options);
   QuantizedTensor q = allocate(input, x, options);
   (options.scheme == Scheme::NVFP4 ? nvfp4 : mx)(x, options, q);
   if (options.scale_layout == ScaleLayout::Swizzled) swizzle_outputs(q);
@@ -194,6 +189,43 @@ uint8_t code_at(const uint8_t* row, int64_t column, bool packed_fp4) {
 
 bool QuantizedTensor::has(Usage usage) const {
   return usage == Usage::Rowwise ? rowwise_data.defined() : columnwise_data.defined();
+}
+
+QuantizedShapes quantized_shapes(const std::vector<int64_t>& shape, const QuantizeOptions& o) {
+  if (shape.empty()) throw Error("input must have at least one dimension");
+  QuantizedShapes s;
+  s.cols = shape.back();
+  s.rows = 1;
+  for (size_t i = 0; i + 1 < shape.size(); ++i) s.rows *= shape[i];
+  const int64_t m = s.rows, k = s.cols;
+  const int block = block_size(o.scheme);
+  const bool swizzled = o.scale_layout == ScaleLayout::Swizzled;
+  auto scale_shape = [swizzled](int64_t rows, int64_t cols) -> std::vector<int64_t> {
+    if (swizzled) return {swizzled_rows(rows), swizzled_cols(cols)};
+    return {rows, cols};
+  };
+  if (o.scheme == Scheme::NVFP4) {
+    if (o.rowwise) {
+      s.rowwise_data = {m, k / 2};
+      s.rowwise_scale = scale_shape(m, k / block);
+    }
+    if (o.columnwise) {
+      s.columnwise_data = {k, m / 2};
+      s.columnwise_scale = scale_shape(k, m / block);
+    }
+  } else {
+    const int64_t data_cols = element_format(o.scheme) == Format::E2M1 ? k / 2 : k;
+    if (o.rowwise) {
+      s.rowwise_data = {m, data_cols};
+      s.rowwise_scale = scale_shape(m, k / block);
+    }
+    if (o.columnwise) {
+      s.columnwise_data = {m, data_cols};
+      // compact [M/32, K]; swizzled as its transpose [K, M/32]
+      s.columnwise_scale = swizzled ? scale_shape(k, m / block) : std::vector<int64_t>{m / block, k};
+    }
+  }
+  return s;
 }
 
 Format element_format(Scheme scheme) { return scheme_row(scheme).format; }

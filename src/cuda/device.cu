@@ -3,6 +3,7 @@
 // so that CI, which has nvcc but no GPU, keeps them compiling.
 #include "core/scale_math.hpp"
 #include "cuda/cuda_check.hpp"
+#include "microscale/cuda.hpp"
 #include "microscale/philox.hpp"
 
 namespace microscale::cuda {

@@ -1,0 +1,99 @@
+// microscale/linear.hpp — the quantized Linear layer: y = x W^T + b, forward and backward.
+//
+// x: [..., K] (f32/bf16/f16, leading dims folded into M), W: [N, K], b: [N], y: [..., N] f32.
+//
+// linear_forward quantizes x and W under the recipe (recipe.hpp) and runs the fprop GEMM
+//   y = x.rowwise * W.rowwise^T          (TE layout "TN"; blocks along K)
+// and, when training, saves for backward (LinearSaved):
+//   - x quantized: its columnwise output (X^T, blocks along M; through the RHT for NVFP4) feeds wgrad;
+//   - W quantized: its columnwise output (W^T, blocks along N; 16x16 tiles for NVFP4) feeds dgrad;
+//   - for HighPrecision, x and W as f32.
+// linear_backward quantizes dy (stochastic rounding for NVFP4 grads) and runs
+//   dgrad  dx = dy.rowwise * (W.columnwise)^T        (layout "NN"; blocks along N)
+//   wgrad  dW = dy.columnwise * (x.columnwise)^T     (layout "NT"; blocks along M; RHT on both)
+//   bgrad  db = sum over rows of dy (fp32, from the unquantized dy)
+// The RHT is defined on bf16 tensors (as in TE): under an RHT recipe an f32/f16 x or dy is rounded
+// to bf16 before it is quantized.
+// Rule for weight gradients: with `main_grad` (fp32 [N, K]) dW is ADDED into it (+=), as TE's
+// fuse_wgrad_accumulation does across micro-batches; otherwise it is returned (=).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "microscale/recipe.hpp"
+#include "microscale/tensor.hpp"
+
+namespace microscale {
+
+/// @brief What forward keeps for backward (see the header comment).
+struct LinearSaved {
+  std::optional<Recipe> recipe;
+  QuantizedTensor input;   ///< quantized recipes: x (columnwise used by wgrad)
+  QuantizedTensor weight;  ///< quantized recipes: W (columnwise used by dgrad)
+  Tensor input_f32;        ///< HighPrecision: x as f32 [M, K]
+  Tensor weight_f32;       ///< HighPrecision: W as f32 [N, K]
+  std::vector<int64_t> input_shape;
+  int64_t m = 0, k = 0, n = 0;
+};
+
+struct LinearBackwardOptions {
+  bool compute_grad_input = true;
+  bool compute_grad_bias = true;
+  std::optional<TensorView> main_grad;  ///< f32 [N, K]: dW is accumulated here (+=)
+  StochasticRounding stochastic_rounding;  ///< seed/offset for the gradient's SR (NVFP4)
+};
+
+struct LinearGrads {
+  Tensor grad_input;   ///< [..., K] f32, the shape of x
+  Tensor grad_weight;  ///< [N, K] f32 (undefined when accumulated into main_grad)
+  Tensor grad_bias;    ///< [N] f32
+};
+
+/// @brief y = x W^T (+ bias) under `recipe`; fills `saved` when given (training).
+/// `cached_weight`, when given, is W already quantized with the recipe's weight options (both
+/// usages), e.g. reused across micro-batches.
+Tensor linear_forward(const TensorView& x, const TensorView& weight, const std::optional<TensorView>& bias,
+                      const Recipe& recipe, LinearSaved* saved = nullptr,
+                      const QuantizedTensor* cached_weight = nullptr);
+
+/// @brief dgrad, wgrad and bgrad of linear_forward from dy [..., N].
+LinearGrads linear_backward(const TensorView& grad_output, const LinearSaved& saved,
+                            const LinearBackwardOptions& options = {});
+
+/// @brief A Linear layer holding fp32 parameters, their fp32 gradients, and the weight's
+/// quantization cached across forward calls until the weight changes. Forward runs under
+/// current_recipe() (the autocast scope); backward uses the context of the last forward.
+class Linear {
+ public:
+  /// Weights U(-1/sqrt(K), 1/sqrt(K)) from `seed` (PyTorch's default Linear init range).
+  Linear(int64_t in_features, int64_t out_features, bool bias, uint64_t seed);
+
+  Tensor forward(const TensorView& x);
+  /// Returns dx and accumulates dW, db into main_grad() / bias_grad().
+  Tensor backward(const TensorView& grad_output);
+
+  Tensor& weight() { return weight_; }          ///< f32 [N, K]; call weight_updated() after changing it
+  Tensor& bias() { return bias_; }              ///< f32 [N] (undefined without bias)
+  Tensor& main_grad() { return main_grad_; }    ///< f32 [N, K], accumulated by backward
+  Tensor& bias_grad() { return bias_grad_; }    ///< f32 [N]
+  void weight_updated() { ++weight_version_; }  ///< invalidates the cached quantized weight
+  void zero_grad();
+  /// Plain SGD on the accumulated gradients, then weight_updated() and zero_grad().
+  void sgd_step(float learning_rate);
+  /// How many times the weight was quantized (for tests of the cache).
+  int64_t weight_quantizations() const { return weight_quantizations_; }
+
+ private:
+  Tensor weight_, bias_, main_grad_, bias_grad_;
+  uint64_t seed_;
+  uint64_t backward_calls_ = 0;
+  int64_t weight_version_ = 0;
+  int64_t cached_version_ = -1;
+  std::string cached_recipe_;
+  QuantizedTensor cached_weight_;
+  int64_t weight_quantizations_ = 0;
+  LinearSaved saved_;
+};
+
+}  // namespace microscale

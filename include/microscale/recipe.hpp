@@ -1,0 +1,90 @@
+// microscale/recipe.hpp — training recipes and the autocast scope.
+//
+// A recipe says, for each tensor role of a Linear layer, how it is quantized; it produces
+// QuantizeOptions and nothing else (kernels never read recipes). Recipes are immutable values.
+#pragma once
+
+#include <optional>
+#include <variant>
+
+#include "microscale/quantize.hpp"
+
+namespace microscale {
+
+/// @brief NVFP4 training, TransformerEngine's NVFP4BlockScaling (numerics-te.md §8).
+///
+/// Every tensor: E2M1 elements, E4M3 block scales, an FP32 global scale from the tensor amax
+/// (TE >= 2.14 formulas), rowwise and columnwise outputs, each direction re-quantized from high
+/// precision (never from the other direction). Immutable once built, like TE's QParams.
+///  - input x:      1x16 blocks; RHT on the columnwise output (the wgrad operand); round to nearest.
+///  - weight W:     16x16 blocks (so W and W^T quantize to the same values); no RHT; nearest.
+///  - grad dy:      1x16 blocks; RHT on columnwise; stochastic rounding on both directions.
+/// GEMMs (y = x W^T): fprop x.row x W.row, dgrad dy.row x W.col, wgrad dy.col x x.col; the
+/// quantized dimension is always the contraction dimension.
+class NVFP4BlockScaling {
+ public:
+  struct Options {
+    bool disable_rht = false;                  ///< no RHT on input/grad columnwise outputs
+    bool disable_stochastic_rounding = false;  ///< round grads to nearest
+    bool disable_2d_quantization = false;      ///< weights in 1x16 blocks
+  };
+  NVFP4BlockScaling() = default;
+  explicit NVFP4BlockScaling(Options options) : options_(options) {}
+  bool disable_rht() const { return options_.disable_rht; }
+  bool disable_stochastic_rounding() const { return options_.disable_stochastic_rounding; }
+  bool disable_2d_quantization() const { return options_.disable_2d_quantization; }
+
+ private:
+  Options options_;  // fixed at construction: a recipe is a value, not a setting to flip
+};
+
+/// @brief MXFP8 training, TransformerEngine's MXFP8BlockScaling (numerics-te.md §7) with torchao's
+/// RCEIL scales (numerics-mx.md §3.3): blocks of 32 along the contraction dimension, E8M0 scales,
+/// round to nearest, no global scale, no RHT, no SR.
+class MXFP8BlockScaling {
+ public:
+  enum class Fp8Format { E4M3, HYBRID };  ///< HYBRID: E4M3 forward, E5M2 gradients
+  MXFP8BlockScaling() = default;
+  explicit MXFP8BlockScaling(Fp8Format format) : fp8_format_(format) {}
+  Fp8Format fp8_format() const { return fp8_format_; }
+
+ private:
+  Fp8Format fp8_format_ = Fp8Format::E4M3;
+};
+
+/// @brief No quantization: fp32 GEMMs on the (f32/bf16/f16) inputs.
+struct HighPrecision {};
+
+using Recipe = std::variant<HighPrecision, NVFP4BlockScaling, MXFP8BlockScaling>;
+
+/// @brief The tensors a Linear layer quantizes.
+enum class TensorRole { Input, Weight, GradOutput };
+
+/// @brief How `recipe` quantizes a tensor of `role` (both usages); nullopt for HighPrecision.
+/// `sr` seeds the stochastic rounding of gradients where the recipe uses it.
+std::optional<QuantizeOptions> quantize_options(const Recipe& recipe, TensorRole role,
+                                                StochasticRounding sr = {});
+
+/// @brief "nvfp4", "mxfp8", "mxfp8_hybrid" or "high_precision".
+const char* recipe_name(const Recipe& recipe);
+
+/// @brief RAII scope setting the recipe of the current thread; scopes nest, the inner one wins,
+/// and leaving a scope (also by an exception) restores the outer state.
+class autocast {
+ public:
+  explicit autocast(Recipe recipe, bool enabled = true);
+  ~autocast();
+  autocast(const autocast&) = delete;
+  autocast& operator=(const autocast&) = delete;
+
+ private:
+  bool previous_enabled_;
+  std::optional<Recipe> previous_recipe_;
+};
+
+/// @brief The recipe in force on this thread: the innermost enabled autocast's, else HighPrecision.
+Recipe current_recipe();
+/// @brief Whether an enabled autocast scope is active on this thread.
+bool autocast_enabled();
+
+}  // namespace microscale

@@ -1,0 +1,196 @@
+// gemm(): operand construction, shape/dtype/layout checks, global scales and the epilogue.
+// The accumulation itself is backend work (src/cpu/gemm_cpu.cpp).
+#include "microscale/gemm.hpp"
+
+#include <string>
+#include <vector>
+
+#include "core/operand_access.hpp"
+#include "cpu/gemm_kernels.hpp"
+#include "microscale/error.hpp"
+
+namespace microscale {
+namespace {
+
+void require(bool condition, const std::string& reason) {
+  if (!condition) throw Error(reason);
+}
+
+std::string describe(const GemmOperand& op, const char* name) {
+  return std::string("operand ") + name + " (" + (op.quantized ? std::string(scheme_name(op.scheme)) : "dense") + ")";
+}
+
+void check_view(const TensorView& v, const std::string& what) {
+  require(v.device == Device::CPU, what + " must be CPU memory for the CPU backend");
+  require(v.data != nullptr || v.numel() == 0, what + " has a null data pointer");
+  require(v.ndim() == 2 || v.ndim() == 3, what + " must be 2-D or 3-D (batched), got " + shape_string(v.shape));
+  for (int64_t s : v.effective_strides()) require(s > 0, what + " must have positive strides");
+}
+
+// Checks one operand's internal consistency; returns {rows, K, L}.
+std::array<int64_t, 3> check_operand(const GemmOperand& op, const char* name) {
+  const std::string who = describe(op, name);
+  if (!op.quantized) {
+    check_view(op.dense, who);
+    require(op.dense.dtype == DType::F32 || op.dense.dtype == DType::BF16 || op.dense.dtype == DType::F16,
+            who + " must be f32, bf16 or f16, got " + std::string(dtype_name(op.dense.dtype)));
+    const OperandReader r(op);
+    return {r.rows(), r.k(), r.batches()};
+  }
+  check_view(op.data, who + " data");
+  require(op.data.dtype == DType::U8, who + " data must be u8 codes");
+  require(op.scales.dtype == DType::U8, who + " scales must be u8");
+  require(op.scales.device == Device::CPU && (op.scales.data != nullptr || op.scales.numel() == 0),
+          who + " scales must be CPU memory");
+  const OperandReader r(op);
+  const int64_t rows = r.rows(), k = r.k(), batches = r.batches(), block = block_size(op.scheme);
+  require(k % block == 0, who + ": K = " + std::to_string(k) + " is not a multiple of the block size " +
+                              std::to_string(block));
+  if (op.scale_layout == ScaleLayout::Swizzled) {
+    require(op.scales.is_contiguous(), who + " swizzled scales must be contiguous");
+    const int64_t need = batches * swizzled_rows(rows) * swizzled_cols(k / block);
+    require(op.scales.numel() == need, who + " swizzled scales hold " + std::to_string(op.scales.numel()) +
+                                           " bytes, expected " + std::to_string(need));
+  } else {
+    std::vector<int64_t> want = op.stored_transposed ? std::vector<int64_t>{k / block, rows}
+                                                     : std::vector<int64_t>{rows, k / block};
+    if (op.scales.ndim() == 3 || batches > 1) want.push_back(batches);
+    require(op.scales.shape == want, who + " compact scales are " + shape_string(op.scales.shape) + ", expected " +
+                                         shape_string(want));
+    for (int64_t s : op.scales.effective_strides()) require(s > 0, who + " scales must have positive strides");
+  }
+  if (op.amax) {
+    require(op.scheme == Scheme::NVFP4, who + ": only NVFP4 operands carry an amax");
+    require(std::isfinite(*op.amax) && *op.amax >= 0.0f, who + ": amax must be finite and >= 0");
+  }
+  return {rows, k, batches};
+}
+
+float value_of(const TensorView& v, int64_t i) {
+  switch (v.dtype) {
+    case DType::BF16: return bf16_to_float(static_cast<const uint16_t*>(v.data)[i]);
+    case DType::F16: return half_to_float(static_cast<const uint16_t*>(v.data)[i]);
+    case DType::F32: return static_cast<const float*>(v.data)[i];
+    default: throw Error("epilogue tensors must be f32, bf16 or f16");
+  }
+}
+
+void store(const TensorView& d, int64_t i, float v) {
+  switch (d.dtype) {
+    case DType::BF16: static_cast<uint16_t*>(d.data)[i] = float_to_bf16(v); break;
+    case DType::F16: static_cast<uint16_t*>(d.data)[i] = float_to_half(v); break;
+    case DType::F32: static_cast<float*>(d.data)[i] = v; break;
+    default: throw Error("gemm output must be f32, bf16 or f16");
+  }
+}
+
+// Offset of element (m, n, l) in a 2-D or 3-D view.
+int64_t offset3(const std::vector<int64_t>& strides, int64_t m, int64_t n, int64_t l) {
+  return m * strides[0] + n * strides[1] + (strides.size() == 3 ? l * strides[2] : 0);
+}
+
+}  // namespace
+
+GemmOperand GemmOperand::from(const QuantizedTensor& q, Usage usage) {
+  if (!q.has(usage)) {
+    throw Error(std::string("the quantized tensor has no ") + (usage == Usage::Rowwise ? "rowwise" : "columnwise") +
+                " data for this GEMM operand");
+  }
+  GemmOperand op;
+  op.quantized = true;
+  op.scheme = q.scheme;
+  const Tensor& data = usage == Usage::Rowwise ? q.rowwise_data : q.columnwise_data;
+  const Tensor& scales = usage == Usage::Rowwise ? q.rowwise_scale : q.columnwise_scale;
+  op.data = data.view();
+  op.scales = scales.view();
+  op.scale_layout = q.scale_layout;
+  if (q.scheme == Scheme::NVFP4) op.amax = usage == Usage::Rowwise ? q.rowwise_amax : q.columnwise_amax;
+  op.stored_transposed = usage == Usage::Columnwise && is_mx(q.scheme);
+  return op;
+}
+
+GemmOperand GemmOperand::from_dense(const TensorView& x) {
+  GemmOperand op;
+  op.dense = x;
+  return op;
+}
+
+std::pair<GemmOperand, GemmOperand> te_gemm_operands(const QuantizedTensor& a, const QuantizedTensor& b,
+                                                     std::string_view layout) {
+  require(layout.size() == 2 && (layout[0] == 'T' || layout[0] == 'N') && (layout[1] == 'T' || layout[1] == 'N'),
+          "layout must be one of TN, NN, NT, TT; got '" + std::string(layout) + "'");
+  const GemmOperand op_a = GemmOperand::from(a, layout[0] == 'T' ? Usage::Rowwise : Usage::Columnwise);
+  const GemmOperand op_b = GemmOperand::from(b, layout[1] == 'N' ? Usage::Rowwise : Usage::Columnwise);
+  return {op_b, op_a};  // D = op(B) op(A)^T
+}
+
+void gemm_into(const GemmOperand& a, const GemmOperand& b, const GemmProblem& p, const TensorView& d) {
+  const auto [m, k, la] = check_operand(a, "A");
+  const auto [n, kb, lb] = check_operand(b, "B");
+  require(k == kb, "A is [" + std::to_string(m) + ", " + std::to_string(k) + "] and B is [" + std::to_string(n) +
+                       ", " + std::to_string(kb) + "]: their K differ");
+  require(la == lb, "A has " + std::to_string(la) + " batches and B has " + std::to_string(lb));
+  require(m > 0 && n > 0 && k > 0, "empty GEMM: M, N and K must be positive");
+  if (a.quantized && b.quantized) {
+    require(block_size(a.scheme) == block_size(b.scheme),
+            "A and B use different block sizes (" + std::string(scheme_name(a.scheme)) + " x " +
+                std::string(scheme_name(b.scheme)) + ")");
+  }
+  const int64_t batches = la;
+  check_view(d, "output D");
+  require(d.dtype == DType::F32 || d.dtype == DType::BF16 || d.dtype == DType::F16, "D must be f32, bf16 or f16");
+  std::vector<int64_t> want = {m, n};
+  if (batches > 1 || d.ndim() == 3) want.push_back(batches);
+  require(d.shape == want, "D is " + shape_string(d.shape) + ", expected " + shape_string(want));
+  if (p.c) {
+    check_view(*p.c, "C");
+    require(p.c->shape == want, "C is " + shape_string(p.c->shape) + ", expected " + shape_string(want));
+  }
+  if (p.bias) {
+    require(p.bias->ndim() == 1 && p.bias->shape[0] == n, "bias must be [N] = [" + std::to_string(n) + "]");
+    require(p.bias->device == Device::CPU && p.bias->data != nullptr, "bias must be CPU memory");
+    require(p.bias->is_contiguous(), "bias must be contiguous");
+  }
+
+  // Global scales: TE's alpha for two NVFP4 operands, amax * RN(1/2688) for one.
+  float alpha = p.alpha;
+  const bool a_global = a.quantized && a.amax.has_value(), b_global = b.quantized && b.amax.has_value();
+  if (a_global && b_global) {
+    alpha = ((alpha * *a.amax) * *b.amax) * (1.0f / 7225344.0f);  // 7225344 = 6 * 6 * 448 * 448
+  } else if (a_global || b_global) {
+    alpha = (alpha * (a_global ? *a.amax : *b.amax)) * (1.0f / 2688.0f);
+  }
+
+  std::vector<float> acc(static_cast<size_t>(batches * m * n));  // (L, M, N) fp32
+  cpu::gemm_accumulate(a, b, m, n, k, batches, acc.data());
+
+  const std::vector<int64_t> ds = d.effective_strides();
+  const std::vector<int64_t> cs = p.c ? p.c->effective_strides() : std::vector<int64_t>{};
+  for (int64_t l = 0; l < batches; ++l) {
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        float v = alpha * acc[(l * m + i) * n + j];
+        if (p.c) v = v + p.beta * value_of(*p.c, offset3(cs, i, j, l));
+        if (p.bias) v = v + value_of(*p.bias, j);
+        store(d, offset3(ds, i, j, l), v);
+      }
+    }
+  }
+}
+
+Tensor gemm(const GemmOperand& a, const GemmOperand& b, const GemmProblem& p) {
+  const auto [m, k, la] = check_operand(a, "A");
+  const auto [n, kb, lb] = check_operand(b, "B");
+  (void)k;
+  (void)kb;
+  (void)lb;
+  std::vector<int64_t> shape = {m, n};
+  if (la > 1 || (a.quantized ? a.data.ndim() : a.dense.ndim()) == 3) shape.push_back(la);
+  require(p.out_dtype == DType::F32 || p.out_dtype == DType::BF16 || p.out_dtype == DType::F16,
+          "out_dtype must be f32, bf16 or f16");
+  Tensor d(p.out_dtype, shape);
+  gemm_into(a, b, p, d.view());
+  return d;
+}
+
+}  // namespace microscale

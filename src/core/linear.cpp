@@ -1,0 +1,228 @@
+// linear_forward / linear_backward / Linear: the three GEMMs of a Linear layer under a recipe.
+#include "microscale/linear.hpp"
+
+#include <cmath>
+#include <random>
+
+#include "core/input_matrix.hpp"
+#include "microscale/error.hpp"
+#include "microscale/gemm.hpp"
+#include "microscale/half.hpp"
+
+namespace microscale {
+namespace {
+
+// A contiguous f32 copy of x flattened to [rows, cols].
+Tensor to_f32_matrix(const InputMatrix& x) {
+  Tensor out(DType::F32, {x.rows, x.cols});
+  float* o = out.data_as<float>();
+  for (int64_t r = 0; r < x.rows; ++r) {
+    for (int64_t c = 0; c < x.cols; ++c) o[r * x.cols + c] = x.at(r, c);
+  }
+  return out;
+}
+
+// [rows, cols] view of a contiguous f32 tensor, transposed: [cols, rows] with strides (1, cols).
+TensorView transposed(const Tensor& t) {
+  TensorView v = t.view();
+  v.shape = {t.shape()[1], t.shape()[0]};
+  v.strides = {1, t.shape()[1]};
+  return v;
+}
+
+// The input's view folded to 2-D [M, K] (quantize() folds the same way).
+TensorView folded(const TensorView& x, int64_t m, int64_t k) {
+  const InputMatrix im = make_input_matrix(x);
+  TensorView v = x;
+  v.shape = {m, k};
+  v.strides = {im.row_stride, im.col_stride};
+  return v;
+}
+
+bool is_high_precision(const Recipe& r) { return std::holds_alternative<HighPrecision>(r); }
+
+// The RHT is defined on bf16 tensors only (as in TransformerEngine, whose NVFP4 training runs in
+// bf16): under an RHT recipe an f32/f16 activation or gradient is rounded to bf16 first.
+// Returns the tensor to quantize ([rows, cols] view) and keeps the bf16 copy alive in `storage`.
+TensorView rht_ready(const TensorView& x, int64_t rows, int64_t cols, const QuantizeOptions& o, Tensor& storage) {
+  TensorView v = folded(x, rows, cols);
+  if (!o.rht || !o.columnwise || v.dtype == DType::BF16) return v;
+  const InputMatrix im = make_input_matrix(v);
+  storage = Tensor(DType::BF16, {rows, cols});
+  auto* out = storage.data_as<uint16_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = float_to_bf16(im.at(r, c));
+  }
+  return storage.view();
+}
+
+}  // namespace
+
+Tensor linear_forward(const TensorView& x, const TensorView& weight, const std::optional<TensorView>& bias,
+                      const Recipe& recipe, LinearSaved* saved, const QuantizedTensor* cached_weight) {
+  const InputMatrix xm = make_input_matrix(x);
+  const InputMatrix wm = make_input_matrix(weight);
+  if (weight.ndim() != 2) throw Error("weight must be 2-D [N, K], got " + shape_string(weight.shape));
+  if (xm.cols != wm.cols) {
+    throw Error("x has K = " + std::to_string(xm.cols) + " but weight " + shape_string(weight.shape) +
+                " has K = " + std::to_string(wm.cols));
+  }
+  const int64_t m = xm.rows, k = xm.cols, n = wm.rows;
+  GemmProblem problem;
+  if (bias) problem.bias = *bias;
+
+  Tensor y;
+  if (is_high_precision(recipe)) {
+    Tensor xf = to_f32_matrix(xm), wf = to_f32_matrix(wm);
+    y = gemm(GemmOperand::from_dense(xf.view()), GemmOperand::from_dense(wf.view()), problem);
+    if (saved) {
+      saved->input_f32 = xf;
+      saved->weight_f32 = wf;
+    }
+  } else {
+    QuantizeOptions xo = *quantize_options(recipe, TensorRole::Input);
+    xo.columnwise = saved != nullptr;  // X^T only feeds wgrad
+    Tensor x_bf16;
+    const QuantizedTensor xq = quantize(rht_ready(x, m, k, xo, x_bf16), xo);
+    const QuantizedTensor wq = cached_weight ? *cached_weight
+                                             : quantize(weight, *quantize_options(recipe, TensorRole::Weight));
+    const auto [first, second] = te_gemm_operands(wq, xq, "TN");  // y = x W^T
+    y = gemm(first, second, problem);
+    if (saved) {
+      saved->input = xq;
+      saved->weight = wq;
+    }
+  }
+  if (saved) {
+    saved->recipe = recipe;
+    saved->input_shape = x.shape;
+    saved->m = m;
+    saved->k = k;
+    saved->n = n;
+  }
+  std::vector<int64_t> out_shape = x.shape;
+  out_shape.back() = n;
+  return y.reshaped(out_shape);
+}
+
+LinearGrads linear_backward(const TensorView& grad_output, const LinearSaved& saved,
+                            const LinearBackwardOptions& options) {
+  if (!saved.recipe) throw Error("linear_backward needs the context saved by a training linear_forward");
+  const InputMatrix dym = make_input_matrix(grad_output);
+  if (dym.rows != saved.m || dym.cols != saved.n) {
+    throw Error("grad_output " + shape_string(grad_output.shape) + " does not match the forward output [" +
+                std::to_string(saved.m) + ", " + std::to_string(saved.n) + "]");
+  }
+  if (options.main_grad) {
+    const TensorView& g = *options.main_grad;
+    if (g.dtype != DType::F32 || g.shape != std::vector<int64_t>{saved.n, saved.k} || g.data == nullptr) {
+      throw Error("main_grad must be f32 [" + std::to_string(saved.n) + ", " + std::to_string(saved.k) + "]");
+    }
+  }
+  const Recipe& recipe = *saved.recipe;
+  LinearGrads grads;
+  GemmProblem wgrad_problem;
+  if (options.main_grad) {  // dW += into main_grad: D = 1 * dW + 1 * C with C = D = main_grad
+    wgrad_problem.c = *options.main_grad;
+    wgrad_problem.beta = 1.0f;
+  }
+
+  if (is_high_precision(recipe)) {
+    const Tensor dy = to_f32_matrix(dym);
+    if (options.compute_grad_input) {
+      grads.grad_input = gemm(GemmOperand::from_dense(dy.view()), GemmOperand::from_dense(transposed(saved.weight_f32)));
+    }
+    const GemmOperand a = GemmOperand::from_dense(transposed(dy)), b = GemmOperand::from_dense(transposed(saved.input_f32));
+    if (options.main_grad) {
+      gemm_into(a, b, wgrad_problem, *options.main_grad);
+    } else {
+      grads.grad_weight = gemm(a, b);
+    }
+  } else {
+    const QuantizeOptions go = *quantize_options(recipe, TensorRole::GradOutput, options.stochastic_rounding);
+    Tensor dy_bf16;
+    const QuantizedTensor dyq = quantize(rht_ready(grad_output, saved.m, saved.n, go, dy_bf16), go);
+    if (options.compute_grad_input) {
+      const auto [first, second] = te_gemm_operands(saved.weight, dyq, "NN");  // dx = dy W
+      grads.grad_input = gemm(first, second);
+    }
+    const auto [first, second] = te_gemm_operands(saved.input, dyq, "NT");  // dW = dy^T x
+    if (options.main_grad) {
+      gemm_into(first, second, wgrad_problem, *options.main_grad);
+    } else {
+      grads.grad_weight = gemm(first, second);
+    }
+  }
+  if (grads.grad_input.defined()) grads.grad_input = grads.grad_input.reshaped(saved.input_shape);
+  if (options.compute_grad_bias) {
+    grads.grad_bias = Tensor(DType::F32, {saved.n});
+    float* db = grads.grad_bias.data_as<float>();
+    for (int64_t j = 0; j < saved.n; ++j) {
+      double sum = 0.0;  // over rows of the unquantized dy
+      for (int64_t i = 0; i < saved.m; ++i) sum += dym.at(i, j);
+      db[j] = static_cast<float>(sum);
+    }
+  }
+  return grads;
+}
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool bias, uint64_t seed)
+    : weight_(DType::F32, {out_features, in_features}),
+      main_grad_(DType::F32, {out_features, in_features}),
+      bias_grad_(DType::F32, {out_features}),
+      seed_(seed) {
+  if (in_features <= 0 || out_features <= 0) throw Error("Linear needs positive in_features and out_features");
+  std::mt19937_64 rng(seed);
+  const float bound = 1.0f / std::sqrt(static_cast<float>(in_features));
+  std::uniform_real_distribution<float> uniform(-bound, bound);
+  for (int64_t i = 0; i < weight_.numel(); ++i) weight_.data_as<float>()[i] = uniform(rng);
+  if (bias) {
+    bias_ = Tensor(DType::F32, {out_features});
+    for (int64_t i = 0; i < out_features; ++i) bias_.data_as<float>()[i] = uniform(rng);
+  }
+}
+
+Tensor Linear::forward(const TensorView& x) {
+  const Recipe recipe = current_recipe();
+  const QuantizedTensor* cached = nullptr;
+  if (!std::holds_alternative<HighPrecision>(recipe)) {
+    if (cached_version_ != weight_version_ || cached_recipe_ != recipe_name(recipe)) {
+      cached_weight_ = quantize(weight_.view(), *quantize_options(recipe, TensorRole::Weight));
+      cached_version_ = weight_version_;
+      cached_recipe_ = recipe_name(recipe);
+      ++weight_quantizations_;
+    }
+    cached = &cached_weight_;
+  }
+  std::optional<TensorView> b;
+  if (bias_.defined()) b = bias_.view();
+  return linear_forward(x, weight_.view(), b, recipe, &saved_, cached);
+}
+
+Tensor Linear::backward(const TensorView& grad_output) {
+  LinearBackwardOptions o;
+  o.main_grad = main_grad_.view();
+  o.compute_grad_bias = bias_.defined();
+  o.stochastic_rounding = StochasticRounding{seed_, backward_calls_++};  // a fresh stream per step
+  LinearGrads g = linear_backward(grad_output, saved_, o);
+  if (bias_.defined()) {
+    for (int64_t j = 0; j < bias_grad_.numel(); ++j) bias_grad_.data_as<float>()[j] += g.grad_bias.data_as<float>()[j];
+  }
+  return g.grad_input;
+}
+
+void Linear::zero_grad() {
+  std::fill_n(main_grad_.data_as<float>(), main_grad_.numel(), 0.0f);
+  std::fill_n(bias_grad_.data_as<float>(), bias_grad_.numel(), 0.0f);
+}
+
+void Linear::sgd_step(float learning_rate) {
+  for (int64_t i = 0; i < weight_.numel(); ++i) weight_.data_as<float>()[i] -= learning_rate * main_grad_.data_as<float>()[i];
+  if (bias_.defined()) {
+    for (int64_t i = 0; i < bias_.numel(); ++i) bias_.data_as<float>()[i] -= learning_rate * bias_grad_.data_as<float>()[i];
+  }
+  weight_updated();
+  zero_grad();
+}
+
+}  // namespace microscale

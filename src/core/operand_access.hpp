@@ -1,0 +1,114 @@
+// OperandReader: element access to a validated GemmOperand (dense or block-scaled, any layout),
+// and exact dequantization of a K-panel to fp32 — the reference way to read an operand, shared by
+// the CPU GEMM and the tests.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "microscale/format.hpp"
+#include "microscale/gemm.hpp"
+#include "microscale/half.hpp"
+#include "microscale/layout.hpp"
+
+namespace microscale {
+
+class OperandReader {
+ public:
+  explicit OperandReader(const GemmOperand& op) : op_(op) {
+    if (op.quantized) {
+      format_ = element_format(op.scheme);
+      block_ = block_size(op.scheme);
+      packed_ = format_ == Format::E2M1;
+      for (int c = 0; c < 256; ++c) {
+        const bool valid = format_info(format_).bits == 8 || c < (1 << format_info(format_).bits);
+        codes_[c] = valid ? decode(format_, static_cast<uint8_t>(c)) : 0.0f;
+      }
+      for (int c = 0; c < 256; ++c) {
+        scale_values_[c] = op.scheme == Scheme::NVFP4 ? decode(Format::E4M3, static_cast<uint8_t>(c))
+                           : c == 0xFF               ? NAN
+                                                     : std::ldexp(1.0f, c - 127);
+      }
+      data_strides_ = op.data.effective_strides();
+      scale_strides_ = op.scales.effective_strides();
+    } else {
+      data_strides_ = op.dense.effective_strides();
+    }
+  }
+
+  /// Logical rows and K of the operand.
+  int64_t rows() const {
+    if (!op_.quantized) return op_.dense.shape[0];
+    return op_.stored_transposed ? op_.data.shape[1] * (packed_ ? 2 : 1) : op_.data.shape[0];
+  }
+  int64_t k() const {
+    if (!op_.quantized) return op_.dense.shape[1];
+    return op_.stored_transposed ? op_.data.shape[0] : op_.data.shape[1] * (packed_ ? 2 : 1);
+  }
+  int64_t batches() const {
+    const TensorView& v = op_.quantized ? op_.data : op_.dense;
+    return v.ndim() == 3 ? v.shape[2] : 1;
+  }
+
+  /// Exact value of logical element (r, k) of batch l, without any global (amax) scale.
+  float at(int64_t l, int64_t r, int64_t k) const {
+    if (!op_.quantized) return dense_at(l, r, k);
+    return codes_[code_at(l, r, k)] * block_scale(l, r, k / block_);
+  }
+
+  /// out[r * width + j] = at(l, r, k0 + j) for every row: the fp32 panel sgemm reads.
+  void dequantize_panel(int64_t l, int64_t k0, int64_t width, float* out) const {
+    const int64_t n = rows();
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t j = 0; j < width; ++j) out[r * width + j] = at(l, r, k0 + j);
+    }
+  }
+
+ private:
+  float dense_at(int64_t l, int64_t r, int64_t k) const {
+    const int64_t i = r * data_strides_[0] + k * data_strides_[1] + (data_strides_.size() == 3 ? l * data_strides_[2] : 0);
+    switch (op_.dense.dtype) {
+      case DType::BF16: return bf16_to_float(static_cast<const uint16_t*>(op_.dense.data)[i]);
+      case DType::F16: return half_to_float(static_cast<const uint16_t*>(op_.dense.data)[i]);
+      default: return static_cast<const float*>(op_.dense.data)[i];
+    }
+  }
+
+  uint8_t code_at(int64_t l, int64_t r, int64_t k) const {
+    // Storage coordinates: (row, element column) of the stored matrix.
+    const int64_t sr = op_.stored_transposed ? k : r, sc = op_.stored_transposed ? r : k;
+    const int64_t batch_offset = data_strides_.size() == 3 ? l * data_strides_[2] : 0;
+    const auto* bytes = static_cast<const uint8_t*>(op_.data.data);
+    const uint8_t byte = bytes[sr * data_strides_[0] + (packed_ ? sc / 2 : sc) * data_strides_[1] + batch_offset];
+    if (!packed_) return byte;
+    return sc % 2 == 0 ? (byte & 0x0F) : static_cast<uint8_t>(byte >> 4);
+  }
+
+  float block_scale(int64_t l, int64_t r, int64_t kb) const {
+    const auto* s = static_cast<const uint8_t*>(op_.scales.data);
+    uint8_t byte;
+    if (op_.scale_layout == ScaleLayout::Swizzled) {
+      const int64_t blocks = k() / block_;
+      const int64_t image = swizzled_rows(rows()) * swizzled_cols(blocks);
+      byte = s[l * image + swizzled_offset(r, kb, blocks)];
+    } else {
+      const int64_t sr = op_.stored_transposed ? kb : r, sc = op_.stored_transposed ? r : kb;
+      const int64_t batch_offset = scale_strides_.size() == 3 ? l * scale_strides_[2] : 0;
+      byte = s[sr * scale_strides_[0] + sc * scale_strides_[1] + batch_offset];
+    }
+    return scale_values_[byte];
+  }
+
+  const GemmOperand& op_;
+  Format format_ = Format::E2M1;
+  int block_ = 16;
+  bool packed_ = false;
+  std::array<float, 256> codes_{};         // element code -> value
+  std::array<float, 256> scale_values_{};  // scale byte -> value (E4M3, or E8M0 2^(b-127))
+  std::vector<int64_t> data_strides_, scale_strides_;
+};
+
+}  // namespace microscale

@@ -1,0 +1,13 @@
+// Argument checks shared by every quantize backend (CPU and CUDA), so each rejects the same inputs
+// with the same messages.
+#pragma once
+
+#include "core/input_matrix.hpp"
+#include "microscale/quantize.hpp"
+
+namespace microscale {
+
+/// Throws microscale::Error when `options` cannot quantize the (flattened) input `x`.
+void validate_quantize(const InputMatrix& x, const QuantizeOptions& options);
+
+}  // namespace microscale

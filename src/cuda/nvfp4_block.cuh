@@ -1,0 +1,54 @@
+// One NVFP4 block on the device: E4M3 block scale from the block amax, then 16 E2M1 codes (RN or
+// SR), packed two per byte. The same fp32 operations, in the same order, as the CPU backend
+// (cpu/quantize_nvfp4.cpp): the formulas come from core/scale_math.hpp, the encoders from
+// core/element_codec.hpp.
+#pragma once
+
+#include <cfloat>
+#include <cstdint>
+
+#include "core/element_codec.hpp"
+#include "core/scale_math.hpp"
+#include "microscale/philox.hpp"
+
+namespace microscale::cuda {
+
+/// Exact value of a non-negative E4M3 code (the block scales; 0x7F, NaN, never occurs there).
+__device__ __forceinline__ float e4m3_value(uint32_t code) {
+  const uint32_t e = (code >> 3) & 0xFu, m = code & 7u;
+  const float magnitude = e == 0 ? static_cast<float>(m) * 0.001953125f  // m * 2^-9, exact
+                                 : float_of(((e + 120u) << 23) | (m << 20));
+  return magnitude;
+}
+
+/// Global scale state of one direction.
+struct Nvfp4Global {
+  float multiplier;  // RN(S_enc * RN(1/6))
+  float s_dec;       // RN(1 / S_enc)
+};
+
+__device__ __forceinline__ Nvfp4Global nvfp4_global(float amax) {
+  const float s_enc = nvfp4_global_encode_scale(amax);
+  return {nvfp4_block_scale_multiplier(s_enc), 1.0f / s_enc};
+}
+
+/// Encodes the 16 values `v` of a block with amax `block_amax` into words[0..1] (8 bytes, even
+/// element in the low nibble); returns the E4M3 scale code. With `sr`, `random` holds the block's
+/// Philox words; otherwise round to nearest even.
+__device__ __forceinline__ uint32_t nvfp4_encode_block(const float (&v)[16], float block_amax, const Nvfp4Global& g,
+                                                       bool sr, const uint32_t (&random)[4], uint32_t (&words)[2]) {
+  const uint32_t scale_code = E4M3Codec::encode_rn(fminf(block_amax * g.multiplier, FLT_MAX));
+  const float encode_scale = nvfp4_block_encode_scale(e4m3_value(scale_code), g.s_dec);
+  words[0] = words[1] = 0;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const float scaled = v[i] * encode_scale;
+    uint32_t code = sr ? E2M1Codec::encode_sr(scaled, (random[i / 4] >> (8 * (i % 4))) & 0xFFu)
+                                      : E2M1Codec::encode_rn(scaled);
+    code = scaled == 0.0f ? 0u : code;  // any zero (-0.0 too) is code 0
+    words[i / 8] |= code << (4 * (i % 8));
+  }
+  return scale_code;
+}
+
+}  // namespace microscale::cuda

@@ -1,0 +1,176 @@
+// MX quantization (blocks of 32, E8M0 scales, every element format and scale mode), rowwise and
+// columnwise (non-transposed, blocks along M) from ONE read of the input.
+//
+// A CTA of 128 threads owns a 32 x 128 tile of X in shared memory (fp32, 16-byte loads):
+//   column phase: thread t = column k0 + t: the block amax down the 32 rows, its E8M0 byte
+//     (consecutive lanes, consecutive bytes) and 2^(127 - e) into shared memory;
+//   row phase: thread = (row lane, 32-column block warp): the row block's amax and byte, then the
+//     32 elements encoded twice, with the row's scale and with each column's, each direction's
+//     codes stored as one contiguous run (32 bytes, 16 for FP4).
+#include <cmath>
+
+#include "core/element_codec.hpp"
+#include "cuda/common.cuh"
+#include "cuda/cuda_check.hpp"
+#include "cuda/launchers.hpp"
+
+namespace microscale::cuda {
+namespace {
+
+constexpr int kTM = 32, kTK = 128, kThreads = 128, kLd = kTK + 4;
+
+struct MxParams {
+  DeviceMatrix x;
+  OutputPointers out;
+  bool rowwise, columnwise, swizzled;
+  MxScaleRule rule;
+  int emax, mantissa_bits;
+  float max_normal;
+  int64_t tiles_k, tiles;
+};
+
+// Largest |v| of 32 values, or NaN when any is NaN (torch.amax propagates NaN).
+__device__ __forceinline__ float block_amax32(const float (&v)[32]) {
+  float m = 0.0f;
+  bool any_nan = false;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const float a = fabsf(v[i]);
+    any_nan |= a != a;
+    m = a > m ? a : m;
+  }
+  return any_nan ? float_of(0x7FC00000u) : m;
+}
+
+template <typename Codec, bool kPacked>
+__device__ __forceinline__ void pack_codes(const uint8_t (&codes)[32], uint32_t (&words)[kPacked ? 4 : 8]) {
+  if constexpr (kPacked) {
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      uint32_t x = 0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) x |= static_cast<uint32_t>(codes[8 * w + i]) << (4 * i);
+      words[w] = x;
+    }
+  } else {
+#pragma unroll
+    for (int w = 0; w < 8; ++w) {
+      words[w] = static_cast<uint32_t>(codes[4 * w]) | (static_cast<uint32_t>(codes[4 * w + 1]) << 8) |
+                 (static_cast<uint32_t>(codes[4 * w + 2]) << 16) | (static_cast<uint32_t>(codes[4 * w + 3]) << 24);
+    }
+  }
+}
+
+template <typename T, typename Codec, bool kPacked>
+__global__ void __launch_bounds__(kThreads) mx_quantize_kernel(const MxParams p) {
+  __shared__ __align__(16) float tile[kTM * kLd];
+  __shared__ float column_inverse[kTK];
+  const int64_t t_index = blockIdx.x;
+  const int64_t m0 = (t_index / p.tiles_k) * kTM, k0 = (t_index % p.tiles_k) * kTK;
+  const int64_t M = p.x.rows, K = p.x.cols;
+  const int64_t data_cols = kPacked ? K / 2 : K;
+  load_tile<T, kTM, kTK, kThreads, kLd>(p.x, m0, k0, tile);
+  __syncthreads();
+  const int t = threadIdx.x;
+
+  if (p.columnwise) {
+    const int64_t col = k0 + t;
+    float v[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) v[i] = tile[i * kLd + t];
+    const uint8_t s = mx_scale_byte(block_amax32(v), p.rule, p.emax, p.mantissa_bits, p.max_normal);
+    column_inverse[t] = mx_inverse_scale(s);
+    if (col < K && m0 < M) {
+      // compact [M/32, K]; swizzled as the transpose [K, M/32]
+      const int64_t o = p.swizzled ? scale_offset(col, m0 / 32, M / 32, true) : (m0 / 32) * K + col;
+      p.out.columnwise_scale[o] = s;
+    }
+    __syncthreads();
+  }
+
+  const int warp = t / 32, lane = t % 32;
+  const int64_t row = m0 + lane;
+  const int64_t c0 = k0 + warp * 32;
+  if (row >= M || c0 >= K) return;
+  float v[32];
+#pragma unroll
+  for (int q = 0; q < 32; q += 4) {
+    const float4 f = *reinterpret_cast<const float4*>(&tile[lane * kLd + warp * 32 + q]);
+    v[q] = f.x;
+    v[q + 1] = f.y;
+    v[q + 2] = f.z;
+    v[q + 3] = f.w;
+  }
+  constexpr int kWords = kPacked ? 4 : 8;
+  if (p.rowwise) {
+    const uint8_t s = mx_scale_byte(block_amax32(v), p.rule, p.emax, p.mantissa_bits, p.max_normal);
+    const float inverse = mx_inverse_scale(s);
+    uint8_t codes[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) codes[i] = Codec::encode_rn(v[i] * inverse);
+    uint32_t words[kWords];
+    pack_codes<Codec, kPacked>(codes, words);
+    store_bytes(p.out.rowwise_data + row * data_cols + (kPacked ? c0 / 2 : c0), words, kWords * 4);
+    p.out.rowwise_scale[scale_offset(row, c0 / 32, K / 32, p.swizzled)] = s;
+  }
+  if (p.columnwise) {
+    uint8_t codes[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) codes[i] = Codec::encode_rn(v[i] * column_inverse[warp * 32 + i]);
+    uint32_t words[kWords];
+    pack_codes<Codec, kPacked>(codes, words);
+    const int64_t valid_cols = K - c0 < 32 ? K - c0 : 32;
+    const int valid = static_cast<int>(kPacked ? valid_cols / 2 : valid_cols);
+    store_bytes(p.out.columnwise_data + row * data_cols + (kPacked ? c0 / 2 : c0), words, valid);
+  }
+}
+
+template <typename T>
+void launch_for_dtype(const MxParams& p, Scheme scheme, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(p.tiles));
+  switch (scheme) {
+    case Scheme::MXFP8_E4M3: mx_quantize_kernel<T, E4M3Codec, false><<<grid, kThreads, 0, stream>>>(p); break;
+    case Scheme::MXFP8_E5M2: mx_quantize_kernel<T, E5M2Codec, false><<<grid, kThreads, 0, stream>>>(p); break;
+    case Scheme::MXFP6_E2M3: mx_quantize_kernel<T, E2M3Codec, false><<<grid, kThreads, 0, stream>>>(p); break;
+    case Scheme::MXFP6_E3M2: mx_quantize_kernel<T, E3M2Codec, false><<<grid, kThreads, 0, stream>>>(p); break;
+    case Scheme::MXFP4: mx_quantize_kernel<T, E2M1Codec, true><<<grid, kThreads, 0, stream>>>(p); break;
+    case Scheme::NVFP4: break;
+  }
+}
+
+MxScaleRule rule_of(ScaleMode mode) {
+  switch (mode) {
+    case ScaleMode::Floor: return MxScaleRule::Floor;
+    case ScaleMode::Ceil: return MxScaleRule::Ceil;
+    case ScaleMode::Even: return MxScaleRule::Even;
+    case ScaleMode::RCeil: break;
+  }
+  return MxScaleRule::RCeil;
+}
+
+}  // namespace
+
+void launch_mx_quantize(const DeviceMatrix& x, DType dtype, const QuantizeOptions& o, const OutputPointers& out,
+                        cudaStream_t stream) {
+  const FormatInfo& f = format_info(element_format(o.scheme));
+  MxParams p{};
+  p.x = x;
+  p.out = out;
+  p.rowwise = o.rowwise;
+  p.columnwise = o.columnwise;
+  p.swizzled = o.scale_layout == ScaleLayout::Swizzled;
+  p.rule = rule_of(o.scale_mode);
+  p.emax = f.emax;
+  p.mantissa_bits = f.mantissa_bits;
+  p.max_normal = f.max_normal;
+  p.tiles_k = (x.cols + kTK - 1) / kTK;
+  p.tiles = p.tiles_k * ((x.rows + kTM - 1) / kTM);
+  switch (dtype) {
+    case DType::BF16: launch_for_dtype<Bf16>(p, o.scheme, stream); break;
+    case DType::F16: launch_for_dtype<F16>(p, o.scheme, stream); break;
+    default: launch_for_dtype<float>(p, o.scheme, stream); break;
+  }
+  MICROSCALE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace microscale::cuda

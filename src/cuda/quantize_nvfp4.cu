@@ -1,0 +1,179 @@
+// NVFP4 quantization, rowwise and columnwise from ONE read of the input.
+//
+// A CTA of 128 threads owns a 64 x 128 tile of X, staged in shared memory as fp32 (16-byte loads).
+//   column phase: thread t owns column k0 + t and its four 16-row chunks (conflict-free reads):
+//     columnwise blocks (through the RHT when asked), and for 16x16 tiles the tile amax (16 lanes
+//     of a warp = the 16 columns of a tile, reduced with shuffles);
+//   row phase: thread owns one row and four consecutive 16-column blocks (rows spread over the
+//     lanes of a quarter warp, so the float4 reads hit distinct banks with the 132-float pitch).
+// Each thread writes 32 contiguous data bytes and 4 contiguous scale bytes per direction (compact
+// or swizzled: 4 consecutive blocks are 4 consecutive bytes in both layouts).
+// Tiles run in reverse order: the amax pass read the tensor forwards, so its tail is still in L2.
+#include "cuda/common.cuh"
+#include "cuda/cuda_check.hpp"
+#include "cuda/launchers.hpp"
+#include "cuda/nvfp4_block.cuh"
+#include "cuda/rht.cuh"
+
+namespace microscale::cuda {
+namespace {
+
+constexpr int kTM = 64, kTK = 128, kThreads = 128, kLd = kTK + 4;
+
+struct Nvfp4Params {
+  DeviceMatrix x;
+  OutputPointers out;
+  bool rowwise, columnwise, tile_2d, rht, swizzled, sr;
+  uint16_t rht_mask;
+  uint64_t seed, offset;
+  int64_t tiles_k, tiles;
+};
+
+__device__ __forceinline__ void philox_words(const Nvfp4Params& p, uint64_t block, uint32_t (&w)[4]) {
+  sr_block_bits(p.seed, p.offset, block, w);
+}
+
+// Writes the 4 scale codes of blocks (r, c0 .. c0+3) of a [rows, cols] scale matrix; codes of
+// blocks past `cols` are 0 (the swizzled padding).
+__device__ __forceinline__ void store_scales4(uint8_t* scale, int64_t r, int64_t c0, int64_t cols, bool swizzled,
+                                              uint32_t packed) {
+  const int64_t o = scale_offset(r, c0, cols, swizzled);
+  if (swizzled || (c0 + 4 <= cols && (o & 3) == 0)) {
+    *reinterpret_cast<uint32_t*>(scale + o) = packed;  // swizzled: 4 consecutive, 4-aligned bytes
+    return;
+  }
+  for (int j = 0; j < 4; ++j) {
+    if (c0 + j < cols) scale[o + j] = static_cast<uint8_t>(packed >> (8 * j));
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) nvfp4_quantize_kernel(const Nvfp4Params p) {
+  __shared__ __align__(16) float tile[kTM * kLd];
+  __shared__ float tile_amax[(kTM / 16) * (kTK / 16)];
+  const int64_t t_index = p.tiles - 1 - blockIdx.x;
+  const int64_t m0 = (t_index / p.tiles_k) * kTM, k0 = (t_index % p.tiles_k) * kTK;
+  const int64_t M = p.x.rows, K = p.x.cols;
+  load_tile<T, kTM, kTK, kThreads, kLd>(p.x, m0, k0, tile);
+  __syncthreads();
+  const int t = threadIdx.x;
+
+  // ---- column phase ----
+  if (p.columnwise || p.tile_2d) {
+    const int64_t col = k0 + t;
+    const Nvfp4Global g = nvfp4_global(p.out.amax[1]);
+    uint32_t data[8];
+    uint32_t scales = 0;
+#pragma unroll
+    for (int rc = 0; rc < kTM / 16; ++rc) {
+      float v[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) v[i] = tile[(rc * 16 + i) * kLd + t];
+      if (p.rht) rht16_inplace(v, p.rht_mask);
+      float amax = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) amax = max_abs_skip_nan(amax, v[i]);
+      if (p.tile_2d) {
+#pragma unroll
+        for (int s = 1; s < 16; s <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, s));
+        if ((t & 15) == 0) tile_amax[rc * (kTK / 16) + t / 16] = amax;
+      }
+      const int64_t r0 = m0 + rc * 16;
+      data[2 * rc] = data[2 * rc + 1] = 0;
+      if (p.columnwise && col < K && r0 < M) {
+        uint32_t random[4] = {0, 0, 0, 0};
+        if (p.sr) philox_words(p, static_cast<uint64_t>(M * K / 16 + col * (M / 16) + r0 / 16), random);
+        uint32_t w[2];
+        const uint32_t code = nvfp4_encode_block(v, amax, g, p.sr, random, w);
+        data[2 * rc] = w[0];
+        data[2 * rc + 1] = w[1];
+        scales |= code << (8 * rc);
+      }
+    }
+    if (p.columnwise && col < K) {
+      const int64_t valid_rows = M - m0 < kTM ? M - m0 : kTM;
+      store_bytes(p.out.columnwise_data + col * (M / 2) + m0 / 2, data, static_cast<int>(valid_rows / 2));
+      store_scales4(p.out.columnwise_scale, col, m0 / 16, M / 16, p.swizzled, scales);
+    }
+  }
+  if (!p.rowwise) return;
+  if (p.tile_2d) __syncthreads();
+
+  // ---- row phase ----
+  const int warp = t / 32, lane = t % 32;
+  const int r = (warp % 2) * 32 + lane;
+  const int b0 = (warp / 2) * 4;  // first of this thread's four 16-column blocks
+  const int64_t row = m0 + r;
+  if (row >= M) return;
+  const Nvfp4Global g = nvfp4_global(p.out.amax[0]);
+  uint32_t data[8];
+  uint32_t scales = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int b = b0 + j;
+    float v[16];
+#pragma unroll
+    for (int q = 0; q < 16; q += 4) {
+      const float4 f = *reinterpret_cast<const float4*>(&tile[r * kLd + b * 16 + q]);
+      v[q] = f.x;
+      v[q + 1] = f.y;
+      v[q + 2] = f.z;
+      v[q + 3] = f.w;
+    }
+    data[2 * j] = data[2 * j + 1] = 0;
+    const int64_t c0 = k0 + b * 16;
+    if (c0 < K) {
+      float amax = 0.0f;
+      if (p.tile_2d) {
+        amax = tile_amax[(r / 16) * (kTK / 16) + b];
+      } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) amax = max_abs_skip_nan(amax, v[i]);
+      }
+      uint32_t random[4] = {0, 0, 0, 0};
+      if (p.sr) philox_words(p, static_cast<uint64_t>(row * (K / 16) + c0 / 16), random);
+      uint32_t w[2];
+      const uint32_t code = nvfp4_encode_block(v, amax, g, p.sr, random, w);
+      data[2 * j] = w[0];
+      data[2 * j + 1] = w[1];
+      scales |= code << (8 * j);
+    }
+  }
+  const int64_t first = k0 + b0 * 16;
+  if (first < K) {
+    const int64_t valid_cols = K - first < 64 ? K - first : 64;
+    store_bytes(p.out.rowwise_data + row * (K / 2) + first / 2, data, static_cast<int>(valid_cols / 2));
+    store_scales4(p.out.rowwise_scale, row, first / 16, K / 16, p.swizzled, scales);
+  }
+}
+
+}  // namespace
+
+void launch_nvfp4_quantize(const DeviceMatrix& x, DType dtype, const QuantizeOptions& o, const OutputPointers& out,
+                           cudaStream_t stream) {
+  Nvfp4Params p{};
+  p.x = x;
+  p.out = out;
+  p.rowwise = o.rowwise;
+  p.columnwise = o.columnwise;
+  p.tile_2d = o.tile == Tile::k16x16;
+  p.rht = o.rht && o.columnwise;
+  p.swizzled = o.scale_layout == ScaleLayout::Swizzled;
+  p.sr = o.stochastic_rounding.has_value();
+  p.rht_mask = o.rht_sign_mask;
+  if (p.sr) {
+    p.seed = o.stochastic_rounding->seed;
+    p.offset = o.stochastic_rounding->offset;
+  }
+  p.tiles_k = (x.cols + kTK - 1) / kTK;
+  p.tiles = p.tiles_k * ((x.rows + kTM - 1) / kTM);
+  const dim3 grid(static_cast<unsigned>(p.tiles));
+  switch (dtype) {
+    case DType::BF16: nvfp4_quantize_kernel<Bf16><<<grid, kThreads, 0, stream>>>(p); break;
+    case DType::F16: nvfp4_quantize_kernel<F16><<<grid, kThreads, 0, stream>>>(p); break;
+    default: nvfp4_quantize_kernel<float><<<grid, kThreads, 0, stream>>>(p); break;
+  }
+  MICROSCALE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace microscale::cuda

@@ -1,0 +1,309 @@
+// Block-scaled GEMM: exact-by-construction cases, the golden gemm_* products, random cases
+// against float64 on the same dequantized operands, all layouts/schemes/batches, the GPU MODE
+// NVFP4 interface, and clear errors for mismatched inputs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "core/operand_access.hpp"
+#include "golden.hpp"
+#include "microscale/error.hpp"
+#include "microscale/gemm.hpp"
+#include "microscale/layout.hpp"
+#include "microscale/safetensors.hpp"
+#include "test_data.hpp"
+
+namespace microscale {
+namespace {
+
+using testing_data::Fill;
+using testing_data::random_tensor;
+
+// float64 reference on the same dequantized operands: D = alpha * A B^T, alpha as gemm() forms it.
+std::vector<double> reference(const GemmOperand& a, const GemmOperand& b, double alpha, std::vector<double>* magnitude) {
+  const OperandReader ra(a), rb(b);
+  const int64_t m = ra.rows(), n = rb.rows(), k = ra.k(), l_count = ra.batches();
+  std::vector<double> d(static_cast<size_t>(l_count * m * n));
+  if (magnitude) magnitude->assign(d.size(), 0.0);
+  for (int64_t l = 0; l < l_count; ++l) {
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0, mag = 0;
+        for (int64_t p = 0; p < k; ++p) {
+          const double t = static_cast<double>(ra.at(l, i, p)) * rb.at(l, j, p);
+          s += t;
+          mag += std::fabs(t);
+        }
+        d[(l * m + i) * n + j] = alpha * s;
+        if (magnitude) (*magnitude)[(l * m + i) * n + j] = std::fabs(alpha) * mag;
+      }
+    }
+  }
+  return d;
+}
+
+double alpha_of(const GemmOperand& a, const GemmOperand& b, float alpha = 1.0f) {
+  if (a.amax && b.amax) return ((alpha * *a.amax) * *b.amax) * (1.0f / 7225344.0f);
+  return alpha;
+}
+
+// FP32 accumulation bound: |D - ref| <= K * 2^-23 * sum|a b| (a loose, standard bound; the
+// products themselves are exact).
+void expect_close(const Tensor& d, const std::vector<double>& ref, const std::vector<double>& magnitude, int64_t k,
+                  const std::string& what) {
+  int64_t bad = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double got = d.data_as<float>()[i];
+    const double bound = static_cast<double>(k) * std::ldexp(1.0, -23) * magnitude[i] + 1e-30;
+    if (!(std::fabs(got - ref[i]) <= bound) && ++bad <= 3) {
+      ADD_FAILURE() << what << " at " << i << ": " << got << " vs " << ref[i] << " (bound " << bound << ")";
+    }
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+TEST(Gemm, ExactByConstruction) {
+  // Operands on the grids with power-of-two scales: every product and partial sum is exact in
+  // fp32, so D equals the float64 result exactly.
+  std::mt19937 rng(1);
+  for (Scheme scheme : {Scheme::NVFP4, Scheme::MXFP8_E4M3, Scheme::MXFP8_E5M2, Scheme::MXFP6_E2M3,
+                        Scheme::MXFP6_E3M2, Scheme::MXFP4}) {
+    const int64_t m = 48, n = 40, k = 128;
+    const Format f = element_format(scheme);
+    const int block = block_size(scheme);
+    const bool packed = f == Format::E2M1;
+    auto make = [&](int64_t rows, Tensor& data, Tensor& scales) {
+      data = Tensor(DType::U8, {rows, packed ? k / 2 : k});
+      scales = Tensor(DType::U8, {rows, k / block});
+      for (int64_t i = 0; i < data.numel(); ++i) {
+        // Codes whose values are multiples of 1/4 within [-8, 8]: with scales in [1/2, 2] every
+        // product is a multiple of 2^-6 below 2^8, and sums of 128 stay below 2^21 quanta.
+        auto ok = [&](uint8_t c) {
+          const float v = decode(f, c);
+          return std::isfinite(v) && std::fabs(v) <= 8.0f && std::floor(v * 4) == v * 4;
+        };
+        uint8_t code;
+        do {
+          code = static_cast<uint8_t>(rng() & (packed ? 0xFF : (1u << format_info(f).bits) - 1));
+        } while (packed ? !(ok(code & 0xF) && ok(code >> 4)) : !ok(code));
+        data.data_as<uint8_t>()[i] = code;
+      }
+      for (int64_t i = 0; i < scales.numel(); ++i) {
+        // powers of two 0.5, 1, 2: E4M3 0x30, 0x38, 0x40; E8M0 126, 127, 128
+        scales.data_as<uint8_t>()[i] = scheme == Scheme::NVFP4 ? static_cast<uint8_t>(0x30 + 8 * (rng() % 3))
+                                                               : static_cast<uint8_t>(126 + rng() % 3);
+      }
+    };
+    Tensor ad, as, bd, bs;
+    make(m, ad, as);
+    make(n, bd, bs);
+    GemmOperand a, b;
+    a.quantized = b.quantized = true;
+    a.scheme = b.scheme = scheme;
+    a.data = ad.view();
+    a.scales = as.view();
+    b.data = bd.view();
+    b.scales = bs.view();
+    const Tensor d = gemm(a, b);
+    const std::vector<double> ref = reference(a, b, 1.0, nullptr);
+    int64_t diff = 0;
+    for (size_t i = 0; i < ref.size(); ++i) diff += d.data_as<float>()[i] != ref[i];
+    EXPECT_EQ(diff, 0) << scheme_name(scheme);
+  }
+}
+
+TEST(Gemm, GoldenProducts) {
+  for (const char* name : {"gemm_nvfp4_128x96x256", "gemm_nvfp4_256x384x512", "gemm_mxfp8_128x96x256",
+                           "gemm_mxfp8_256x384x512"}) {
+    const SafetensorsFile f = SafetensorsFile::open(golden_dir() + "/" + name + ".safetensors");
+    const bool nvfp4 = std::string(name).find("nvfp4") != std::string::npos;
+    GemmOperand a, b;
+    a.quantized = b.quantized = true;
+    a.scheme = b.scheme = nvfp4 ? Scheme::NVFP4 : Scheme::MXFP8_E4M3;
+    a.data = f.view("a_data");
+    a.scales = f.view("a_scale");
+    b.data = f.view("b_data");
+    b.scales = f.view("b_scale");
+    if (nvfp4) {
+      a.amax = *static_cast<const float*>(f.view("a_amax").data);
+      b.amax = *static_cast<const float*>(f.view("b_amax").data);
+    }
+    const Tensor d = gemm(a, b);
+    const auto* want = static_cast<const float*>(f.view("out").data);
+    std::vector<double> magnitude;
+    reference(a, b, alpha_of(a, b), &magnitude);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < d.numel(); ++i) {
+      // golden = float64 product with a true division for alpha; ours rounds alpha to fp32
+      // (TE's formula) and accumulates in fp32: K 2^-23 relative to sum |a b| plus alpha's ulps.
+      const double bound = (512 * std::ldexp(1.0, -23) + 4 * std::ldexp(1.0, -24)) * magnitude[i] + 1e-30;
+      bad += !(std::fabs(d.data_as<float>()[i] - want[i]) <= bound + 4 * std::ldexp(1.0, -24) * std::fabs(want[i]));
+    }
+    EXPECT_EQ(bad, 0) << name;
+  }
+}
+
+TEST(Gemm, RandomAgainstFloat64AllSchemesLayoutsAndBatches) {
+  uint32_t seed = 10;
+  for (Scheme scheme : {Scheme::NVFP4, Scheme::MXFP8_E4M3, Scheme::MXFP8_E5M2, Scheme::MXFP6_E2M3,
+                        Scheme::MXFP6_E3M2, Scheme::MXFP4}) {
+    for (ScaleLayout layout : {ScaleLayout::Compact, ScaleLayout::Swizzled}) {
+      const Tensor x = random_tensor(DType::BF16, {64, 96}, Fill::Heavy, seed++);
+      const Tensor w = random_tensor(DType::BF16, {32, 96}, Fill::Normal, seed++);
+      QuantizeOptions o;
+      o.scheme = scheme;
+      o.rowwise = o.columnwise = true;
+      o.scale_layout = layout;
+      const QuantizedTensor xq = quantize(x.view(), o), wq = quantize(w.view(), o);
+      for (const char* te_layout : {"TN"}) {
+        const auto [a, b] = te_gemm_operands(wq, xq, te_layout);
+        std::vector<double> mag;
+        const std::vector<double> ref = reference(a, b, alpha_of(a, b), &mag);
+        expect_close(gemm(a, b), ref, mag, 96, std::string(scheme_name(scheme)) + " TN");
+      }
+      // NT: dW-style, contraction over the rows (64) of both, from columnwise data.
+      const Tensor dy = random_tensor(DType::BF16, {64, 32}, Fill::Normal, seed++);
+      const QuantizedTensor dyq = quantize(dy.view(), o);
+      const auto [a, b] = te_gemm_operands(xq, dyq, "NT");  // [32, 96] = dy^T x
+      std::vector<double> mag;
+      const std::vector<double> ref = reference(a, b, alpha_of(a, b), &mag);
+      const Tensor d = gemm(a, b);
+      EXPECT_EQ(d.shape(), (std::vector<int64_t>{32, 96}));
+      expect_close(d, ref, mag, 64, std::string(scheme_name(scheme)) + " NT");
+      // NN: dX-style, contraction over W's rows (32).
+      const auto [a2, b2] = te_gemm_operands(wq, dyq, "NN");  // [64, 96] = dy W
+      const Tensor d2 = gemm(a2, b2);
+      EXPECT_EQ(d2.shape(), (std::vector<int64_t>{64, 96}));
+      std::vector<double> mag2;
+      expect_close(d2, reference(a2, b2, alpha_of(a2, b2), &mag2), mag2, 32, std::string(scheme_name(scheme)) + " NN");
+    }
+  }
+}
+
+TEST(Gemm, MixedDenseTimesQuantizedAndEpilogue) {
+  const Tensor x = random_tensor(DType::BF16, {16, 64}, Fill::Normal, 3);
+  const Tensor w = random_tensor(DType::F32, {24, 64}, Fill::Normal, 4);
+  const QuantizedTensor wq = quantize(w.view(), QuantizeOptions{});
+  const GemmOperand a = GemmOperand::from_dense(x.view()), b = GemmOperand::from(wq, Usage::Rowwise);
+  Tensor c = random_tensor(DType::F32, {16, 24}, Fill::Normal, 5), bias = random_tensor(DType::F32, {24}, Fill::Normal, 6);
+  GemmProblem p;
+  p.alpha = 0.5f;
+  p.beta = 2.0f;
+  p.c = c.view();
+  p.bias = bias.view();
+  const Tensor d = gemm(a, b, p);
+  // Mixed: the NVFP4 operand's global scale is amax * RN(1/2688).
+  const double alpha = (0.5f * wq.rowwise_amax) * (1.0f / 2688.0f);
+  std::vector<double> mag;
+  const std::vector<double> ref = reference(a, b, alpha, &mag);
+  for (int64_t i = 0; i < 16 * 24; ++i) {
+    const double want = ref[i] + 2.0 * c.data_as<float>()[i] + bias.data_as<float>()[i % 24];
+    EXPECT_NEAR(d.data_as<float>()[i], want, 64 * std::ldexp(1.0, -22) * (mag[i] + std::fabs(want)) + 1e-6) << i;
+  }
+  // bf16 / f16 outputs are the f32 result rounded once.
+  for (DType out : {DType::BF16, DType::F16}) {
+    GemmProblem q = p;
+    q.out_dtype = out;
+    const Tensor h = gemm(a, b, q);
+    for (int64_t i = 0; i < h.numel(); ++i) {
+      const float v = d.data_as<float>()[i];
+      EXPECT_EQ(h.data_as<uint16_t>()[i], out == DType::BF16 ? float_to_bf16(v) : float_to_half(v));
+    }
+  }
+}
+
+// The GPU MODE nvfp4_gemm inputs, as they are laid out: a [M, K/2, L] and b [N, K/2, L] K-major
+// e2m1 bytes, scales already in the 128x4 swizzled ("permuted") layout, c fp16 [M, N, L].
+TEST(Gemm, GpuModeNvfp4Interface) {
+  const int64_t m = 128, n = 256, k = 256, l = 2;
+  std::mt19937 rng(7);
+  // Made as [L, M, K/2] contiguous, viewed as [M, K/2, L] with strides (K/2, 1, M*K/2).
+  std::vector<uint8_t> a_bytes(l * m * k / 2), b_bytes(l * n * k / 2);
+  for (auto& v : a_bytes) v = static_cast<uint8_t>(rng());
+  for (auto& v : b_bytes) v = static_cast<uint8_t>(rng());
+  // Scales in {0, 1, 2, 3} (e4m3 codes 0x00, 0x38, 0x40, 0x44), compact then swizzled per batch.
+  const uint8_t scale_codes[4] = {0x00, 0x38, 0x40, 0x44};
+  auto scales = [&](int64_t rows, std::vector<uint8_t>& compact, std::vector<uint8_t>& swizzled) {
+    compact.resize(l * rows * k / 16);
+    for (auto& v : compact) v = scale_codes[rng() % 4];
+    swizzled.assign(l * rows * k / 16, 0);
+    for (int64_t b = 0; b < l; ++b) {
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < k / 16; ++c) {
+          swizzled[b * rows * k / 16 + swizzled_offset(r, c, k / 16)] = compact[(b * rows + r) * (k / 16) + c];
+        }
+      }
+    }
+  };
+  std::vector<uint8_t> sfa, sfa_perm, sfb, sfb_perm;
+  scales(m, sfa, sfa_perm);
+  scales(n, sfb, sfb_perm);
+  GemmOperand a, b;
+  a.quantized = b.quantized = true;
+  a.data = TensorView::from_buffer(a_bytes.data(), a_bytes.size(), DType::U8, {m, k / 2, l});
+  a.data.strides = {k / 2, 1, m * k / 2};
+  b.data = TensorView::from_buffer(b_bytes.data(), b_bytes.size(), DType::U8, {n, k / 2, l});
+  b.data.strides = {k / 2, 1, n * k / 2};
+  a.scales = TensorView::from_buffer(sfa_perm.data(), sfa_perm.size(), DType::U8, {static_cast<int64_t>(sfa_perm.size())});
+  b.scales = TensorView::from_buffer(sfb_perm.data(), sfb_perm.size(), DType::U8, {static_cast<int64_t>(sfb_perm.size())});
+  a.scale_layout = b.scale_layout = ScaleLayout::Swizzled;
+  std::vector<uint16_t> c_buf(l * m * n, 0x7E00);  // garbage the kernel must overwrite
+  TensorView c = TensorView::from_buffer(c_buf.data(), c_buf.size() * 2, DType::F16, {m, n, l});
+  c.strides = {n, 1, m * n};
+  gemm_into(a, b, GemmProblem{}, c);
+  // For this data every sum is exact in fp32, so c is the correctly rounded fp16 of the exact sum.
+  const std::vector<double> ref = reference(a, b, 1.0, nullptr);
+  int64_t bad = 0;
+  for (int64_t bi = 0; bi < l; ++bi) {
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        bad += c_buf[bi * m * n + i * n + j] != float_to_half(static_cast<float>(ref[(bi * m + i) * n + j]));
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(Gemm, ClearErrors) {
+  const Tensor x = random_tensor(DType::F32, {32, 64}, Fill::Normal, 1);
+  const Tensor w = random_tensor(DType::F32, {32, 96}, Fill::Normal, 2);
+  const QuantizedTensor xq = quantize(x.view(), QuantizeOptions{}), wq = quantize(w.view(), QuantizeOptions{});
+  auto expect_error = [](auto fn, const std::string& text) {
+    try {
+      fn();
+      ADD_FAILURE() << "no error; expected '" << text << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  expect_error([&] { gemm(GemmOperand::from(xq, Usage::Rowwise), GemmOperand::from(wq, Usage::Rowwise)); }, "K differ");
+  expect_error([&] { GemmOperand::from(xq, Usage::Columnwise); }, "no columnwise");
+  expect_error([&] { te_gemm_operands(xq, wq, "XY"); }, "layout must be");
+  QuantizeOptions mx;
+  mx.scheme = Scheme::MXFP8_E4M3;
+  const QuantizedTensor xm = quantize(x.view(), mx);
+  expect_error([&] { gemm(GemmOperand::from(xq, Usage::Rowwise), GemmOperand::from(xm, Usage::Rowwise)); },
+               "different block sizes");
+  GemmOperand bad = GemmOperand::from(xq, Usage::Rowwise);
+  bad.scales.shape = {32, 3};
+  expect_error([&] { gemm(bad, GemmOperand::from(xq, Usage::Rowwise)); }, "compact scales");
+  bad = GemmOperand::from(xq, Usage::Rowwise);
+  bad.data.dtype = DType::F32;
+  expect_error([&] { gemm(bad, GemmOperand::from(xq, Usage::Rowwise)); }, "u8 codes");
+  GemmProblem p;
+  p.out_dtype = DType::U8;
+  expect_error([&] { gemm(GemmOperand::from(xq, Usage::Rowwise), GemmOperand::from(xq, Usage::Rowwise), p); },
+               "out_dtype");
+  const Tensor bias = random_tensor(DType::F32, {5}, Fill::Normal, 3);
+  GemmProblem pb;
+  pb.bias = bias.view();
+  expect_error([&] { gemm(GemmOperand::from(xq, Usage::Rowwise), GemmOperand::from(xq, Usage::Rowwise), pb); },
+               "bias must be");
+  const Tensor u8(DType::U8, {4, 4});
+  expect_error([&] { gemm(GemmOperand::from_dense(u8.view()), GemmOperand::from_dense(u8.view())); },
+               "f32, bf16 or f16");
+}
+
+}  // namespace
+}  // namespace microscale

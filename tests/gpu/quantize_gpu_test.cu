@@ -1,0 +1,478 @@
+// GPU tests of the CUDA backend (plain main; run by tests/gpu/run.sh on a GPU machine).
+//
+// Every byte the device writes (data, scales incl. swizzled padding, amaxes) is compared with the
+// CPU oracle microscale::quantize_ref, on random shapes (ragged, tiny, strided), every scheme,
+// scale mode, tile, RHT, SR, layout and input dtype; then dequantize and the standalone swizzle
+// against their CPU twins; then golden cases (a copied handful) byte for byte. Outputs are
+// poisoned before each run so an unwritten byte shows. Exit status = number of failures (capped).
+//
+// Usage: quantize_gpu_test [--quick] [GOLDEN_DIR]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "microscale/cuda.hpp"
+#include "microscale/error.hpp"
+#include "microscale/half.hpp"
+#include "microscale/layout.hpp"
+#include "microscale/quantize.hpp"
+#include "microscale/safetensors.hpp"
+
+using namespace microscale;
+
+namespace {
+
+int g_failures = 0, g_checks = 0;
+
+#define CK(call)                                                                                 \
+  do {                                                                                           \
+    cudaError_t e_ = (call);                                                                     \
+    if (e_ != cudaSuccess) {                                                                     \
+      std::fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(2);                                                                              \
+    }                                                                                            \
+  } while (0)
+
+struct DeviceBuffer {
+  void* p = nullptr;
+  size_t n = 0;
+  explicit DeviceBuffer(size_t bytes) : n(bytes) { CK(cudaMalloc(&p, bytes ? bytes : 1)); }
+  ~DeviceBuffer() { cudaFree(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+int64_t numel(const std::vector<int64_t>& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+std::vector<uint8_t> to_host(const void* p, size_t n) {
+  std::vector<uint8_t> h(n);
+  if (n) CK(cudaMemcpy(h.data(), p, n, cudaMemcpyDeviceToHost));
+  return h;
+}
+
+bool same_bytes(const std::string& what, const std::vector<uint8_t>& got, const void* want, size_t n) {
+  ++g_checks;
+  if (got.size() != n) {
+    std::printf("FAIL %s: size %zu vs %zu\n", what.c_str(), got.size(), n);
+    ++g_failures;
+    return false;
+  }
+  const auto* w = static_cast<const uint8_t*>(want);
+  for (size_t i = 0; i < n; ++i) {
+    if (got[i] != w[i]) {
+      size_t bad = 0;
+      for (size_t j = i; j < n; ++j) bad += got[j] != w[j];
+      std::printf("FAIL %s: %zu of %zu bytes differ, first at %zu (gpu 0x%02x, cpu 0x%02x)\n", what.c_str(), bad, n, i,
+                  got[i], w[i]);
+      ++g_failures;
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string describe(const QuantizeOptions& o, const std::vector<int64_t>& shape, DType dtype, const char* tag) {
+  char buf[400];
+  std::snprintf(buf, sizeof buf, "%s %s %s %s row=%d col=%d mode=%s tile=%s rht=%d sr=%d ovr=%d layout=%s", tag,
+                std::string(scheme_name(o.scheme)).c_str(), shape_string(shape).c_str(), std::string(dtype_name(dtype)).c_str(),
+                o.rowwise, o.columnwise, std::string(scale_mode_name(o.scale_mode)).c_str(),
+                o.tile == Tile::k16x16 ? "16x16" : "1x16", o.rht, o.stochastic_rounding.has_value(),
+                o.amax_rowwise.has_value() || o.amax_columnwise.has_value(),
+                o.scale_layout == ScaleLayout::Swizzled ? "swizzled" : "compact");
+  return buf;
+}
+
+// Random input values: mostly normal-ish with varied block magnitudes, some zeros/-0, and optional
+// specials (NaN, Inf) and wide exponent spreads (the RHT's exact fallback path).
+std::vector<float> random_values(int64_t n, std::mt19937_64& rng, bool specials, bool wide) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> uni(0.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  float block_scale = 1.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i % 16 == 0) block_scale = std::ldexp(1.0f, static_cast<int>(uni(rng) * 16) - 8);
+    float x = normal(rng) * block_scale;
+    const float u = uni(rng);
+    if (u < 0.01f) x = 0.0f;
+    else if (u < 0.015f) x = -0.0f;
+    if (wide && uni(rng) < 0.05f) x = std::ldexp(normal(rng), static_cast<int>(uni(rng) * 120) - 60);
+    if (specials) {
+      const float s = uni(rng);
+      if (s < 0.002f) x = NAN;
+      else if (s < 0.004f) x = INFINITY;
+      else if (s < 0.006f) x = -INFINITY;
+    }
+    v[static_cast<size_t>(i)] = x;
+  }
+  return v;
+}
+
+// Host storage of `values` in `dtype` (rounded once; the CPU and the GPU read the same bytes).
+std::vector<uint8_t> encode_input(const std::vector<float>& v, DType dtype) {
+  std::vector<uint8_t> out(v.size() * dtype_size(dtype));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (dtype == DType::F32) std::memcpy(&out[i * 4], &v[i], 4);
+    else {
+      const uint16_t h = dtype == DType::BF16 ? float_to_bf16(v[i]) : float_to_half(v[i]);
+      std::memcpy(&out[i * 2], &h, 2);
+    }
+  }
+  return out;
+}
+
+struct DeviceQuantized {
+  std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+  cuda::QuantizedViews views;
+  QuantizedShapes shapes;
+};
+
+TensorView device_view(DeviceQuantized& q, const std::vector<int64_t>& shape) {
+  q.buffers.push_back(std::make_unique<DeviceBuffer>(static_cast<size_t>(numel(shape))));
+  CK(cudaMemset(q.buffers.back()->p, 0xAB, q.buffers.back()->n));  // poison
+  TensorView t;
+  t.data = q.buffers.back()->p;
+  t.dtype = DType::U8;
+  t.shape = shape;
+  t.device = Device::CUDA;
+  return t;
+}
+
+DeviceQuantized run_device(const TensorView& input, const QuantizeOptions& o) {
+  DeviceQuantized q;
+  q.shapes = quantized_shapes(input.shape, o);
+  if (o.rowwise) {
+    q.views.rowwise_data = device_view(q, q.shapes.rowwise_data);
+    q.views.rowwise_scale = device_view(q, q.shapes.rowwise_scale);
+  }
+  if (o.columnwise) {
+    q.views.columnwise_data = device_view(q, q.shapes.columnwise_data);
+    q.views.columnwise_scale = device_view(q, q.shapes.columnwise_scale);
+  }
+  q.buffers.push_back(std::make_unique<DeviceBuffer>(8));
+  CK(cudaMemset(q.buffers.back()->p, 0xAB, 8));
+  q.views.amax = static_cast<float*>(q.buffers.back()->p);
+  cuda::quantize(input, o, q.views, nullptr);
+  CK(cudaDeviceSynchronize());
+  return q;
+}
+
+// Quantizes `values` (stored as dtype, viewed with `strides` over a buffer of `storage` elements)
+// on both backends and compares every output byte; optionally dequantize too.
+void compare_case(const std::vector<float>& storage_values, const std::vector<int64_t>& shape,
+                  const std::vector<int64_t>& strides, DType dtype, const QuantizeOptions& o, bool check_dequant) {
+  const std::string what = describe(o, shape, dtype, strides.empty() ? "" : "strided");
+  const std::vector<uint8_t> host = encode_input(storage_values, dtype);
+  TensorView cpu_in;
+  cpu_in.data = const_cast<uint8_t*>(host.data());
+  cpu_in.dtype = dtype;
+  cpu_in.shape = shape;
+  cpu_in.strides = strides;
+  QuantizedTensor ref;
+  try {
+    ref = quantize_ref(cpu_in, o);
+  } catch (const Error& e) {
+    std::printf("skip (invalid for the CPU too): %s: %s\n", what.c_str(), e.what());
+    return;
+  }
+  DeviceBuffer din(host.size());
+  CK(cudaMemcpy(din.p, host.data(), host.size(), cudaMemcpyHostToDevice));
+  TensorView gpu_in = cpu_in;
+  gpu_in.data = din.p;
+  gpu_in.device = Device::CUDA;
+  DeviceQuantized q;
+  try {
+    q = run_device(gpu_in, o);
+  } catch (const Error& e) {
+    std::printf("FAIL %s: threw %s\n", what.c_str(), e.what());
+    ++g_failures;
+    return;
+  }
+  bool ok = true;
+  if (o.rowwise) {
+    ok &= same_bytes(what + " rowwise_data", to_host(q.views.rowwise_data.data, ref.rowwise_data.nbytes()), ref.rowwise_data.data(), ref.rowwise_data.nbytes());
+    ok &= same_bytes(what + " rowwise_scale", to_host(q.views.rowwise_scale.data, static_cast<size_t>(numel(q.shapes.rowwise_scale))), ref.rowwise_scale.data(), ref.rowwise_scale.nbytes());
+  }
+  if (o.columnwise) {
+    ok &= same_bytes(what + " columnwise_data", to_host(q.views.columnwise_data.data, ref.columnwise_data.nbytes()), ref.columnwise_data.data(), ref.columnwise_data.nbytes());
+    ok &= same_bytes(what + " columnwise_scale", to_host(q.views.columnwise_scale.data, static_cast<size_t>(numel(q.shapes.columnwise_scale))), ref.columnwise_scale.data(), ref.columnwise_scale.nbytes());
+  }
+  if (o.scheme == Scheme::NVFP4) {
+    const std::vector<uint8_t> amax = to_host(q.views.amax, 8);
+    float a[2];
+    std::memcpy(a, amax.data(), 8);
+    if (o.rowwise) ok &= same_bytes(what + " rowwise_amax", {amax.begin(), amax.begin() + 4}, &ref.rowwise_amax, 4);
+    if (o.columnwise) ok &= same_bytes(what + " columnwise_amax", {amax.begin() + 4, amax.end()}, &ref.columnwise_amax, 4);
+  }
+  if (!ok || !check_dequant) return;
+  for (Usage usage : {Usage::Rowwise, Usage::Columnwise}) {
+    if (!ref.has(usage)) continue;
+    for (DType out_dtype : {DType::F32, DType::BF16}) {
+      const Tensor want = dequantize(ref, usage, out_dtype);
+      DeviceBuffer dout(want.nbytes());
+      TensorView out;
+      out.data = dout.p;
+      out.dtype = out_dtype;
+      const bool transposed = o.scheme == Scheme::NVFP4 && usage == Usage::Columnwise;
+      out.shape = transposed ? std::vector<int64_t>{q.shapes.cols, q.shapes.rows} : std::vector<int64_t>{q.shapes.rows, q.shapes.cols};
+      out.device = Device::CUDA;
+      cuda::dequantize(q.views, shape, o, usage, out, nullptr);
+      CK(cudaDeviceSynchronize());
+      std::vector<uint8_t> got = to_host(dout.p, want.nbytes());
+      // NaN payloads may differ (the GPU's canonical NaN); compare NaN as NaN.
+      const size_t es = dtype_size(out_dtype);
+      std::vector<uint8_t> expect(static_cast<const uint8_t*>(want.data()), static_cast<const uint8_t*>(want.data()) + want.nbytes());
+      for (size_t i = 0; i < got.size() / es; ++i) {
+        float g, w;
+        if (out_dtype == DType::F32) {
+          std::memcpy(&g, &got[i * 4], 4);
+          std::memcpy(&w, &expect[i * 4], 4);
+        } else {
+          uint16_t gh, wh;
+          std::memcpy(&gh, &got[i * 2], 2);
+          std::memcpy(&wh, &expect[i * 2], 2);
+          g = bf16_to_float(gh);
+          w = bf16_to_float(wh);
+        }
+        if (std::isnan(g) && std::isnan(w)) std::memcpy(&got[i * es], &expect[i * es], es);
+      }
+      same_bytes(what + (usage == Usage::Rowwise ? " dequant rowwise " : " dequant columnwise ") + std::string(dtype_name(out_dtype)), got, expect.data(), expect.size());
+    }
+  }
+}
+
+void random_suite(bool quick) {
+  std::mt19937_64 rng(12345);
+  const std::vector<std::vector<int64_t>> shapes = {
+      {32, 32}, {16, 16}, {32, 64}, {64, 128}, {128, 128}, {96, 160}, {160, 96}, {224, 352},
+      {2, 48, 64},  // 3-D input
+      {320, 544}, {1024, 1056}, {33, 64},  {48, 96}, {16, 2048}, {2048, 32}};
+  const std::vector<std::vector<int64_t>> big = {{1024, 1056}, {2048, 32}, {16, 2048}, {320, 544}};
+  int cases = 0;
+  for (const auto& shape : shapes) {
+    const bool is_big = std::find(big.begin(), big.end(), shape) != big.end();
+    const int64_t n = numel(shape);
+    const int64_t m = n / shape.back(), k = shape.back();
+    for (DType dtype : {DType::BF16, DType::F32, DType::F16}) {
+      if (quick && dtype == DType::F16) continue;
+      const bool specials = (cases % 3) == 1;
+      const std::vector<float> values = random_values(n, rng, specials, (cases % 4) == 2);
+      // NVFP4
+      for (int variant = 0; variant < 10; ++variant) {
+        QuantizeOptions o;
+        o.scheme = Scheme::NVFP4;
+        o.rowwise = variant != 7;
+        o.columnwise = variant != 6;
+        o.tile = (variant == 1 || variant == 5) ? Tile::k16x16 : Tile::k1x16;
+        o.rht = (variant == 2 || variant == 4 || variant == 7 || variant == 8) && dtype == DType::BF16;
+        if (variant == 3 || variant == 4 || variant == 5) o.stochastic_rounding = StochasticRounding{0x1234567890ABCDEFull + variant, 77};
+        if (variant == 8) { o.amax_rowwise = 3.5f; o.amax_columnwise = 11.0f; }
+        o.scale_layout = (variant % 2 == 1 || variant == 8) ? ScaleLayout::Swizzled : ScaleLayout::Compact;
+        if (o.tile == Tile::k16x16 && (m % 16 || k % 16)) continue;
+        if (o.rowwise && k % 16) continue;
+        if (o.columnwise && m % 16) continue;
+        if (quick && is_big) continue;
+        compare_case(values, shape, {}, dtype, o, variant == 0 || variant == 2 || variant == 5);
+        ++cases;
+      }
+      // MX
+      for (Scheme scheme : {Scheme::MXFP8_E4M3, Scheme::MXFP8_E5M2, Scheme::MXFP6_E2M3, Scheme::MXFP6_E3M2, Scheme::MXFP4}) {
+        for (ScaleMode mode : {ScaleMode::RCeil, ScaleMode::Floor, ScaleMode::Ceil, ScaleMode::Even}) {
+          if (quick && mode != ScaleMode::RCeil && mode != ScaleMode::Floor) continue;
+          QuantizeOptions o;
+          o.scheme = scheme;
+          o.scale_mode = mode;
+          o.rowwise = k % 32 == 0;
+          o.columnwise = m % 32 == 0;
+          if (!o.rowwise && !o.columnwise) continue;
+          if (scheme == Scheme::MXFP4 && k % 2) continue;
+          o.scale_layout = (static_cast<int>(mode) + static_cast<int>(scheme)) % 2 ? ScaleLayout::Swizzled : ScaleLayout::Compact;
+          if (quick && is_big) continue;
+          compare_case(values, shape, {}, dtype, o, mode == ScaleMode::RCeil);
+          ++cases;
+        }
+      }
+    }
+  }
+  // Ragged single-direction cases (the other dim not a block multiple) and a strided view.
+  {
+    const std::vector<float> v = random_values(64 * 80, rng, false, false);
+    QuantizeOptions o;
+    o.scheme = Scheme::NVFP4;
+    o.rowwise = false;
+    o.columnwise = true;  // K = 75 ragged
+    compare_case(std::vector<float>(v.begin(), v.begin() + 48 * 75), {48, 75}, {}, DType::BF16, o, true);
+    o.rht = true;
+    compare_case(std::vector<float>(v.begin(), v.begin() + 48 * 75), {48, 75}, {}, DType::BF16, o, false);
+    QuantizeOptions r;
+    r.scheme = Scheme::NVFP4;  // M = 37 ragged, rowwise only
+    compare_case(std::vector<float>(v.begin(), v.begin() + 37 * 80), {37, 80}, {}, DType::F32, r, true);
+    r.scale_layout = ScaleLayout::Swizzled;
+    r.stochastic_rounding = StochasticRounding{5, 6};
+    compare_case(std::vector<float>(v.begin(), v.begin() + 37 * 80), {37, 80}, {}, DType::BF16, r, false);
+    QuantizeOptions mx;
+    mx.scheme = Scheme::MXFP8_E4M3;
+    mx.rowwise = false;
+    mx.columnwise = true;  // K = 70 ragged
+    compare_case(std::vector<float>(v.begin(), v.begin() + 64 * 50), {64, 50}, {}, DType::BF16, mx, true);
+    mx.rowwise = true;
+    mx.columnwise = false;  // M = 37 ragged
+    mx.scale_layout = ScaleLayout::Swizzled;
+    compare_case(std::vector<float>(v.begin(), v.begin() + 37 * 64), {37, 64}, {}, DType::F16, mx, true);
+    // transposed view: storage [K, M] read as [M, K] with strides {1, M}
+    QuantizeOptions t;
+    t.scheme = Scheme::NVFP4;
+    t.columnwise = true;
+    t.rht = true;
+    compare_case(std::vector<float>(v.begin(), v.begin() + 64 * 48), {64, 48}, {1, 64}, DType::BF16, t, false);
+    QuantizeOptions tm;
+    tm.scheme = Scheme::MXFP4;
+    tm.columnwise = true;
+    compare_case(std::vector<float>(v.begin(), v.begin() + 64 * 64), {64, 64}, {1, 64}, DType::F32, tm, false);
+    cases += 8;
+  }
+  std::printf("random suite: %d cases\n", cases);
+}
+
+void swizzle_suite() {
+  std::mt19937_64 rng(7);
+  for (auto [r, c] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {130, 7}, {256, 8}, {33, 300}}) {
+    Tensor compact(DType::U8, {r, c});
+    for (int64_t i = 0; i < r * c; ++i) compact.data_as<uint8_t>()[i] = static_cast<uint8_t>(rng());
+    const Tensor want = swizzle_scales(compact.view());
+    DeviceBuffer din(compact.nbytes()), dout(want.nbytes());
+    CK(cudaMemcpy(din.p, compact.data(), compact.nbytes(), cudaMemcpyHostToDevice));
+    CK(cudaMemset(dout.p, 0xAB, want.nbytes()));
+    TensorView a = compact.view(), b;
+    a.data = din.p;
+    a.device = Device::CUDA;
+    b.data = dout.p;
+    b.dtype = DType::U8;
+    b.shape = want.shape();
+    b.device = Device::CUDA;
+    cuda::swizzle_scales(a, b, nullptr);
+    CK(cudaDeviceSynchronize());
+    same_bytes("swizzle " + shape_string({r, c}), to_host(dout.p, want.nbytes()), want.data(), want.nbytes());
+  }
+}
+
+void error_suite() {
+  std::vector<float> host(64 * 64, 1.0f);
+  TensorView cpu = TensorView::from_buffer(host.data(), host.size() * 4, DType::F32, {64, 64});
+  cuda::QuantizedViews v;
+  QuantizeOptions o;
+  ++g_checks;
+  try {
+    cuda::quantize(cpu, o, v, nullptr);
+    std::printf("FAIL errors: a CPU tensor was accepted\n");
+    ++g_failures;
+  } catch (const Error& e) {
+    if (std::string(e.what()).find("the CUDA backend needs a CUDA tensor") == std::string::npos) {
+      std::printf("FAIL errors: unexpected message %s\n", e.what());
+      ++g_failures;
+    }
+  }
+  // Same validation as the CPU: a ragged K for NVFP4 rowwise.
+  DeviceBuffer d(64 * 63 * 4);
+  TensorView g;
+  g.data = d.p;
+  g.shape = {64, 63};
+  g.device = Device::CUDA;
+  ++g_checks;
+  try {
+    cuda::quantize(g, o, v, nullptr);
+    std::printf("FAIL errors: ragged K accepted\n");
+    ++g_failures;
+  } catch (const Error& e) {
+    if (std::string(e.what()).find("divisible by 16") == std::string::npos) {
+      std::printf("FAIL errors: unexpected message %s\n", e.what());
+      ++g_failures;
+    }
+  }
+}
+
+void golden_suite(const std::string& dir) {
+  std::ifstream in(dir + "/INDEX.json");
+  if (!in) {
+    std::printf("golden: no %s/INDEX.json, skipped\n", dir.c_str());
+    return;
+  }
+  const nlohmann::json index = nlohmann::json::parse(in);
+  int cases = 0;
+  for (const auto& meta : index) {
+    const std::string file = meta["file"].get<std::string>();
+    const SafetensorsFile f = SafetensorsFile::open(dir + "/" + file);
+    const TensorView host_in = f.view("input");
+    const size_t bytes = static_cast<size_t>(host_in.numel()) * dtype_size(host_in.dtype);
+    DeviceBuffer din(bytes);
+    CK(cudaMemcpy(din.p, host_in.data, bytes, cudaMemcpyHostToDevice));
+    TensorView gin = host_in;
+    gin.data = din.p;
+    gin.device = Device::CUDA;
+    QuantizeOptions o;
+    if (meta["kind"] == "nvfp4_quantize") {
+      o.scheme = Scheme::NVFP4;
+      o.rowwise = o.columnwise = true;
+      o.tile = meta["tile"] == "[16, 16]" ? Tile::k16x16 : Tile::k1x16;
+      o.rht = meta["rht"] == "true";
+      if (o.rht) o.rht_sign_mask = static_cast<uint16_t>(std::stoul(meta["rht_sign_mask"].get<std::string>(), nullptr, 16));
+      DeviceQuantized q = run_device(gin, o);
+      same_bytes("golden " + file + " rowwise_data", to_host(q.views.rowwise_data.data, numel(q.shapes.rowwise_data)), f.at("rowwise_data").data, f.at("rowwise_data").nbytes);
+      same_bytes("golden " + file + " rowwise_scale", to_host(q.views.rowwise_scale.data, numel(q.shapes.rowwise_scale)), f.at("rowwise_scale").data, f.at("rowwise_scale").nbytes);
+      same_bytes("golden " + file + " columnwise_data", to_host(q.views.columnwise_data.data, numel(q.shapes.columnwise_data)), f.at("columnwise_data").data, f.at("columnwise_data").nbytes);
+      same_bytes("golden " + file + " columnwise_scale", to_host(q.views.columnwise_scale.data, numel(q.shapes.columnwise_scale)), f.at("columnwise_scale").data, f.at("columnwise_scale").nbytes);
+      const std::vector<uint8_t> amax = to_host(q.views.amax, 8);
+      same_bytes("golden " + file + " rowwise_amax", {amax.begin(), amax.begin() + 4}, f.at("rowwise_amax").data, 4);
+      same_bytes("golden " + file + " columnwise_amax", {amax.begin() + 4, amax.end()}, f.at("columnwise_amax").data, 4);
+    } else if (meta["kind"] == "mx_quantize") {
+      const std::string el = meta["element"].get<std::string>();
+      o.scheme = parse_scheme(el == "e4m3" ? "mxfp8_e4m3" : el == "e5m2" ? "mxfp8_e5m2" : el == "e2m3" ? "mxfp6_e2m3" : el == "e3m2" ? "mxfp6_e3m2" : "mxfp4");
+      o.scale_mode = parse_scale_mode(meta["scale_mode"].get<std::string>());
+      DeviceQuantized q = run_device(gin, o);
+      same_bytes("golden " + file + " data", to_host(q.views.rowwise_data.data, numel(q.shapes.rowwise_data)), f.at("data").data, f.at("data").nbytes);
+      same_bytes("golden " + file + " scale", to_host(q.views.rowwise_scale.data, numel(q.shapes.rowwise_scale)), f.at("scale").data, f.at("scale").nbytes);
+    } else {
+      continue;
+    }
+    ++cases;
+  }
+  std::printf("golden suite: %d cases\n", cases);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  std::string golden;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--quick") quick = true;
+    else golden = argv[i];
+  }
+  if (cuda::device_count() == 0) {
+    std::printf("no CUDA device\n");
+    return 2;
+  }
+  try {
+    error_suite();
+    swizzle_suite();
+    random_suite(quick);
+    if (!golden.empty()) golden_suite(golden);
+  } catch (const std::exception& e) {
+    std::printf("FAIL: exception %s\n", e.what());
+    ++g_failures;
+  }
+  std::printf("gpu test: %d checks, %d failures%s\n", g_checks, g_failures, quick ? " (quick)" : "");
+  return g_failures == 0 ? 0 : (g_failures > 100 ? 100 : g_failures);
+}
