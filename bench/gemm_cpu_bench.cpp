@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
     const double base = reporter.rates["sgemm" + suffix];
     for (const char* name : {"sgemm", "nvfp4", "mxfp8"}) {
       const double r = reporter.rates[name + suffix];
-      std::printf("%-8s %8lld %10.1f %9.2fx\n", name, static_cast<long long>(s), r, base > 0 ? r / base : 0.0);
+      std::printf("%-8s %8lld %10.1f %9.2fx\n", name, static_cast<long long>(s), r / 1e9, base > 0 ? r / base : 0.0);
     }
   }
   benchmark::Shutdown();

@@ -26,6 +26,12 @@ MICROSCALE_HOST_DEVICE float from_bits(uint32_t u) {
   return x;
 }
 
+/// a if `condition` else b, as a mask (branch-free, vectorisable).
+MICROSCALE_HOST_DEVICE uint32_t select(bool condition, uint32_t a, uint32_t b) {
+  const uint32_t mask = 0u - static_cast<uint32_t>(condition);
+  return (a & mask) | (b & ~mask);
+}
+
 /// Compile-time description of a signed element format (a FormatInfo row as template arguments).
 template <int kBits, int kExponentBits, int kMantissaBits, int kBias, Specials kSpecials>
 struct ElementCodec {
@@ -50,7 +56,7 @@ struct ElementCodec {
     if constexpr (kSpecials == Specials::None) {
       return kMaxCode;  // no NaN: +max, as the hardware cvt does
     } else {
-      return (kSignBit - 1) | (sign ? kSignBit : 0u);  // all ones: 0x7F for FP8
+      return (kSignBit - 1) | (sign << (kBits - 1));  // all ones: 0x7F for FP8
     }
   }
   /// Magnitude code of an Inf input.
@@ -59,20 +65,21 @@ struct ElementCodec {
                                                                             : kMaxCode;
 
   /// Round to nearest even, saturating finite values (see encode_rn).
+  /// NOTE: every choice is a mask select (no branches), so loops over elements vectorise.
   MICROSCALE_HOST_DEVICE static uint8_t encode_rn(float x) {
     const uint32_t u = to_bits(x);
     const uint32_t sign = u >> 31;
     const uint32_t a = u & 0x7FFFFFFFu;
     // Normal range: round the fp32 mantissa to kMantissaBits bits (ties to even), then rebias.
     const uint32_t rounded = (a + ((1u << (kShift - 1)) - 1) + ((a >> kShift) & 1u)) >> kShift;
-    uint32_t code = rounded - kRebias;
+    const uint32_t normal = rounded - kRebias;
     // Subnormal range: one fp32 add rounds to the subnormal grid; the bit difference counts steps.
     const uint32_t subnormal = to_bits(from_bits(a) + from_bits(kMagicBits)) - kMagicBits;
-    code = a < kMinNormalBits ? subnormal : code;
-    code = code > kMaxCode ? kMaxCode : code;
-    code = a == 0x7F800000u ? kInfCode : code;
-    const uint32_t with_sign = code | (sign ? kSignBit : 0u);
-    return static_cast<uint8_t>(a > 0x7F800000u ? nan_code(sign) : with_sign);
+    uint32_t code = select(a < kMinNormalBits, subnormal, normal);
+    code = select(code > kMaxCode, kMaxCode, code);
+    code = select(a == 0x7F800000u, kInfCode, code);
+    const uint32_t with_sign = code | (sign << (kBits - 1));
+    return static_cast<uint8_t>(select(a > 0x7F800000u, nan_code(sign), with_sign));
   }
 
   /// Stochastic rounding with 8 random bits (see encode_sr).
@@ -85,10 +92,10 @@ struct ElementCodec {
     // Subnormal range: a / step < 2^kMantissaBits; the same on 1/256 steps, exact in fp32.
     const float steps_256 = from_bits(a) * from_bits(static_cast<uint32_t>(kMantissaBits - kEmin + 8 + 127) << 23);
     const uint32_t subnormal = (static_cast<uint32_t>(steps_256) + random_byte) >> 8;
-    uint32_t code = a < kMinNormalBits ? subnormal : normal;
-    code = a >= 0x7F800000u || code > kMaxCode ? kMaxCode : code;
-    const uint32_t with_sign = code | (sign ? kSignBit : 0u);
-    return static_cast<uint8_t>(a > 0x7F800000u ? nan_code(sign) : with_sign);
+    uint32_t code = select(a < kMinNormalBits, subnormal, normal);
+    code = select((a >= 0x7F800000u) | (code > kMaxCode), kMaxCode, code);
+    const uint32_t with_sign = code | (sign << (kBits - 1));
+    return static_cast<uint8_t>(select(a > 0x7F800000u, nan_code(sign), with_sign));
   }
 };
 

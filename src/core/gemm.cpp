@@ -161,10 +161,16 @@ void gemm_into(const GemmOperand& a, const GemmOperand& b, const GemmProblem& p,
     alpha = (alpha * (a_global ? *a.amax : *b.amax)) * (1.0f / 2688.0f);
   }
 
-  std::vector<float> acc(static_cast<size_t>(batches * m * n));  // (L, M, N) fp32
+  thread_local std::vector<float> acc;  // (L, M, N) fp32; kept across calls, every entry is overwritten
+  acc.resize(std::max(acc.size(), static_cast<size_t>(batches * m * n)));
   cpu::gemm_accumulate(a, b, m, n, k, batches, acc.data());
 
   const std::vector<int64_t> ds = d.effective_strides();
+  if (batches == 1 && !p.c && !p.bias && d.dtype == DType::F32 && d.is_contiguous()) {  // plain f32 output
+    float* out = static_cast<float*>(d.data);
+    for (int64_t i = 0; i < batches * m * n; ++i) out[i] = alpha * acc[i];
+    return;
+  }
   const std::vector<int64_t> cs = p.c ? p.c->effective_strides() : std::vector<int64_t>{};
   for (int64_t l = 0; l < batches; ++l) {
     for (int64_t i = 0; i < m; ++i) {

@@ -24,29 +24,36 @@ struct MxParams {
   float max_normal;
 };
 
-// Largest |v| of a block, or NaN when any element is NaN (torch.amax propagates NaN).
+// Largest |v| of the 32 elements v[0], v[stride], ..., or NaN when any is NaN (torch.amax
+// propagates NaN). NOTE: computed on the bits: for |v| the integer order of the patterns is the
+// float order, and any NaN pattern is above +Inf's, so one vectorisable integer max does both.
 float block_amax(const float* v, int64_t stride) {
-  float m = 0.0f;
-  bool any_nan = false;
+  uint32_t m = 0;
   for (int i = 0; i < kBlock; ++i) {
-    const float a = std::fabs(v[i * stride]);
-    any_nan |= a != a;
+    const uint32_t a = to_bits(v[i * stride]) & 0x7FFFFFFFu;
     m = a > m ? a : m;
   }
-  return any_nan ? NAN : m;
+  return m > 0x7F800000u ? NAN : from_bits(m);
 }
 
-// Writes n codes of one row: one per byte, or two per byte (even element low) when packed.
-template <typename Codec, bool kPacked>
-void encode_row(const float* v, const float* inverse, int64_t inverse_stride, int64_t n, uint8_t* out) {
+// codes[c] of n elements v[c] * inverse[c] (per-element scale) ...
+template <typename Codec>
+void encode_scaled(const float* v, const float* inverse, int64_t n, uint8_t* codes) {
+  for (int64_t c = 0; c < n; ++c) codes[c] = Codec::encode_rn(v[c] * inverse[c]);
+}
+// ... or v[c] * inverse (one scale for the run).
+template <typename Codec>
+void encode_scaled(const float* v, float inverse, int64_t n, uint8_t* codes) {
+  for (int64_t c = 0; c < n; ++c) codes[c] = Codec::encode_rn(v[c] * inverse);
+}
+
+// Stores n codes: one per byte, or two per byte (even element in the low nibble) when packed.
+template <bool kPacked>
+void store_codes(const uint8_t* codes, int64_t n, uint8_t* out) {
   if constexpr (kPacked) {
-    for (int64_t c = 0; c < n; c += 2) {
-      const uint8_t lo = Codec::encode_rn(v[c] * inverse[(c)*inverse_stride]);
-      const uint8_t hi = Codec::encode_rn(v[c + 1] * inverse[(c + 1) * inverse_stride]);
-      out[c / 2] = static_cast<uint8_t>(lo | (hi << 4));
-    }
+    for (int64_t j = 0; j < n / 2; ++j) out[j] = static_cast<uint8_t>(codes[2 * j] | (codes[2 * j + 1] << 4));
   } else {
-    for (int64_t c = 0; c < n; ++c) out[c] = Codec::encode_rn(v[c] * inverse[c * inverse_stride]);
+    std::copy_n(codes, n, out);
   }
 }
 
@@ -64,7 +71,7 @@ void quantize_mx_with(const InputMatrix& x, const QuantizeOptions& o, const MxPa
 #pragma omp parallel num_threads(threads)
     {
       std::vector<float> band(static_cast<size_t>(kRowsPerBand * k));
-      std::vector<float> inverse(static_cast<size_t>(k / kBlock));
+      std::vector<uint8_t> codes(static_cast<size_t>(k));
 #pragma omp for schedule(static)
       for (int64_t b = 0; b < bands; ++b) {
         const int64_t rows = std::min(kRowsPerBand, m - b * kRowsPerBand);
@@ -75,12 +82,9 @@ void quantize_mx_with(const InputMatrix& x, const QuantizeOptions& o, const MxPa
           for (int64_t blk = 0; blk < k / kBlock; ++blk) {
             const uint8_t s = mx_scale_byte(block_amax(v + blk * kBlock, 1), p.rule, p.emax, p.mantissa_bits, p.max_normal);
             scale[row * (k / kBlock) + blk] = s;
-            const float inv = mx_inverse_scale(s);
-            float inv_block[kBlock];
-            std::fill_n(inv_block, kBlock, inv);
-            encode_row<Codec, kPacked>(v + blk * kBlock, inv_block, 1, kBlock,
-                                       data + row * data_cols + (kPacked ? blk * kBlock / 2 : blk * kBlock));
+            encode_scaled<Codec>(v + blk * kBlock, mx_inverse_scale(s), kBlock, codes.data() + blk * kBlock);
           }
+          store_codes<kPacked>(codes.data(), k, data + row * data_cols);
         }
       }
     }
@@ -93,6 +97,7 @@ void quantize_mx_with(const InputMatrix& x, const QuantizeOptions& o, const MxPa
     {
       std::vector<float> band(static_cast<size_t>(kBlock * k));
       std::vector<float> inverse(static_cast<size_t>(k));
+      std::vector<uint8_t> codes(static_cast<size_t>(k));
 #pragma omp for schedule(static)
       for (int64_t b = 0; b < bands; ++b) {
         load_rows(x, b * kBlock, kBlock, band.data());
@@ -102,7 +107,8 @@ void quantize_mx_with(const InputMatrix& x, const QuantizeOptions& o, const MxPa
           inverse[c] = mx_inverse_scale(s);
         }
         for (int i = 0; i < kBlock; ++i) {
-          encode_row<Codec, kPacked>(band.data() + i * k, inverse.data(), 1, k, data + (b * kBlock + i) * data_cols);
+          encode_scaled<Codec>(band.data() + i * k, inverse.data(), k, codes.data());
+          store_codes<kPacked>(codes.data(), k, data + (b * kBlock + i) * data_cols);
         }
       }
     }

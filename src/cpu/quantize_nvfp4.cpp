@@ -54,23 +54,31 @@ Direction make_direction(float amax, const QuantizeOptions& o, uint64_t first_bl
 }
 
 float max_abs(const float* v, int64_t n, float start) {
-  float m = start;
+  // On the bits (see quantize_mx.cpp's block_amax): NaN patterns are dropped, so a NaN never wins,
+  // as fmaxf in TE's amax kernels; the rest compare as unsigned integers, which vectorises.
+  uint32_t m = to_bits(start);
   for (int64_t i = 0; i < n; ++i) {
-    const float a = std::fabs(v[i]);
-    m = a > m ? a : m;  // a NaN never wins, as fmaxf in TE's amax kernels
+    const uint32_t a = to_bits(v[i]) & 0x7FFFFFFFu;
+    const uint32_t candidate = a > 0x7F800000u ? 0u : a;
+    m = candidate > m ? candidate : m;
   }
-  return m;
+  return from_bits(m);
 }
 
 // Quantizes one 16-element block at `v` with decode scale code `scale_code` into 8 packed bytes.
 void encode_block(const float* v, float encode_scale, const uint32_t* random_words, uint8_t* out) {
   uint8_t codes[kBlock];
-  for (int i = 0; i < kBlock; ++i) {
-    const float scaled = v[i] * encode_scale;
-    const uint8_t code = random_words != nullptr
-                             ? E2M1Codec::encode_sr(scaled, (random_words[i / 4] >> (8 * (i % 4))) & 0xFFu)
-                             : E2M1Codec::encode_rn(scaled);
-    codes[i] = scaled == 0.0f ? 0 : code;  // any zero (-0.0 too) is code 0, as TE's reference
+  if (random_words != nullptr) {
+    for (int i = 0; i < kBlock; ++i) {
+      const float scaled = v[i] * encode_scale;
+      const uint32_t code = E2M1Codec::encode_sr(scaled, (random_words[i / 4] >> (8 * (i % 4))) & 0xFFu);
+      codes[i] = static_cast<uint8_t>(select(scaled == 0.0f, 0u, code));  // any zero (-0.0 too) is code 0
+    }
+  } else {
+    for (int i = 0; i < kBlock; ++i) {
+      const float scaled = v[i] * encode_scale;
+      codes[i] = static_cast<uint8_t>(select(scaled == 0.0f, 0u, E2M1Codec::encode_rn(scaled)));  // as TE's reference
+    }
   }
   for (int j = 0; j < kBlock / 2; ++j) out[j] = static_cast<uint8_t>(codes[2 * j] | (codes[2 * j + 1] << 4));
 }
