@@ -1,13 +1,14 @@
 // MX fast path: threads over row bands, vectorisable inner loops, branch-free encoders.
 // Equal bit for bit to quantize_mx_ref.cpp (tests/cpp/quantize_test.cpp, golden_test.cpp).
 //
-// Rowwise: each row's 32-element blocks. Columnwise: bands of 32 rows; per column, the block amax
-// over the band, then every row of the band encoded with its column's scale (still row-major, so
-// the stores stay contiguous).
+// One pass over the input in bands of rows. Rowwise: each row's 32-element blocks. Columnwise
+// (bands of 32 rows): per column, the block amax over the band, then every row of the band encoded
+// with its column's scale (still row-major, so the stores stay contiguous).
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "cpu/cpu_dispatch.hpp"
 #include "cpu/encode_fast.hpp"
 #include "cpu/quantize_kernels.hpp"
 #include "cpu/row_loader.hpp"
@@ -57,59 +58,62 @@ void store_codes(const uint8_t* codes, int64_t n, uint8_t* out) {
   }
 }
 
+// Rowwise: rows [row0, row0 + rows) of `band` ([rows, k] fp32): scales along each row.
+template <typename Codec, bool kPacked>
+MICROSCALE_CPU_DISPATCH void rowwise_rows(const float* band, int64_t rows, int64_t k, int64_t row0,
+                                          const MxParams& p, uint8_t* codes, uint8_t* data, uint8_t* scale) {
+  const int64_t data_cols = kPacked ? k / 2 : k;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t row = row0 + r;
+    const float* v = band + r * k;
+    for (int64_t blk = 0; blk < k / kBlock; ++blk) {
+      const uint8_t s = mx_scale_byte(block_amax(v + blk * kBlock, 1), p.rule, p.emax, p.mantissa_bits, p.max_normal);
+      scale[row * (k / kBlock) + blk] = s;
+      encode_scaled<Codec>(v + blk * kBlock, mx_inverse_scale(s), kBlock, codes + blk * kBlock);
+    }
+    store_codes<kPacked>(codes, k, data + row * data_cols);
+  }
+}
+
+// Columnwise: the 32 rows of band `b` ([32, k] fp32) form one block per column.
+template <typename Codec, bool kPacked>
+MICROSCALE_CPU_DISPATCH void columnwise_band(const float* band, int64_t k, int64_t b, const MxParams& p,
+                                             float* inverse, uint8_t* codes, uint8_t* data, uint8_t* scale) {
+  const int64_t data_cols = kPacked ? k / 2 : k;
+  for (int64_t c = 0; c < k; ++c) {
+    const uint8_t s = mx_scale_byte(block_amax(band + c, k), p.rule, p.emax, p.mantissa_bits, p.max_normal);
+    scale[b * k + c] = s;
+    inverse[c] = mx_inverse_scale(s);
+  }
+  for (int i = 0; i < kBlock; ++i) {
+    encode_scaled<Codec>(band + i * k, inverse, k, codes);
+    store_codes<kPacked>(codes, k, data + (b * kBlock + i) * data_cols);
+  }
+}
+
+// One pass over the input: each band of rows is loaded once and feeds both directions.
 template <typename Codec, bool kPacked>
 void quantize_mx_with(const InputMatrix& x, const QuantizeOptions& o, const MxParams& p, QuantizedTensor& out) {
   const int64_t m = x.rows, k = x.cols;
-  const int64_t data_cols = kPacked ? k / 2 : k;
-  const int threads = thread_count(o.num_threads);
-
-  if (o.rowwise) {
-    constexpr int64_t kRowsPerBand = 16;
-    const int64_t bands = (m + kRowsPerBand - 1) / kRowsPerBand;
-    auto* data = out.rowwise_data.data_as<uint8_t>();    // (M, data_cols)
-    auto* scale = out.rowwise_scale.data_as<uint8_t>();  // (M, K/32)
-#pragma omp parallel num_threads(threads)
-    {
-      std::vector<float> band(static_cast<size_t>(kRowsPerBand * k));
-      std::vector<uint8_t> codes(static_cast<size_t>(k));
+  // Columnwise blocks need bands of 32 rows (M % 32 == 0 is checked); rowwise alone takes 16.
+  const int64_t band_rows = o.columnwise ? kBlock : 16;
+  const int64_t bands = (m + band_rows - 1) / band_rows;
+#pragma omp parallel num_threads(thread_count(o.num_threads))
+  {
+    std::vector<float> band(static_cast<size_t>(band_rows * k));
+    std::vector<float> inverse(static_cast<size_t>(k));
+    std::vector<uint8_t> codes(static_cast<size_t>(k));
 #pragma omp for schedule(static)
-      for (int64_t b = 0; b < bands; ++b) {
-        const int64_t rows = std::min(kRowsPerBand, m - b * kRowsPerBand);
-        load_rows(x, b * kRowsPerBand, rows, band.data());
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t row = b * kRowsPerBand + r;
-          const float* v = band.data() + r * k;
-          for (int64_t blk = 0; blk < k / kBlock; ++blk) {
-            const uint8_t s = mx_scale_byte(block_amax(v + blk * kBlock, 1), p.rule, p.emax, p.mantissa_bits, p.max_normal);
-            scale[row * (k / kBlock) + blk] = s;
-            encode_scaled<Codec>(v + blk * kBlock, mx_inverse_scale(s), kBlock, codes.data() + blk * kBlock);
-          }
-          store_codes<kPacked>(codes.data(), k, data + row * data_cols);
-        }
+    for (int64_t b = 0; b < bands; ++b) {
+      const int64_t rows = std::min(band_rows, m - b * band_rows);
+      load_rows(x, b * band_rows, rows, band.data());
+      if (o.rowwise) {
+        rowwise_rows<Codec, kPacked>(band.data(), rows, k, b * band_rows, p, codes.data(),
+                                     out.rowwise_data.data_as<uint8_t>(), out.rowwise_scale.data_as<uint8_t>());
       }
-    }
-  }
-  if (o.columnwise) {
-    const int64_t bands = m / kBlock;
-    auto* data = out.columnwise_data.data_as<uint8_t>();    // (M, data_cols)
-    auto* scale = out.columnwise_scale.data_as<uint8_t>();  // (M/32, K)
-#pragma omp parallel num_threads(threads)
-    {
-      std::vector<float> band(static_cast<size_t>(kBlock * k));
-      std::vector<float> inverse(static_cast<size_t>(k));
-      std::vector<uint8_t> codes(static_cast<size_t>(k));
-#pragma omp for schedule(static)
-      for (int64_t b = 0; b < bands; ++b) {
-        load_rows(x, b * kBlock, kBlock, band.data());
-        for (int64_t c = 0; c < k; ++c) {
-          const uint8_t s = mx_scale_byte(block_amax(band.data() + c, k), p.rule, p.emax, p.mantissa_bits, p.max_normal);
-          scale[b * k + c] = s;
-          inverse[c] = mx_inverse_scale(s);
-        }
-        for (int i = 0; i < kBlock; ++i) {
-          encode_scaled<Codec>(band.data() + i * k, inverse.data(), k, codes.data());
-          store_codes<kPacked>(codes.data(), k, data + (b * kBlock + i) * data_cols);
-        }
+      if (o.columnwise) {
+        columnwise_band<Codec, kPacked>(band.data(), k, b, p, inverse.data(), codes.data(),
+                                        out.columnwise_data.data_as<uint8_t>(), out.columnwise_scale.data_as<uint8_t>());
       }
     }
   }

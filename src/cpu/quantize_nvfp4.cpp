@@ -10,6 +10,7 @@
 #include <cfloat>
 #include <vector>
 
+#include "cpu/cpu_dispatch.hpp"
 #include "cpu/encode_fast.hpp"
 #include "cpu/quantize_kernels.hpp"
 #include "cpu/rht.hpp"
@@ -53,7 +54,7 @@ Direction make_direction(float amax, const QuantizeOptions& o, uint64_t first_bl
   return d;
 }
 
-float max_abs(const float* v, int64_t n, float start) {
+[[gnu::always_inline]] inline float max_abs(const float* v, int64_t n, float start) {
   // On the bits (see quantize_mx.cpp's block_amax): NaN patterns are dropped, so a NaN never wins,
   // as fmaxf in TE's amax kernels; the rest compare as unsigned integers, which vectorises.
   uint32_t m = to_bits(start);
@@ -65,8 +66,11 @@ float max_abs(const float* v, int64_t n, float start) {
   return from_bits(m);
 }
 
+// max_abs over a whole band (the amax pass), compiled per ISA.
+MICROSCALE_CPU_DISPATCH float band_max_abs(const float* v, int64_t n, float start) { return max_abs(v, n, start); }
+
 // Quantizes one 16-element block at `v` with decode scale code `scale_code` into 8 packed bytes.
-void encode_block(const float* v, float encode_scale, const uint32_t* random_words, uint8_t* out) {
+[[gnu::always_inline]] inline void encode_block(const float* v, float encode_scale, const uint32_t* random_words, uint8_t* out) {
   uint8_t codes[kBlock];
   if (random_words != nullptr) {
     for (int i = 0; i < kBlock; ++i) {
@@ -84,7 +88,7 @@ void encode_block(const float* v, float encode_scale, const uint32_t* random_wor
 }
 
 // Quantizes `rows` (<= 16) rows of src (fp32, [rows, n]) that are rows row0.. of the direction.
-void quantize_band(const float* src, int64_t rows, int64_t n, int64_t row0, const Direction& d) {
+MICROSCALE_CPU_DISPATCH void quantize_band(const float* src, int64_t rows, int64_t n, int64_t row0, const Direction& d) {
   const int64_t blocks = n / kBlock;
   std::vector<float> tile_amax;
   if (d.tile_2d) {
@@ -121,13 +125,13 @@ std::array<double, 256> rht_coefficients(uint16_t mask) {
 
 // T[c][row0 + j] for the 16 rows of `band` ([16, k]): the columns' 16-chunks, through the RHT
 // (same double sum, same order as rht16) when `coefficients` is given. Returns the band's amax.
-float transpose_band(const float* band, int64_t k, int64_t m, int64_t row0, const double* coefficients, float* t) {
+MICROSCALE_CPU_DISPATCH float transpose_band(const float* band, int64_t k, int64_t m, int64_t row0, const double* coefficients, float* t) {
   float amax = 0.0f;
   if (coefficients == nullptr) {
     for (int64_t c = 0; c < k; ++c) {
       for (int i = 0; i < kBlock; ++i) t[c * m + row0 + i] = band[i * k + c];
     }
-    return max_abs(band, kBlock * k, 0.0f);
+    return band_max_abs(band, kBlock * k, 0.0f);
   }
   constexpr int64_t kChunk = 256;
   double sums[kChunk];
@@ -170,7 +174,7 @@ void quantize_nvfp4(const InputMatrix& x, const QuantizeOptions& o, QuantizedTen
       const int64_t rows = std::min<int64_t>(kBlock, m - b * kBlock);
       if (!need_row_amax && !o.columnwise) continue;
       load_rows(x, b * kBlock, rows, band.data());
-      if (need_row_amax) amax_row = std::max(amax_row, max_abs(band.data(), rows * k, 0.0f));
+      if (need_row_amax) amax_row = std::max(amax_row, band_max_abs(band.data(), rows * k, 0.0f));
       if (o.columnwise) {
         amax_col = std::max(amax_col, transpose_band(band.data(), k, m, b * kBlock, rht ? coefficients.data() : nullptr, t.data()));
       }

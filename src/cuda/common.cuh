@@ -61,20 +61,26 @@ __device__ __forceinline__ void widen(uint32_t w, float* out) {
   }
 }
 
-/// Loads the [TM, TK] tile at (m0, k0) into shared memory as fp32, row pitch LD floats; entries
-/// outside the matrix read as 0. Whole, aligned tiles go through 16-byte loads, all issued before
-/// the first shared-memory store.
+/// Loads [TM, TK] tiles at (m0, k0) into shared memory as fp32 (row pitch LD floats; entries
+/// outside the matrix read as 0), in two steps (a persistent CTA can keep the next tile's loads in
+/// flight while it works on the current one; measured slower here, docs/perf.md): fetch() issues the 16-byte loads of a whole, aligned
+/// tile into registers; commit() widens them into shared memory (a ragged or unaligned tile is
+/// read element by element in commit()).
 template <typename T, int TM, int TK, int THREADS, int LD>
-__device__ __forceinline__ void load_tile(const DeviceMatrix& x, int64_t m0, int64_t k0, float* tile) {
-  constexpr int kBytes = elem_bytes<T>();
-  constexpr int kPerVec = 16 / kBytes;
-  constexpr int kVecPerRow = TK / kPerVec;
-  constexpr int kVecs = TM * kVecPerRow;
+struct TileLoader {
+  static constexpr int kBytes = elem_bytes<T>();
+  static constexpr int kPerVec = 16 / kBytes;
+  static constexpr int kVecPerRow = TK / kPerVec;
+  static constexpr int kVecs = TM * kVecPerRow;
   static_assert(kVecs % THREADS == 0, "tile must split evenly into 16-byte vectors");
-  constexpr int kPerThread = kVecs / THREADS;
-  if (x.vector_ok && m0 + TM <= x.rows && k0 + TK <= x.cols) {
+  static constexpr int kPerThread = kVecs / THREADS;
+  uint4 v[kPerThread];
+  bool vec = false;
+
+  __device__ __forceinline__ void fetch(const DeviceMatrix& x, int64_t m0, int64_t k0) {
+    vec = x.vector_ok && m0 + TM <= x.rows && k0 + TK <= x.cols;
+    if (!vec) return;
     const char* base = static_cast<const char*>(x.data);
-    uint4 v[kPerThread];
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
       const int id = threadIdx.x + j * THREADS;
@@ -82,34 +88,39 @@ __device__ __forceinline__ void load_tile(const DeviceMatrix& x, int64_t m0, int
       const char* p = base + ((m0 + r) * x.row_stride + k0 + cv * kPerVec) * kBytes;
       v[j] = __ldcs(reinterpret_cast<const uint4*>(p));
     }
+  }
+
+  __device__ __forceinline__ void commit(const DeviceMatrix& x, int64_t m0, int64_t k0, float* tile) const {
+    if (vec) {
 #pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      const int id = threadIdx.x + j * THREADS;
-      const int r = id / kVecPerRow, cv = id % kVecPerRow;
-      float f[kPerVec];
-      if constexpr (kBytes == 4) {
-        f[0] = float_of(v[j].x);
-        f[1] = float_of(v[j].y);
-        f[2] = float_of(v[j].z);
-        f[3] = float_of(v[j].w);
-      } else {
-        widen<T>(v[j].x, f + 0);
-        widen<T>(v[j].y, f + 2);
-        widen<T>(v[j].z, f + 4);
-        widen<T>(v[j].w, f + 6);
+      for (int j = 0; j < kPerThread; ++j) {
+        const int id = threadIdx.x + j * THREADS;
+        const int r = id / kVecPerRow, cv = id % kVecPerRow;
+        float f[kPerVec];
+        if constexpr (kBytes == 4) {
+          f[0] = float_of(v[j].x);
+          f[1] = float_of(v[j].y);
+          f[2] = float_of(v[j].z);
+          f[3] = float_of(v[j].w);
+        } else {
+          widen<T>(v[j].x, f + 0);
+          widen<T>(v[j].y, f + 2);
+          widen<T>(v[j].z, f + 4);
+          widen<T>(v[j].w, f + 6);
+        }
+        float* dst = tile + r * LD + cv * kPerVec;
+#pragma unroll
+        for (int q = 0; q < kPerVec; q += 4) *reinterpret_cast<float4*>(dst + q) = make_float4(f[q], f[q + 1], f[q + 2], f[q + 3]);
       }
-      float* dst = tile + r * LD + cv * kPerVec;
-#pragma unroll
-      for (int q = 0; q < kPerVec; q += 4) *reinterpret_cast<float4*>(dst + q) = make_float4(f[q], f[q + 1], f[q + 2], f[q + 3]);
-    }
-  } else {
-    for (int id = threadIdx.x; id < TM * TK; id += THREADS) {
-      const int r = id / TK, c = id % TK;
-      const int64_t gr = m0 + r, gc = k0 + c;
-      tile[r * LD + c] = (gr < x.rows && gc < x.cols) ? Elem<T>::load(x.data, gr * x.row_stride + gc * x.col_stride) : 0.0f;
+    } else {
+      for (int id = threadIdx.x; id < TM * TK; id += THREADS) {
+        const int r = id / TK, c = id % TK;
+        const int64_t gr = m0 + r, gc = k0 + c;
+        tile[r * LD + c] = (gr < x.rows && gc < x.cols) ? Elem<T>::load(x.data, gr * x.row_stride + gc * x.col_stride) : 0.0f;
+      }
     }
   }
-}
+};
 
 /// Byte offset of scale (r, c) of a [rows, cols] scale matrix, compact or swizzled (layout.hpp).
 __device__ __forceinline__ int64_t scale_offset(int64_t r, int64_t c, int64_t cols, bool swizzled) {

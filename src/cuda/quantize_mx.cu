@@ -61,16 +61,11 @@ __device__ __forceinline__ void pack_codes(const uint8_t (&codes)[32], uint32_t 
   }
 }
 
-template <typename T, typename Codec, bool kPacked>
-__global__ void __launch_bounds__(kThreads) mx_quantize_kernel(const MxParams p) {
-  __shared__ __align__(16) float tile[kTM * kLd];
-  __shared__ float column_inverse[kTK];
-  const int64_t t_index = blockIdx.x;
-  const int64_t m0 = (t_index / p.tiles_k) * kTM, k0 = (t_index % p.tiles_k) * kTK;
+template <typename Codec, bool kPacked>
+__device__ __forceinline__ void mx_tile(const MxParams& p, const float* tile, float* column_inverse, int64_t m0,
+                                        int64_t k0) {
   const int64_t M = p.x.rows, K = p.x.cols;
   const int64_t data_cols = kPacked ? K / 2 : K;
-  load_tile<T, kTM, kTK, kThreads, kLd>(p.x, m0, k0, tile);
-  __syncthreads();
   const int t = threadIdx.x;
 
   if (p.columnwise) {
@@ -125,17 +120,33 @@ __global__ void __launch_bounds__(kThreads) mx_quantize_kernel(const MxParams p)
   }
 }
 
+// One tile per CTA (a persistent grid with the next tile's loads in flight was slower: docs/perf.md).
+template <typename T, typename Codec, bool kPacked>
+__global__ void __launch_bounds__(kThreads) mx_quantize_kernel(const MxParams p) {
+  __shared__ __align__(16) float tile[kTM * kLd];
+  __shared__ float column_inverse[kTK];
+  const int64_t m0 = (blockIdx.x / p.tiles_k) * kTM, k0 = (blockIdx.x % p.tiles_k) * kTK;
+  TileLoader<T, kTM, kTK, kThreads, kLd> loader;
+  loader.fetch(p.x, m0, k0);
+  loader.commit(p.x, m0, k0, tile);
+  __syncthreads();
+  mx_tile<Codec, kPacked>(p, tile, column_inverse, m0, k0);
+}
+
 template <typename T>
 void launch_for_dtype(const MxParams& p, Scheme scheme, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(p.tiles));
+#define MX_LAUNCH(CODEC, PACKED)                                                                           \
+  mx_quantize_kernel<T, CODEC, PACKED>                                                                       \
+      <<<static_cast<unsigned>(p.tiles), kThreads, 0, stream>>>(p)
   switch (scheme) {
-    case Scheme::MXFP8_E4M3: mx_quantize_kernel<T, E4M3Codec, false><<<grid, kThreads, 0, stream>>>(p); break;
-    case Scheme::MXFP8_E5M2: mx_quantize_kernel<T, E5M2Codec, false><<<grid, kThreads, 0, stream>>>(p); break;
-    case Scheme::MXFP6_E2M3: mx_quantize_kernel<T, E2M3Codec, false><<<grid, kThreads, 0, stream>>>(p); break;
-    case Scheme::MXFP6_E3M2: mx_quantize_kernel<T, E3M2Codec, false><<<grid, kThreads, 0, stream>>>(p); break;
-    case Scheme::MXFP4: mx_quantize_kernel<T, E2M1Codec, true><<<grid, kThreads, 0, stream>>>(p); break;
+    case Scheme::MXFP8_E4M3: MX_LAUNCH(E4M3Codec, false); break;
+    case Scheme::MXFP8_E5M2: MX_LAUNCH(E5M2Codec, false); break;
+    case Scheme::MXFP6_E2M3: MX_LAUNCH(E2M3Codec, false); break;
+    case Scheme::MXFP6_E3M2: MX_LAUNCH(E3M2Codec, false); break;
+    case Scheme::MXFP4: MX_LAUNCH(E2M1Codec, true); break;
     case Scheme::NVFP4: break;
   }
+#undef MX_LAUNCH
 }
 
 MxScaleRule rule_of(ScaleMode mode) {

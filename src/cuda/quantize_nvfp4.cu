@@ -8,7 +8,8 @@
 //     lanes of a quarter warp, so the float4 reads hit distinct banks with the 132-float pitch).
 // Each thread writes 32 contiguous data bytes and 4 contiguous scale bytes per direction (compact
 // or swizzled: 4 consecutive blocks are 4 consecutive bytes in both layouts).
-// Tiles run in reverse order: the amax pass read the tensor forwards, so its tail is still in L2.
+// Tiles run in reverse order: the amax pass read the tensor forwards, so its tail is
+// still in L2.
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/launchers.hpp"
@@ -47,15 +48,10 @@ __device__ __forceinline__ void store_scales4(uint8_t* scale, int64_t r, int64_t
   }
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) nvfp4_quantize_kernel(const Nvfp4Params p) {
-  __shared__ __align__(16) float tile[kTM * kLd];
-  __shared__ float tile_amax[(kTM / 16) * (kTK / 16)];
-  const int64_t t_index = p.tiles - 1 - blockIdx.x;
-  const int64_t m0 = (t_index / p.tiles_k) * kTM, k0 = (t_index % p.tiles_k) * kTK;
+// Quantizes the tile at (m0, k0), already in shared memory.
+__device__ __forceinline__ void nvfp4_tile(const Nvfp4Params& p, const float* tile, float* tile_amax, int64_t m0,
+                                           int64_t k0) {
   const int64_t M = p.x.rows, K = p.x.cols;
-  load_tile<T, kTM, kTK, kThreads, kLd>(p.x, m0, k0, tile);
-  __syncthreads();
   const int t = threadIdx.x;
 
   // ---- column phase ----
@@ -147,6 +143,21 @@ __global__ void __launch_bounds__(kThreads) nvfp4_quantize_kernel(const Nvfp4Par
   }
 }
 
+// One tile per CTA, in reverse tensor order. (v2, a persistent grid with the next tile's loads in
+// flight in registers, ran 5-10% slower: the kernel is issue-bound, see docs/perf.md.)
+template <typename T>
+__global__ void __launch_bounds__(kThreads) nvfp4_quantize_kernel(const Nvfp4Params p) {
+  __shared__ __align__(16) float tile[kTM * kLd];
+  __shared__ float tile_amax[(kTM / 16) * (kTK / 16)];
+  const int64_t t_index = p.tiles - 1 - blockIdx.x;
+  const int64_t m0 = (t_index / p.tiles_k) * kTM, k0 = (t_index % p.tiles_k) * kTK;
+  TileLoader<T, kTM, kTK, kThreads, kLd> loader;
+  loader.fetch(p.x, m0, k0);
+  loader.commit(p.x, m0, k0, tile);
+  __syncthreads();
+  nvfp4_tile(p, tile, tile_amax, m0, k0);
+}
+
 }  // namespace
 
 void launch_nvfp4_quantize(const DeviceMatrix& x, DType dtype, const QuantizeOptions& o, const OutputPointers& out,
@@ -167,11 +178,16 @@ void launch_nvfp4_quantize(const DeviceMatrix& x, DType dtype, const QuantizeOpt
   }
   p.tiles_k = (x.cols + kTK - 1) / kTK;
   p.tiles = p.tiles_k * ((x.rows + kTM - 1) / kTM);
-  const dim3 grid(static_cast<unsigned>(p.tiles));
   switch (dtype) {
-    case DType::BF16: nvfp4_quantize_kernel<Bf16><<<grid, kThreads, 0, stream>>>(p); break;
-    case DType::F16: nvfp4_quantize_kernel<F16><<<grid, kThreads, 0, stream>>>(p); break;
-    default: nvfp4_quantize_kernel<float><<<grid, kThreads, 0, stream>>>(p); break;
+    case DType::BF16:
+      nvfp4_quantize_kernel<Bf16><<<static_cast<unsigned>(p.tiles), kThreads, 0, stream>>>(p);
+      break;
+    case DType::F16:
+      nvfp4_quantize_kernel<F16><<<static_cast<unsigned>(p.tiles), kThreads, 0, stream>>>(p);
+      break;
+    default:
+      nvfp4_quantize_kernel<float><<<static_cast<unsigned>(p.tiles), kThreads, 0, stream>>>(p);
+      break;
   }
   MICROSCALE_CUDA_CHECK(cudaGetLastError());
 }

@@ -1,0 +1,12 @@
+// MICROSCALE_CPU_DISPATCH: compiles a hot function for AVX-512 (x86-64-v4), AVX2 (x86-64-v3) and
+// baseline x86-64, and lets the loader pick one for the CPU at hand (GCC target_clones, an ifunc
+// resolved once per process): dispatch happens once, never per element. The code is the same C++
+// in each clone and uses no fast-math, so every clone computes the same bytes; the tests run the
+// clone of the machine they run on. Other compilers and targets get the plain function.
+#pragma once
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define MICROSCALE_CPU_DISPATCH __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define MICROSCALE_CPU_DISPATCH
+#endif
