@@ -4,11 +4,15 @@
 #include <exception>
 
 #include "microscale/error.hpp"
+#include "quantize_checkpoint.hpp"
 #include "quantize_tensors.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"microscale: block-scaled low-precision numerics (NVFP4, MXFP8, MXFP6, MXFP4)"};
   app.require_subcommand(1);
+  microscale::tools::add_quantize_command(app);
+  microscale::tools::add_inspect_command(app);
+  microscale::tools::add_bench_command(app);
   microscale::tools::add_quantize_tensors_command(app);
   try {
     app.parse(argc, argv);

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "error_stats.hpp"
 #include "microscale/error.hpp"
+#include "microscale/error_stats.hpp"
 #include "microscale/hadamard.hpp"
 #include "microscale/half.hpp"
 #include "microscale/quantize.hpp"

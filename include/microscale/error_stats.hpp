@@ -1,11 +1,12 @@
-// Quantization error of a dequantized tensor against its reference: SQNR and max abs error.
+// microscale/error_stats.hpp — quantization error of a dequantized tensor against its reference:
+// SQNR (torchao's compute_error: 20 log10(||ref|| / ||ref - x||)) and the max abs error.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <limits>
 
-namespace microscale::tools {
+namespace microscale {
 
 struct ErrorStats {
   double sqnr_db = 0.0;  // 20 log10(||ref|| / ||ref - x||); +inf when exact, NaN when both are zero
@@ -32,4 +33,4 @@ inline ErrorStats error_stats(const float* ref, const float* x, int64_t n) {
   return s;
 }
 
-}  // namespace microscale::tools
+}  // namespace microscale

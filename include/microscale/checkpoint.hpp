@@ -1,0 +1,163 @@
+// microscale/checkpoint.hpp — model checkpoints: sharded safetensors, serving-engine conventions,
+// and the conversion of a BF16/FP32 checkpoint into an NVFP4 / MXFP8 / MXFP4 one.
+//
+// Conventions written and read (shared/spec/checkpoint-formats.md), for a quantized Linear `p`
+// with weight `p.weight` [N, K] (leading dims of an N-D weight fold into N):
+//   modelopt (NVIDIA ModelOpt unified HF export; vLLM/SGLang/TensorRT-LLM `quant_method: modelopt`)
+//     nvfp4: p.weight U8 [N, K/2], p.weight_scale F8_E4M3 [N, K/16], p.weight_scale_2 F32 [] = 1/S_enc
+//     mxfp8: p.weight F8_E4M3 [N, K],  p.weight_scale U8 (E8M0) [N, K/32]
+//   compressed-tensors (llm-compressor; vLLM `quant_method: compressed-tensors`)
+//     nvfp4: p.weight_packed U8 [N, K/2], p.weight_scale F8_E4M3 [N, K/16],
+//            p.weight_global_scale F32 [1] = S_enc (the inverse of ModelOpt's weight_scale_2)
+//     mxfp4: p.weight_packed U8 [N, K/2], p.weight_scale U8 (E8M0) [N, K/32]
+//     mxfp8: p.weight F8_E4M3 [N, K],  p.weight_scale U8 (E8M0) [N, K/32]
+//   gpt-oss (OpenAI gpt-oss / transformers `quant_method: mxfp4`)
+//     mxfp4: <T>_blocks U8 [N, K/32, 16], <T>_scales U8 (E8M0) [N, K/32], for the tensor name T
+// FP4 codes are packed two per byte, element 2j in the low nibble, in every convention.
+// Weights are quantized weight-only (W4A16 / W8A16): no activation calibration is done, so no
+// input_scale is written; the configs say so.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "microscale/quantize.hpp"
+#include "microscale/safetensors.hpp"
+
+namespace microscale {
+
+/// @brief A checkpoint: one .safetensors file, or a directory holding model.safetensors or a
+/// sharded set with model.safetensors.index.json. Files are mapped, tensors are zero-copy views.
+class Checkpoint {
+ public:
+  static Checkpoint open(const std::string& path);
+
+  /// @brief Every tensor, with the index of the file (shard) that holds it, in file order.
+  struct Entry {
+    const SafetensorsEntry* tensor;
+    size_t shard;
+  };
+  const std::vector<Entry>& tensors() const { return entries_; }
+  const std::vector<std::string>& shard_names() const { return shard_names_; }  ///< file names
+  const SafetensorsFile& shard(size_t i) const { return shards_[i]; }
+  bool contains(const std::string& name) const { return by_name_.count(name) != 0; }
+  /// @brief Throws microscale::Error naming the tensor when absent.
+  const SafetensorsEntry& at(const std::string& name) const;
+  /// @brief The directory (or the file's directory) the checkpoint came from.
+  const std::string& directory() const { return directory_; }
+  /// @brief config.json of the directory, parsed, or an empty string when absent.
+  const std::string& config_json() const { return config_json_; }
+
+ private:
+  std::vector<SafetensorsFile> shards_;
+  std::vector<std::string> shard_names_;
+  std::vector<Entry> entries_;
+  std::map<std::string, size_t> by_name_;
+  std::string directory_;
+  std::string config_json_;
+};
+
+/// @brief Streaming writer: declare every tensor (name, dtype, shape) first, then write their
+/// bytes in declaration order; the file holds the header and one tensor at a time in memory.
+class SafetensorsStreamWriter {
+ public:
+  void declare(const std::string& name, const std::string& dtype, const std::vector<int64_t>& shape);
+  /// @brief Writes the header; then write() each declared tensor in order.
+  void begin(const std::string& path, const std::map<std::string, std::string>& metadata = {});
+  void write(const std::string& name, const void* data, size_t nbytes);
+  /// @brief Checks that every declared tensor was written and closes the file.
+  void finish();
+  SafetensorsStreamWriter();
+  ~SafetensorsStreamWriter();
+  SafetensorsStreamWriter(const SafetensorsStreamWriter&) = delete;
+  SafetensorsStreamWriter& operator=(const SafetensorsStreamWriter&) = delete;
+
+ private:
+  struct Declared {
+    std::string name, dtype;
+    std::vector<int64_t> shape;
+    size_t nbytes;
+  };
+  std::vector<Declared> declared_;
+  size_t next_ = 0;
+  struct File;
+  std::unique_ptr<File> file_;
+};
+
+enum class CheckpointFormat { NVFP4, MXFP8, MXFP4 };
+enum class Convention { ModelOpt, CompressedTensors, GptOss };
+
+CheckpointFormat parse_checkpoint_format(const std::string& name);  ///< nvfp4 | mxfp8 | mxfp4
+Convention parse_convention(const std::string& name);  ///< modelopt | compressed-tensors | gpt-oss
+const char* checkpoint_format_name(CheckpointFormat f);
+const char* convention_name(Convention c);
+/// @brief The convention used when none is given: modelopt for nvfp4/mxfp8, gpt-oss for mxfp4.
+Convention default_convention(CheckpointFormat f);
+/// @brief Throws microscale::Error when a convention has no layout for a format.
+void check_supported(CheckpointFormat f, Convention c);
+
+/// @brief Which tensors are quantized. Only floating (F32/BF16/F16) tensors of rank >= 2 whose K
+/// is a multiple of the block are candidates; by default embeddings, norms, lm_head, routers and
+/// gates, position tables and classifier/pooler heads stay high precision (`default_skips()`).
+/// `skip` and `only` are fnmatch-style patterns (`*` and `?`) on the full tensor name: a tensor
+/// matching `skip` is kept; when `only` is non-empty a tensor must match one of its patterns.
+struct LayerRules {
+  std::vector<std::string> skip = default_skips();
+  std::vector<std::string> only;
+  static std::vector<std::string> default_skips();
+  /// @brief Empty when the tensor is quantized, else the reason it is kept.
+  std::string keep_reason(const std::string& name, const std::string& dtype, const std::vector<int64_t>& shape,
+                          int block) const;
+};
+
+/// @brief fnmatch-style match of `*` (any run) and `?` (one character).
+bool wildcard_match(const std::string& pattern, const std::string& text);
+
+/// @brief One tensor's outcome in a conversion.
+struct TensorReport {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::string dtype;
+  bool quantized = false;
+  std::string kept_because;     ///< when not quantized
+  double sqnr_db = 0.0;         ///< dequantized vs original (quantized tensors)
+  double max_abs_error = 0.0;
+  uint64_t bytes_before = 0;
+  uint64_t bytes_after = 0;     ///< all tensors written for it (data + scales + global scale)
+};
+
+struct ConvertOptions {
+  CheckpointFormat format = CheckpointFormat::NVFP4;
+  Convention convention = Convention::ModelOpt;
+  LayerRules rules;
+  ScaleMode mx_scale_mode = ScaleMode::RCeil;
+  int num_threads = 0;
+  /// Called after each tensor: (index, count, report of that tensor).
+  std::function<void(size_t, size_t, const TensorReport&)> progress;
+};
+
+/// @brief Converts `input` (file or directory) into the directory `output_dir`: the tensors (one
+/// output shard per input shard, plus model.safetensors.index.json when sharded), config.json with
+/// the convention's quantization_config, hf_quant_config.json for modelopt, and the directory's
+/// other small files copied. Returns one report per input tensor.
+std::vector<TensorReport> convert_checkpoint(const std::string& input, const std::string& output_dir,
+                                             const ConvertOptions& options);
+
+/// @brief A quantized weight found in a checkpoint, dequantized to f32 with its original shape.
+struct DetectedWeight {
+  std::string name;         ///< the original weight name (p.weight, or T for gpt-oss)
+  CheckpointFormat format;
+  Convention convention;
+  Tensor values;            ///< f32
+};
+
+/// @brief Finds every quantized weight of a checkpoint in any supported convention and
+/// dequantizes it (`inspect`, round-trip tests).
+std::vector<DetectedWeight> read_quantized_weights(const Checkpoint& checkpoint);
+
+}  // namespace microscale

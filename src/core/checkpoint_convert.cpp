@@ -1,0 +1,267 @@
+// convert_checkpoint: plan every output tensor from shapes alone, write each shard's header,
+// then quantize and stream one tensor at a time (a checkpoint larger than memory converts).
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/scale_math.hpp"
+#include "microscale/checkpoint.hpp"
+#include "microscale/error.hpp"
+#include "microscale/error_stats.hpp"
+#include "microscale/half.hpp"
+
+namespace microscale {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+struct OutputSpec {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+};
+
+int block_of(CheckpointFormat f) { return f == CheckpointFormat::NVFP4 ? 16 : 32; }
+
+Scheme scheme_of(CheckpointFormat f) {
+  switch (f) {
+    case CheckpointFormat::NVFP4: return Scheme::NVFP4;
+    case CheckpointFormat::MXFP8: return Scheme::MXFP8_E4M3;
+    case CheckpointFormat::MXFP4: return Scheme::MXFP4;
+  }
+  return Scheme::NVFP4;
+}
+
+std::vector<int64_t> with_last(std::vector<int64_t> shape, std::vector<int64_t> last) {
+  shape.pop_back();
+  shape.insert(shape.end(), last.begin(), last.end());
+  return shape;
+}
+
+// The tensors a quantized weight `name` [..., N, K] becomes (see checkpoint.hpp), in write order.
+std::vector<OutputSpec> quantized_specs(const std::string& name, const std::vector<int64_t>& shape,
+                                        CheckpointFormat f, Convention c) {
+  const int64_t k = shape.back();
+  const bool ct = c == Convention::CompressedTensors;
+  switch (f) {
+    case CheckpointFormat::NVFP4:
+      if (ct) {
+        return {{name + "_packed", "U8", with_last(shape, {k / 2})},
+                {name + "_scale", "F8_E4M3", with_last(shape, {k / 16})},
+                {name + "_global_scale", "F32", {1}}};
+      }
+      return {{name, "U8", with_last(shape, {k / 2})},
+              {name + "_scale", "F8_E4M3", with_last(shape, {k / 16})},
+              {name + "_scale_2", "F32", {}}};
+    case CheckpointFormat::MXFP8:
+      return {{name, "F8_E4M3", shape}, {name + "_scale", "U8", with_last(shape, {k / 32})}};
+    case CheckpointFormat::MXFP4:
+      if (c == Convention::GptOss) {
+        return {{name + "_blocks", "U8", with_last(shape, {k / 32, 16})},
+                {name + "_scales", "U8", with_last(shape, {k / 32})}};
+      }
+      return {{name + "_packed", "U8", with_last(shape, {k / 2})},
+              {name + "_scale", "U8", with_last(shape, {k / 32})}};
+  }
+  return {};
+}
+
+// Input values as fp32 (for the error report).
+std::vector<float> as_f32(const TensorView& v) {
+  std::vector<float> out(static_cast<size_t>(v.numel()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    switch (v.dtype) {
+      case DType::BF16: out[i] = bf16_to_float(static_cast<const uint16_t*>(v.data)[i]); break;
+      case DType::F16: out[i] = half_to_float(static_cast<const uint16_t*>(v.data)[i]); break;
+      default: out[i] = static_cast<const float*>(v.data)[i]; break;
+    }
+  }
+  return out;
+}
+
+std::string module_of(const std::string& weight_name) {
+  const std::string suffix = ".weight";
+  if (weight_name.size() > suffix.size() && weight_name.compare(weight_name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    return weight_name.substr(0, weight_name.size() - suffix.size());
+  }
+  return weight_name;
+}
+
+json quantization_config(const ConvertOptions& o, const std::vector<std::string>& ignored) {
+  const bool fp4 = o.format != CheckpointFormat::MXFP8;
+  const int group = block_of(o.format);
+  json producer = {{"name", "microscale"}, {"version", "0.1.0"}};
+  switch (o.convention) {
+    case Convention::ModelOpt:
+      return {{"quant_method", "modelopt"},
+              {"quant_algo", o.format == CheckpointFormat::NVFP4 ? "W4A16_NVFP4" : "MXFP8"},
+              {"config_groups",
+               {{"group_0",
+                 {{"weights", {{"num_bits", fp4 ? 4 : 8}, {"type", "float"}, {"group_size", group}, {"dynamic", false}}},
+                  {"targets", {"Linear"}}}}}},
+              {"ignore", ignored},
+              {"producer", producer}};
+    case Convention::CompressedTensors:
+      return {{"quant_method", "compressed-tensors"},
+              {"format", o.format == CheckpointFormat::NVFP4   ? "nvfp4-pack-quantized"
+                         : o.format == CheckpointFormat::MXFP4 ? "mxfp4-pack-quantized"
+                                                               : "mxfp8-quantized"},
+              {"config_groups",
+               {{"group_0",
+                 {{"targets", {"Linear"}},
+                  {"weights",
+                   {{"num_bits", fp4 ? 4 : 8},
+                    {"type", "float"},
+                    {"strategy", o.format == CheckpointFormat::NVFP4 ? "tensor_group" : "group"},
+                    {"group_size", group},
+                    {"symmetric", true},
+                    {"dynamic", false},
+                    {"scale_dtype", o.format == CheckpointFormat::NVFP4 ? "float8_e4m3fn" : "float8_e8m0fnu"}}},
+                  {"input_activations", nullptr}}}}},
+              {"ignore", ignored},
+              {"producer", producer}};
+    case Convention::GptOss:
+      return {{"quant_method", "mxfp4"}, {"modules_to_not_convert", ignored}, {"producer", producer}};
+  }
+  return {};
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  if (!out) throw Error("cannot write '" + path.string() + "'");
+}
+
+}  // namespace
+
+std::vector<TensorReport> convert_checkpoint(const std::string& input, const std::string& output_dir,
+                                             const ConvertOptions& o) {
+  check_supported(o.format, o.convention);
+  const Checkpoint ckpt = Checkpoint::open(input);
+  std::error_code ec;
+  fs::create_directories(output_dir, ec);
+  if (!fs::is_directory(output_dir)) throw Error("cannot create the output directory '" + output_dir + "'");
+  if (fs::equivalent(fs::path(output_dir), fs::path(ckpt.directory()), ec)) {
+    throw Error("the output directory must differ from the input's");
+  }
+  const int block = block_of(o.format);
+  QuantizeOptions qo;
+  qo.scheme = scheme_of(o.format);
+  qo.scale_mode = o.mx_scale_mode;
+  qo.num_threads = o.num_threads;
+
+  // Plan: what each input tensor becomes.
+  std::vector<TensorReport> reports(ckpt.tensors().size());
+  std::vector<std::vector<OutputSpec>> outputs(ckpt.tensors().size());
+  std::vector<std::string> ignored;
+  for (size_t i = 0; i < ckpt.tensors().size(); ++i) {
+    const SafetensorsEntry& e = *ckpt.tensors()[i].tensor;
+    TensorReport& r = reports[i];
+    r.name = e.name;
+    r.shape = e.shape;
+    r.dtype = e.dtype;
+    r.bytes_before = e.nbytes;
+    r.kept_because = o.rules.keep_reason(e.name, e.dtype, e.shape, block);
+    r.quantized = r.kept_because.empty();
+    if (r.quantized) {
+      outputs[i] = quantized_specs(e.name, e.shape, o.format, o.convention);
+    } else {
+      outputs[i] = {{e.name, e.dtype, e.shape}};
+      if (e.shape.size() >= 2) ignored.push_back(module_of(e.name));
+    }
+  }
+
+  // Write shard by shard, in the input's order.
+  json weight_map = json::object();
+  uint64_t total_size = 0;
+  size_t done = 0;
+  for (size_t s = 0; s < ckpt.shard_names().size(); ++s) {
+    SafetensorsStreamWriter writer;
+    for (size_t i = 0; i < ckpt.tensors().size(); ++i) {
+      if (ckpt.tensors()[i].shard != s) continue;
+      for (const OutputSpec& spec : outputs[i]) {
+        writer.declare(spec.name, spec.dtype, spec.shape);
+        weight_map[spec.name] = ckpt.shard_names()[s];
+      }
+    }
+    writer.begin((fs::path(output_dir) / ckpt.shard_names()[s]).string(), {{"format", "pt"}});
+    for (size_t i = 0; i < ckpt.tensors().size(); ++i) {
+      if (ckpt.tensors()[i].shard != s) continue;
+      const SafetensorsEntry& e = *ckpt.tensors()[i].tensor;
+      TensorReport& r = reports[i];
+      if (!r.quantized) {
+        writer.write(e.name, e.data, e.nbytes);
+        r.bytes_after = e.nbytes;
+      } else {
+        const TensorView view = ckpt.shard(s).view(e.name);
+        QuantizedTensor q;
+        try {
+          q = quantize(view, qo);
+        } catch (const Error& err) {
+          throw Error("tensor '" + e.name + "': " + err.reason());
+        }
+        const Tensor deq = dequantize(q, Usage::Rowwise, DType::F32);
+        const std::vector<float> ref = as_f32(view);
+        const ErrorStats stats = error_stats(ref.data(), deq.data_as<float>(), static_cast<int64_t>(ref.size()));
+        r.sqnr_db = stats.sqnr_db;
+        r.max_abs_error = stats.max_abs_error;
+        const std::vector<OutputSpec>& specs = outputs[i];
+        writer.write(specs[0].name, q.rowwise_data.data(), q.rowwise_data.nbytes());
+        writer.write(specs[1].name, q.rowwise_scale.data(), q.rowwise_scale.nbytes());
+        r.bytes_after = q.rowwise_data.nbytes() + q.rowwise_scale.nbytes();
+        if (specs.size() == 3) {  // NVFP4 global scale: ModelOpt's decode 1/S_enc, or CT's S_enc
+          const float s_enc = nvfp4_global_encode_scale(q.rowwise_amax);
+          const float global = o.convention == Convention::CompressedTensors ? s_enc : 1.0f / s_enc;
+          writer.write(specs[2].name, &global, sizeof global);
+          r.bytes_after += sizeof global;
+        }
+      }
+      total_size += r.bytes_after;
+      if (o.progress) o.progress(++done, reports.size(), r);
+    }
+    writer.finish();
+  }
+  if (ckpt.shard_names().size() > 1) {
+    write_text(fs::path(output_dir) / "model.safetensors.index.json",
+               json{{"metadata", {{"total_size", total_size}}}, {"weight_map", weight_map}}.dump(2));
+  }
+
+  // config.json with the quantization_config; hf_quant_config.json for ModelOpt.
+  json config = json::object();
+  if (!ckpt.config_json().empty()) {
+    try {
+      config = json::parse(ckpt.config_json());
+    } catch (const json::exception& e) {
+      throw Error("config.json of the input is not valid JSON: " + std::string(e.what()));
+    }
+  }
+  config["quantization_config"] = quantization_config(o, ignored);
+  write_text(fs::path(output_dir) / "config.json", config.dump(2));
+  if (o.convention == Convention::ModelOpt) {
+    json hf = {{"producer", {{"name", "microscale"}, {"version", "0.1.0"}}},
+               {"quantization",
+                {{"quant_algo", config["quantization_config"]["quant_algo"]},
+                 {"kv_cache_quant_algo", nullptr},
+                 {"group_size", block},
+                 {"exclude_modules", ignored}}}};
+    write_text(fs::path(output_dir) / "hf_quant_config.json", hf.dump(2));
+  }
+  // The rest of the model directory (tokenizer, module configs...) is copied as it is.
+  if (fs::is_directory(input)) {
+    for (const auto& entry : fs::directory_iterator(ckpt.directory())) {
+      const std::string file = entry.path().filename().string();
+      if (fs::equivalent(entry.path(), fs::path(output_dir), ec)) continue;  // output inside the input
+      if (entry.path().extension() == ".safetensors" || file == "config.json" ||
+          file == "model.safetensors.index.json" || file == "hf_quant_config.json") {
+        continue;
+      }
+      fs::copy(entry.path(), fs::path(output_dir) / file,
+               fs::copy_options::recursive | fs::copy_options::overwrite_existing, ec);
+      if (ec) throw Error("cannot copy '" + entry.path().string() + "': " + ec.message());
+    }
+  }
+  return reports;
+}
+
+}  // namespace microscale

@@ -1,0 +1,167 @@
+// Checkpoint (single file, model.safetensors, or a sharded set with its index) and the streaming
+// safetensors writer.
+#include <algorithm>
+#include <array>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "microscale/checkpoint.hpp"
+#include "microscale/error.hpp"
+
+namespace microscale {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot read '" + path.string() + "'");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+Checkpoint Checkpoint::open(const std::string& path) {
+  Checkpoint c;
+  std::error_code ec;
+  const fs::path p(path);
+  std::vector<std::string> files;
+  if (fs::is_regular_file(p, ec)) {
+    c.directory_ = p.has_parent_path() ? p.parent_path().string() : ".";
+    files.push_back(p.filename().string());
+  } else if (fs::is_directory(p, ec)) {
+    c.directory_ = p.string();
+    const fs::path index = p / "model.safetensors.index.json";
+    if (fs::exists(index)) {
+      json j;
+      try {
+        j = json::parse(read_text(index));
+      } catch (const json::exception& e) {
+        throw Error("'" + index.string() + "' is not valid JSON: " + e.what());
+      }
+      if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+        throw Error("'" + index.string() + "' has no weight_map object");
+      }
+      for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+        if (!it.value().is_string()) throw Error("'" + index.string() + "': weight_map values must be file names");
+        const std::string file = it.value().get<std::string>();
+        if (file.find('/') != std::string::npos || file.find("..") != std::string::npos) {
+          throw Error("'" + index.string() + "' names a shard outside the directory: '" + file + "'");
+        }
+        if (std::find(files.begin(), files.end(), file) == files.end()) files.push_back(file);
+      }
+      std::sort(files.begin(), files.end());
+    } else if (fs::exists(p / "model.safetensors")) {
+      files.push_back("model.safetensors");
+    } else {
+      for (const auto& e : fs::directory_iterator(p)) {
+        if (e.is_regular_file() && e.path().extension() == ".safetensors") files.push_back(e.path().filename().string());
+      }
+      std::sort(files.begin(), files.end());
+    }
+    if (files.empty()) throw Error("no .safetensors file in '" + path + "'");
+  } else {
+    throw Error("'" + path + "' is neither a file nor a directory");
+  }
+  c.shards_.reserve(files.size());
+  for (const std::string& f : files) {
+    c.shards_.push_back(SafetensorsFile::open((fs::path(c.directory_) / f).string()));
+    c.shard_names_.push_back(f);
+  }
+  for (size_t s = 0; s < c.shards_.size(); ++s) {
+    for (const SafetensorsEntry& e : c.shards_[s].tensors()) {
+      if (!c.by_name_.emplace(e.name, c.entries_.size()).second) {
+        throw Error("tensor '" + e.name + "' appears in more than one shard of '" + path + "'");
+      }
+      c.entries_.push_back({&e, s});
+    }
+  }
+  const fs::path config = fs::path(c.directory_) / "config.json";
+  if (fs::is_directory(p, ec) && fs::exists(config)) c.config_json_ = read_text(config);
+  return c;
+}
+
+const SafetensorsEntry& Checkpoint::at(const std::string& name) const {
+  const auto it = by_name_.find(name);
+  if (it == by_name_.end()) throw Error("no tensor named '" + name + "' in the checkpoint");
+  return *entries_[it->second].tensor;
+}
+
+// ---- streaming writer -----------------------------------------------------------------------------------
+
+struct SafetensorsStreamWriter::File {
+  std::ofstream out;
+  std::string path;
+};
+
+SafetensorsStreamWriter::SafetensorsStreamWriter() = default;
+SafetensorsStreamWriter::~SafetensorsStreamWriter() = default;
+
+void SafetensorsStreamWriter::declare(const std::string& name, const std::string& dtype,
+                                      const std::vector<int64_t>& shape) {
+  if (file_) throw Error("declare every tensor before begin()");
+  uint64_t numel = 1;
+  for (int64_t d : shape) {
+    if (d < 0) throw Error("tensor '" + name + "' has a negative dimension");
+    if (d != 0 && numel > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d)) {
+      throw Error("tensor '" + name + "' is too large");
+    }
+    numel *= static_cast<uint64_t>(d);
+  }
+  for (const Declared& d : declared_) {
+    if (d.name == name) throw Error("tensor '" + name + "' declared twice");
+  }
+  declared_.push_back({name, dtype, shape, static_cast<size_t>(numel * safetensors_dtype_size(dtype))});
+}
+
+void SafetensorsStreamWriter::begin(const std::string& path, const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const Declared& d : declared_) {
+    header[d.name] = {{"dtype", d.dtype}, {"shape", d.shape}, {"data_offsets", {offset, offset + d.nbytes}}};
+    offset += d.nbytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  file_ = std::make_unique<File>();
+  file_->path = path;
+  file_->out.open(path, std::ios::binary | std::ios::trunc);
+  if (!file_->out) throw Error("cannot write '" + path + "'");
+  std::array<char, 8> len{};
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((static_cast<uint64_t>(text.size()) >> (8 * i)) & 0xFF);
+  file_->out.write(len.data(), 8);
+  file_->out.write(text.data(), static_cast<std::streamsize>(text.size()));
+}
+
+void SafetensorsStreamWriter::write(const std::string& name, const void* data, size_t nbytes) {
+  if (!file_) throw Error("begin() the file before writing tensors");
+  if (next_ >= declared_.size() || declared_[next_].name != name) {
+    throw Error("tensor '" + name + "' written out of declaration order");
+  }
+  if (declared_[next_].nbytes != nbytes) {
+    throw Error("tensor '" + name + "': " + std::to_string(nbytes) + " bytes written, " +
+                std::to_string(declared_[next_].nbytes) + " declared");
+  }
+  file_->out.write(static_cast<const char*>(data), static_cast<std::streamsize>(nbytes));
+  if (!file_->out) throw Error("error while writing '" + file_->path + "'");
+  ++next_;
+}
+
+void SafetensorsStreamWriter::finish() {
+  if (!file_) throw Error("nothing to finish: begin() was not called");
+  if (next_ != declared_.size()) {
+    throw Error("'" + file_->path + "': " + std::to_string(declared_.size() - next_) + " declared tensors not written");
+  }
+  file_->out.close();
+  if (!file_->out) throw Error("error while closing '" + file_->path + "'");
+}
+
+}  // namespace microscale

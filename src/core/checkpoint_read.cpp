@@ -1,0 +1,115 @@
+// read_quantized_weights: recognise each convention's tensor names and dequantize them.
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "microscale/checkpoint.hpp"
+#include "microscale/error.hpp"
+#include "microscale/format.hpp"
+
+namespace microscale {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// value[i] = code(i) * block_scale(i / block), with FP4 codes two per byte (low nibble first) or
+// one FP8 code per byte; `scale_of(byte)` decodes a block scale.
+template <typename ScaleOf>
+Tensor dequantize_blocks(const SafetensorsEntry& data, bool fp4, const SafetensorsEntry& scales, int block,
+                         std::vector<int64_t> shape, ScaleOf scale_of) {
+  const int64_t n = numel(shape);
+  if (static_cast<int64_t>(data.nbytes) * (fp4 ? 2 : 1) != n) {
+    throw Error("tensor '" + data.name + "' holds " + std::to_string(data.nbytes) + " bytes, not the codes of " +
+                shape_string(shape));
+  }
+  if (static_cast<int64_t>(scales.nbytes) * block != n) {
+    throw Error("tensor '" + scales.name + "' holds " + std::to_string(scales.nbytes) + " scales, not one per " +
+                std::to_string(block) + " of " + shape_string(shape));
+  }
+  Tensor out(DType::F32, std::move(shape));
+  const auto* bytes = reinterpret_cast<const uint8_t*>(data.data);
+  const auto* s = reinterpret_cast<const uint8_t*>(scales.data);
+  float* v = out.data_as<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t code = fp4 ? static_cast<uint8_t>((bytes[i / 2] >> (4 * (i % 2))) & 0xF) : bytes[i];
+    v[i] = decode(fp4 ? Format::E2M1 : Format::E4M3, code) * scale_of(s[i / block]);
+  }
+  return out;
+}
+
+float e8m0(uint8_t b) { return b == 0xFF ? NAN : std::ldexp(1.0f, b - 127); }
+
+float scalar_f32(const SafetensorsEntry& e) {
+  if (e.dtype != "F32" || e.nbytes != 4) throw Error("tensor '" + e.name + "' must be one F32 value");
+  float v;
+  std::memcpy(&v, e.data, 4);
+  return v;
+}
+
+std::vector<int64_t> logical_shape(const std::vector<int64_t>& packed, int64_t factor) {
+  std::vector<int64_t> s = packed;
+  s.back() *= factor;
+  return s;
+}
+
+Convention mxfp8_convention(const Checkpoint& c) {
+  if (c.config_json().find("compressed-tensors") != std::string::npos) return Convention::CompressedTensors;
+  return Convention::ModelOpt;
+}
+
+}  // namespace
+
+std::vector<DetectedWeight> read_quantized_weights(const Checkpoint& c) {
+  std::vector<DetectedWeight> found;
+  for (const Checkpoint::Entry& entry : c.tensors()) {
+    const SafetensorsEntry& e = *entry.tensor;
+    const std::string& n = e.name;
+    if (ends_with(n, "_blocks") && c.contains(n.substr(0, n.size() - 7) + "_scales")) {
+      // gpt-oss MXFP4: <T>_blocks [.., N, K/32, 16], <T>_scales [.., N, K/32]
+      const std::string base = n.substr(0, n.size() - 7);
+      if (e.dtype != "U8" || e.shape.size() < 2 || e.shape.back() != 16) throw Error("'" + n + "' is not gpt-oss MXFP4 blocks");
+      std::vector<int64_t> shape(e.shape.begin(), e.shape.end() - 2);
+      shape.push_back(e.shape[e.shape.size() - 2] * 32);
+      found.push_back({base, CheckpointFormat::MXFP4, Convention::GptOss,
+                       dequantize_blocks(e, true, c.at(base + "_scales"), 32, shape, e8m0)});
+    } else if (ends_with(n, "_packed") && c.contains(n.substr(0, n.size() - 7) + "_scale")) {
+      // compressed-tensors NVFP4 (with a global scale) or MXFP4
+      const std::string base = n.substr(0, n.size() - 7);
+      const SafetensorsEntry& scale = c.at(base + "_scale");
+      if (c.contains(base + "_global_scale")) {
+        const float global = scalar_f32(c.at(base + "_global_scale"));
+        found.push_back({base, CheckpointFormat::NVFP4, Convention::CompressedTensors,
+                         dequantize_blocks(e, true, scale, 16, logical_shape(e.shape, 2), [&](uint8_t b) {
+                           return decode(Format::E4M3, b) / global;  // CT stores the encode scale
+                         })});
+      } else {
+        found.push_back({base, CheckpointFormat::MXFP4, Convention::CompressedTensors,
+                         dequantize_blocks(e, true, scale, 32, logical_shape(e.shape, 2), e8m0)});
+      }
+    } else if (c.contains(n + "_scale") && !ends_with(n, "_scale")) {
+      const SafetensorsEntry& scale = c.at(n + "_scale");
+      if (e.dtype == "U8" && scale.dtype == "F8_E4M3" && c.contains(n + "_scale_2")) {
+        // ModelOpt NVFP4: x = code * (scale * weight_scale_2)
+        const float s2 = scalar_f32(c.at(n + "_scale_2"));
+        found.push_back({n, CheckpointFormat::NVFP4, Convention::ModelOpt,
+                         dequantize_blocks(e, true, scale, 16, logical_shape(e.shape, 2),
+                                           [&](uint8_t b) { return decode(Format::E4M3, b) * s2; })});
+      } else if (e.dtype == "F8_E4M3" && scale.dtype == "U8") {
+        // MXFP8 (ModelOpt or compressed-tensors: the same tensors)
+        found.push_back({n, CheckpointFormat::MXFP8, mxfp8_convention(c),
+                         dequantize_blocks(e, false, scale, 32, e.shape, e8m0)});
+      }
+    }
+  }
+  return found;
+}
+
+}  // namespace microscale

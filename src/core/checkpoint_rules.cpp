@@ -1,0 +1,99 @@
+// Format/convention names and the rules that decide which tensors are quantized.
+#include <cctype>
+
+#include "microscale/checkpoint.hpp"
+#include "microscale/error.hpp"
+
+namespace microscale {
+
+CheckpointFormat parse_checkpoint_format(const std::string& name) {
+  if (name == "nvfp4") return CheckpointFormat::NVFP4;
+  if (name == "mxfp8") return CheckpointFormat::MXFP8;
+  if (name == "mxfp4") return CheckpointFormat::MXFP4;
+  throw Error("unknown format '" + name + "' (expected nvfp4, mxfp8 or mxfp4)");
+}
+
+Convention parse_convention(const std::string& name) {
+  if (name == "modelopt") return Convention::ModelOpt;
+  if (name == "compressed-tensors") return Convention::CompressedTensors;
+  if (name == "gpt-oss") return Convention::GptOss;
+  throw Error("unknown convention '" + name + "' (expected modelopt, compressed-tensors or gpt-oss)");
+}
+
+const char* checkpoint_format_name(CheckpointFormat f) {
+  switch (f) {
+    case CheckpointFormat::NVFP4: return "nvfp4";
+    case CheckpointFormat::MXFP8: return "mxfp8";
+    case CheckpointFormat::MXFP4: return "mxfp4";
+  }
+  return "?";
+}
+
+const char* convention_name(Convention c) {
+  switch (c) {
+    case Convention::ModelOpt: return "modelopt";
+    case Convention::CompressedTensors: return "compressed-tensors";
+    case Convention::GptOss: return "gpt-oss";
+  }
+  return "?";
+}
+
+Convention default_convention(CheckpointFormat f) {
+  return f == CheckpointFormat::MXFP4 ? Convention::GptOss : Convention::ModelOpt;
+}
+
+void check_supported(CheckpointFormat f, Convention c) {
+  const bool ok = (c == Convention::ModelOpt && f != CheckpointFormat::MXFP4) ||
+                  c == Convention::CompressedTensors || (c == Convention::GptOss && f == CheckpointFormat::MXFP4);
+  if (!ok) {
+    throw Error(std::string("the ") + convention_name(c) + " convention has no " + checkpoint_format_name(f) +
+                " layout (modelopt: nvfp4, mxfp8; compressed-tensors: nvfp4, mxfp8, mxfp4; gpt-oss: mxfp4)");
+  }
+}
+
+bool wildcard_match(const std::string& pattern, const std::string& text) {
+  // Iterative matcher with backtracking to the last '*'.
+  size_t p = 0, t = 0, star = std::string::npos, mark = 0;
+  while (t < text.size()) {
+    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == text[t])) {
+      ++p;
+      ++t;
+    } else if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      mark = t;
+    } else if (star != std::string::npos) {
+      p = star + 1;
+      t = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+std::vector<std::string> LayerRules::default_skips() {
+  // What serving engines keep in high precision (ModelOpt's and llm-compressor's default
+  // exclusions, gpt-oss's modules_to_not_convert): embeddings, norms, the output head, MoE
+  // routers/gates, and small heads.
+  return {"*embed*",  "*norm*",    "*Norm*",   "*lm_head*", "*router*", "*.gate.*", "*mlp.gate",
+          "*pooler*", "*classifier*", "*position*", "*score*"};
+}
+
+std::string LayerRules::keep_reason(const std::string& name, const std::string& dtype,
+                                    const std::vector<int64_t>& shape, int block) const {
+  if (dtype != "F32" && dtype != "BF16" && dtype != "F16") return "not floating (" + dtype + ")";
+  if (shape.size() < 2) return "rank " + std::to_string(shape.size()) + " (bias/norm vector)";
+  for (const std::string& pattern : skip) {
+    if (wildcard_match(pattern, name)) return "skip pattern '" + pattern + "'";
+  }
+  if (!only.empty()) {
+    bool any = false;
+    for (const std::string& pattern : only) any = any || wildcard_match(pattern, name);
+    if (!any) return "matches no --only pattern";
+  }
+  if (shape.back() % block != 0) return "last dim " + std::to_string(shape.back()) + " not a multiple of " + std::to_string(block);
+  return "";
+}
+
+}  // namespace microscale

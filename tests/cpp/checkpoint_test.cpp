@@ -1,0 +1,215 @@
+// Checkpoints: sharded reading, the streaming writer, layer rules, and the round trip of every
+// convention x format (write, read back, dequantize, compare with the library's bytes and values).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "microscale/checkpoint.hpp"
+#include "microscale/error.hpp"
+#include "test_data.hpp"
+
+namespace microscale {
+namespace {
+
+namespace fs = std::filesystem;
+using testing_data::Fill;
+using testing_data::random_tensor;
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() / ("microscale_ckpt_" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+// A small BERT-like model directory: two shards, an index, a config.json and a tokenizer file.
+fs::path make_model(const std::string& name) {
+  const fs::path dir = fresh_dir(name);
+  static const Tensor q = random_tensor(DType::BF16, {64, 128}, Fill::Normal, 1);
+  static const Tensor up = random_tensor(DType::F32, {128, 64}, Fill::Heavy, 2);
+  static const Tensor experts = random_tensor(DType::BF16, {2, 32, 64}, Fill::Normal, 3);
+  static const Tensor emb = random_tensor(DType::F32, {100, 64}, Fill::Normal, 4);
+  static const Tensor norm = random_tensor(DType::F32, {64}, Fill::Normal, 5);
+  static const Tensor odd = random_tensor(DType::F32, {8, 40}, Fill::Normal, 6);
+  const std::vector<int64_t> ids = {0, 1, 2, 3};
+  write_safetensors((dir / "model-00001-of-00002.safetensors").string(),
+                    {{"model.embed_tokens.weight", "F32", emb.shape(), emb.data(), emb.nbytes()},
+                     {"model.layers.0.self_attn.q_proj.weight", "BF16", q.shape(), q.data(), q.nbytes()},
+                     {"model.layers.0.input_layernorm.weight", "F32", norm.shape(), norm.data(), norm.nbytes()}});
+  write_safetensors((dir / "model-00002-of-00002.safetensors").string(),
+                    {{"model.layers.0.mlp.up_proj.weight", "F32", up.shape(), up.data(), up.nbytes()},
+                     {"model.layers.0.mlp.experts.gate_up_proj", "BF16", experts.shape(), experts.data(), experts.nbytes()},
+                     {"model.layers.0.mlp.odd.weight", "F32", odd.shape(), odd.data(), odd.nbytes()},
+                     {"position_ids", "I64", {4}, ids.data(), 32}});
+  nlohmann::json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", nlohmann::json::object()}};
+  for (const char* n : {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+                        "model.layers.0.input_layernorm.weight"}) {
+    index["weight_map"][n] = "model-00001-of-00002.safetensors";
+  }
+  for (const char* n : {"model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.experts.gate_up_proj",
+                        "model.layers.0.mlp.odd.weight", "position_ids"}) {
+    index["weight_map"][n] = "model-00002-of-00002.safetensors";
+  }
+  std::ofstream(dir / "model.safetensors.index.json") << index.dump();
+  std::ofstream(dir / "config.json") << R"({"model_type": "llama", "hidden_size": 64})";
+  std::ofstream(dir / "tokenizer.json") << "{}";
+  return dir;
+}
+
+TEST(Checkpoint, ReadsShardsThroughTheIndex) {
+  const fs::path dir = make_model("read");
+  const Checkpoint c = Checkpoint::open(dir.string());
+  EXPECT_EQ(c.shard_names().size(), 2u);
+  EXPECT_EQ(c.tensors().size(), 7u);
+  EXPECT_TRUE(c.contains("model.layers.0.mlp.up_proj.weight"));
+  EXPECT_EQ(c.at("position_ids").dtype, "I64");
+  EXPECT_NE(c.config_json().find("llama"), std::string::npos);
+  EXPECT_THROW(c.at("nope"), Error);
+  // A single file works too.
+  EXPECT_EQ(Checkpoint::open((dir / "model-00001-of-00002.safetensors").string()).tensors().size(), 3u);
+}
+
+TEST(Checkpoint, BadDirectoriesAreErrors) {
+  const fs::path empty = fresh_dir("empty");
+  EXPECT_THROW(Checkpoint::open(empty.string()), Error);
+  EXPECT_THROW(Checkpoint::open((empty / "missing").string()), Error);
+  const fs::path bad = make_model("bad_index");
+  std::ofstream(bad / "model.safetensors.index.json") << "{not json";
+  EXPECT_THROW(Checkpoint::open(bad.string()), Error);
+  std::ofstream(bad / "model.safetensors.index.json") << R"({"weight_map": {"a": "../../etc/passwd"}})";
+  EXPECT_THROW(Checkpoint::open(bad.string()), Error);
+}
+
+TEST(Checkpoint, StreamWriterChecksOrderAndSizes) {
+  const fs::path dir = fresh_dir("stream");
+  const std::vector<float> a = {1, 2, 3, 4};
+  SafetensorsStreamWriter w;
+  w.declare("a", "F32", {2, 2});
+  w.declare("b", "F8_E4M3", {3});
+  w.begin((dir / "x.safetensors").string(), {{"k", "v"}});
+  EXPECT_THROW(w.write("b", a.data(), 3), Error);  // out of order
+  w.write("a", a.data(), 16);
+  EXPECT_THROW(w.write("b", a.data(), 2), Error);  // wrong size
+  EXPECT_THROW(w.finish(), Error);                 // b missing
+  w.write("b", a.data(), 3);
+  w.finish();
+  const SafetensorsFile f = SafetensorsFile::open((dir / "x.safetensors").string());
+  EXPECT_EQ(f.at("b").dtype, "F8_E4M3");
+  EXPECT_EQ(f.metadata().at("k"), "v");
+}
+
+TEST(Checkpoint, LayerRules) {
+  const LayerRules rules;
+  EXPECT_EQ(rules.keep_reason("model.layers.0.mlp.up_proj.weight", "BF16", {64, 64}, 16), "");
+  EXPECT_NE(rules.keep_reason("model.embed_tokens.weight", "BF16", {64, 64}, 16), "");
+  EXPECT_NE(rules.keep_reason("lm_head.weight", "BF16", {64, 64}, 16), "");
+  EXPECT_NE(rules.keep_reason("model.layers.0.mlp.gate.weight", "BF16", {64, 64}, 16), "");
+  EXPECT_NE(rules.keep_reason("model.layers.0.mlp.router.weight", "BF16", {64, 64}, 16), "");
+  EXPECT_NE(rules.keep_reason("model.norm.weight", "BF16", {64}, 16), "");
+  EXPECT_NE(rules.keep_reason("x.weight", "I64", {64, 64}, 16), "");
+  EXPECT_NE(rules.keep_reason("x.weight", "F32", {64, 40}, 32), "");
+  LayerRules only;
+  only.only = {"*q_proj*"};
+  EXPECT_EQ(only.keep_reason("a.q_proj.weight", "F32", {16, 16}, 16), "");
+  EXPECT_NE(only.keep_reason("a.k_proj.weight", "F32", {16, 16}, 16), "");
+  EXPECT_TRUE(wildcard_match("model.layers.*.mlp.gate", "model.layers.12.mlp.gate"));
+  EXPECT_FALSE(wildcard_match("model.layers.*.mlp.gate", "model.layers.12.mlp.gate_proj"));
+  EXPECT_TRUE(wildcard_match("a?c*", "abcdef"));
+}
+
+struct Combo {
+  CheckpointFormat format;
+  Convention convention;
+};
+
+TEST(Checkpoint, RoundTripEveryConvention) {
+  const Combo combos[] = {{CheckpointFormat::NVFP4, Convention::ModelOpt},
+                          {CheckpointFormat::MXFP8, Convention::ModelOpt},
+                          {CheckpointFormat::NVFP4, Convention::CompressedTensors},
+                          {CheckpointFormat::MXFP8, Convention::CompressedTensors},
+                          {CheckpointFormat::MXFP4, Convention::CompressedTensors},
+                          {CheckpointFormat::MXFP4, Convention::GptOss}};
+  const fs::path model = make_model("roundtrip_in");
+  const Checkpoint original = Checkpoint::open(model.string());
+  for (const Combo& combo : combos) {
+    const std::string what = std::string(checkpoint_format_name(combo.format)) + "/" + convention_name(combo.convention);
+    SCOPED_TRACE(what);
+    const fs::path out = fresh_dir(std::string("roundtrip_") + checkpoint_format_name(combo.format) + "_" +
+                                   convention_name(combo.convention));
+    ConvertOptions o;
+    o.format = combo.format;
+    o.convention = combo.convention;
+    size_t progress_calls = 0;
+    o.progress = [&](size_t, size_t, const TensorReport&) { ++progress_calls; };
+    const std::vector<TensorReport> reports = convert_checkpoint(model.string(), out.string(), o);
+    EXPECT_EQ(progress_calls, reports.size());
+    // The sharding, the index, config.json and the other files come along.
+    EXPECT_TRUE(fs::exists(out / "model-00001-of-00002.safetensors"));
+    EXPECT_TRUE(fs::exists(out / "model.safetensors.index.json"));
+    EXPECT_TRUE(fs::exists(out / "tokenizer.json"));
+    const nlohmann::json config = nlohmann::json::parse(std::ifstream(out / "config.json"));
+    EXPECT_EQ(config["model_type"], "llama");
+    EXPECT_TRUE(config.contains("quantization_config"));
+    EXPECT_EQ(fs::exists(out / "hf_quant_config.json"), combo.convention == Convention::ModelOpt);
+
+    const Checkpoint q = Checkpoint::open(out.string());
+    // Kept tensors are byte-identical.
+    for (const char* kept : {"model.embed_tokens.weight", "model.layers.0.input_layernorm.weight", "position_ids",
+                             "model.layers.0.mlp.odd.weight"}) {
+      ASSERT_TRUE(q.contains(kept)) << kept;
+      EXPECT_EQ(0, std::memcmp(q.at(kept).data, original.at(kept).data, original.at(kept).nbytes)) << kept;
+    }
+    // Every quantized weight is found again, and equals the library's own dequantization.
+    const std::vector<DetectedWeight> weights = read_quantized_weights(q);
+    ASSERT_EQ(weights.size(), 3u);
+    for (const DetectedWeight& w : weights) {
+      EXPECT_EQ(w.format, combo.format);
+      EXPECT_EQ(w.convention, combo.convention);
+      const TensorView src = original.shard(original.shard(0).contains(w.name) ? 0 : 1).view(w.name);
+      QuantizeOptions qo;
+      qo.scheme = combo.format == CheckpointFormat::NVFP4   ? Scheme::NVFP4
+                  : combo.format == CheckpointFormat::MXFP8 ? Scheme::MXFP8_E4M3
+                                                            : Scheme::MXFP4;
+      const QuantizedTensor lib = quantize(src, qo);
+      const Tensor expected = dequantize(lib, Usage::Rowwise, DType::F32);
+      ASSERT_EQ(w.values.shape(), src.shape) << w.name;
+      int64_t bad = 0;
+      for (int64_t i = 0; i < expected.numel(); ++i) {
+        const float a = w.values.data_as<float>()[i], b = expected.data_as<float>()[i];
+        // compressed-tensors NVFP4 stores the encode scale: scale / S_enc vs our scale * RN(1/S_enc)
+        // differ by at most 2 ulps; every other convention reproduces our values exactly.
+        const float tolerance = combo.format == CheckpointFormat::NVFP4 && combo.convention == Convention::CompressedTensors
+                                    ? 3e-7f * std::fabs(b)
+                                    : 0.0f;
+        bad += !(std::fabs(a - b) <= tolerance);
+      }
+      EXPECT_EQ(bad, 0) << w.name;
+    }
+    // The report: quantized tensors carry SQNR and shrink.
+    for (const TensorReport& r : reports) {
+      if (r.quantized) {
+        EXPECT_GT(r.sqnr_db, combo.format == CheckpointFormat::MXFP8 ? 25.0 : 8.0) << r.name;
+        EXPECT_LT(r.bytes_after, r.bytes_before) << r.name;
+      }
+    }
+  }
+}
+
+TEST(Checkpoint, ConventionErrors) {
+  EXPECT_THROW(check_supported(CheckpointFormat::NVFP4, Convention::GptOss), Error);
+  EXPECT_THROW(check_supported(CheckpointFormat::MXFP4, Convention::ModelOpt), Error);
+  EXPECT_THROW(parse_checkpoint_format("int4"), Error);
+  EXPECT_THROW(parse_convention("awq"), Error);
+  const fs::path model = make_model("conv_err");
+  ConvertOptions o;
+  o.convention = Convention::GptOss;
+  EXPECT_THROW(convert_checkpoint(model.string(), fresh_dir("conv_err_out").string(), o), Error);
+  EXPECT_THROW(convert_checkpoint(model.string(), model.string(), ConvertOptions{}), Error);  // in place
+}
+
+}  // namespace
+}  // namespace microscale
