@@ -131,3 +131,76 @@ TEST(Cli, BadInputIsAMessageAndNonZeroExit) {
 
 }  // namespace
 }  // namespace microscale
+
+namespace microscale {
+namespace {
+
+// `microscale quantize` / `inspect` / `bench` on a small model directory.
+std::string make_model_dir() {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "microscale_cli_model";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const Tensor w = testing_data::random_tensor(DType::BF16, {64, 128}, testing_data::Fill::Normal, 7);
+  const Tensor e = testing_data::random_tensor(DType::F32, {50, 128}, testing_data::Fill::Normal, 8);
+  write_safetensors((dir / "model.safetensors").string(),
+                    {{"layers.0.proj.weight", "BF16", w.shape(), w.data(), w.nbytes()},
+                     {"embed_tokens.weight", "F32", e.shape(), e.data(), e.nbytes()}});
+  std::ofstream(dir / "config.json") << R"({"model_type": "demo"})";
+  return dir.string();
+}
+
+TEST(CliCheckpoint, QuantizeWritesModelReportAndJson) {
+  const std::string in = make_model_dir(), out = temp("model_out"), report = temp("report.json");
+  std::filesystem::remove_all(out);
+  const Result r = run_cli("quantize " + in + " -o " + out + " --format nvfp4 --convention compressed-tensors --report " + report);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("summary: nvfp4 (compressed-tensors), 1 of 2 tensors quantized"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("1/2"), std::string::npos) << r.output;  // plain progress lines (not a terminal)
+  const SafetensorsFile f = SafetensorsFile::open(out + "/model.safetensors");
+  EXPECT_TRUE(f.contains("layers.0.proj.weight_packed"));
+  EXPECT_TRUE(f.contains("layers.0.proj.weight_global_scale"));
+  EXPECT_TRUE(f.contains("embed_tokens.weight"));
+  std::ifstream json_in(report);
+  const std::string json((std::istreambuf_iterator<char>(json_in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(json.find("\"mean_sqnr_db\""), std::string::npos);
+  const Result inspect = run_cli("inspect " + out);
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.output;
+  EXPECT_NE(inspect.output.find("compressed-tensors nvfp4"), std::string::npos) << inspect.output;
+  EXPECT_NE(inspect.output.find("layers.0.proj"), std::string::npos) << inspect.output;
+  // --skip keeps a layer; gpt-oss needs mxfp4.
+  const Result skip = run_cli("quantize " + in + " -o " + out + "2 --format mxfp4 --skip '*proj*' -q");
+  ASSERT_EQ(skip.exit_code, 0) << skip.output;
+  EXPECT_NE(skip.output.find("0 of 2 tensors quantized"), std::string::npos) << skip.output;
+}
+
+TEST(CliCheckpoint, BadInputIsAMessageAndNonZeroExit) {
+  const std::string in = make_model_dir(), out = temp("model_bad_out");
+  const std::pair<std::string, std::string> cases[] = {
+      {"quantize " + in + " -o " + out + " --format int3", "unknown format"},
+      {"quantize " + in + " -o " + out + " --format nvfp4 --convention gpt-oss", "has no nvfp4 layout"},
+      {"quantize " + in + " -o " + out + " --format mxfp8 --convention awq", "unknown convention"},
+      {"quantize /nonexistent -o " + out + " --format nvfp4", "neither a file nor a directory"},
+      {"quantize " + in + " -o " + in + " --format nvfp4", "must differ"},
+      {"inspect /nonexistent.safetensors", "neither a file nor a directory"},
+      {"bench --size 33", "multiples of 32"},
+  };
+  for (const auto& [args, message] : cases) {
+    const Result r = run_cli(args);
+    EXPECT_NE(r.exit_code, 0) << args;
+    EXPECT_NE(r.output.find(message), std::string::npos) << args << "\n" << r.output;
+  }
+  for (const char* help : {"quantize --help", "inspect --help", "bench --help", "--help"}) {
+    EXPECT_EQ(run_cli(help).exit_code, 0) << help;
+  }
+}
+
+TEST(CliCheckpoint, BenchPrintsBaselines) {
+  const Result r = run_cli("bench --size 256 --gemm-size 128 --repeats 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("memcpy"), std::string::npos);
+  EXPECT_NE(r.output.find("sgemm"), std::string::npos);
+  EXPECT_NE(r.output.find("nvfp4"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace microscale

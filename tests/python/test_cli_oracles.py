@@ -11,6 +11,7 @@ import subprocess
 import ml_dtypes
 import numpy as np
 import pytest
+import safetensors
 from safetensors.numpy import load_file, save_file
 
 CLI = os.environ.get("MICROSCALE_CLI", "build/release/microscale")
@@ -23,6 +24,16 @@ FORMATS = {
     "mxfp8_e4m3": (ml_dtypes.float8_e4m3fn, 8, 448.0, False),
     "mxfp8_e5m2": (ml_dtypes.float8_e5m2, 15, 57344.0, False),
 }
+
+
+def load_raw(path):
+    """Every tensor through safetensors' own parser, as numpy arrays of its storage type (numpy has
+    no float8: F8_E4M3 comes back as uint8 codes)."""
+    kinds = {"U8": np.uint8, "F8_E4M3": np.uint8, "F32": np.float32, "BF16": ml_dtypes.bfloat16}
+    out = {}
+    for name, t in safetensors.deserialize(path.read_bytes()):
+        out[name] = np.frombuffer(t["data"], dtype=kinds[t["dtype"]]).reshape(t["shape"])
+    return out
 
 
 def run_cli(*args):
@@ -100,3 +111,39 @@ def test_bad_input_exits_non_zero(tmp_path):
                      "--scheme", "nvfp4")
     assert result.returncode != 0
     assert "header" in result.stderr
+
+
+@pytest.mark.parametrize("fmt,convention", [("nvfp4", "modelopt"), ("nvfp4", "compressed-tensors"),
+                                            ("mxfp8", "modelopt"), ("mxfp4", "gpt-oss")])
+def test_quantized_checkpoints_load_with_safetensors_and_match_the_convention(tmp_path, fmt, convention):
+    rng = np.random.default_rng(3)
+    w = (0.05 * rng.standard_normal((128, 256))).astype(ml_dtypes.bfloat16)
+    model = tmp_path / "model"
+    model.mkdir()
+    save_file({"layers.0.mlp.up_proj.weight": w, "layers.0.norm.weight": np.ones(256, np.float32)},
+              str(model / "model.safetensors"))
+    (model / "config.json").write_text('{"model_type": "demo"}')
+    out = tmp_path / "out"
+    result = run_cli("quantize", str(model), "-o", str(out), "--format", fmt, "--convention", convention, "-q")
+    assert result.returncode == 0, result.stderr
+    t = load_raw(out / "model.safetensors")  # the reference (Rust) parser accepts our writer's file
+    x = w.astype(np.float64)
+    e2m1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
+    p = "layers.0.mlp.up_proj.weight"
+    if fmt == "nvfp4":
+        packed = t[p] if convention == "modelopt" else t[p + "_packed"]
+        codes = np.stack([packed & 0xF, packed >> 4], axis=-1).reshape(128, 256)
+        scale = t[p + "_scale"].view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+        glob = float(t[p + "_scale_2"]) if convention == "modelopt" else 1.0 / float(t[p + "_global_scale"][0])
+        deq = e2m1[codes] * np.repeat(scale, 16, axis=1) * glob
+    elif fmt == "mxfp8":
+        deq = t[p].view(ml_dtypes.float8_e4m3fn).astype(np.float64) * np.repeat(
+            2.0 ** (t[p + "_scale"].astype(np.float64) - 127), 32, axis=1)
+    else:
+        blocks = t[p + "_blocks"]
+        assert blocks.shape == (128, 8, 16)
+        codes = np.stack([blocks & 0xF, blocks >> 4], axis=-1).reshape(128, 256)
+        deq = e2m1[codes] * np.repeat(2.0 ** (t[p + "_scales"].astype(np.float64) - 127), 32, axis=1)
+    sqnr = 10 * np.log10(np.sum(x ** 2) / np.sum((x - deq) ** 2))
+    assert sqnr > (25 if fmt == "mxfp8" else 12), sqnr
+    np.testing.assert_array_equal(t["layers.0.norm.weight"], np.ones(256, np.float32))  # kept as is
