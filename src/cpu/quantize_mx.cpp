@@ -30,11 +30,9 @@ struct MxParams {
 // float order, and any NaN pattern is above +Inf's, so one vectorisable integer max does both.
 float block_amax(const float* v, int64_t stride) {
   uint32_t m = 0;
-  for (int i = 0; i < kBlock; ++i) {
-    const uint32_t a = to_bits(v[i * stride]) & 0x7FFFFFFFu;
-    m = a > m ? a : m;
-  }
-  return m > 0x7F800000u ? NAN : from_bits(m);
+  for (int i = 0; i < kBlock; ++i) m = std::max(m, to_bits(v[i * stride]) & 0x7FFFFFFFu);  // std::max vectorises
+  const uint32_t result = m;
+  return result > 0x7F800000u ? NAN : from_bits(result);
 }
 
 // codes[c] of n elements v[c] * inverse[c] (per-element scale) ...

@@ -1,10 +1,16 @@
-// NVFP4 fast path: threads over 16-row bands, vectorisable inner loops, branch-free encoders.
-// Equal bit for bit to quantize_nvfp4_ref.cpp (tests/cpp/quantize_test.cpp, golden_test.cpp).
+// NVFP4 fast path: threads over bands of 16 input rows, vectorised inner loops, branch-free
+// encoders. Equal bit for bit to quantize_nvfp4_ref.cpp (tests/cpp/quantize_test.cpp,
+// golden_test.cpp, stochastic_rounding_test.cpp).
 //
-// Pass 1 (per band of 16 input rows): the rowwise amax, and for columnwise output the source
-// T = X^T [K, M] (through the RHT, rounded to bf16, when asked) with its amax.
-// Pass 2 (per band of 16 source rows): block scales and E2M1 codes for X (rowwise) and T
-// (columnwise). The global scale needs the whole-tensor amax, hence two passes.
+// Pass 1 (per band): the rowwise amax; for RHT, the transformed band's amax (the columnwise amax).
+// Pass 2 (per band, loaded once): rowwise blocks of its rows; columnwise blocks from the band's
+// 16 x K tile transposed to K x 16 (through the RHT when asked): row c of that tile is block
+// `band` of columnwise row c. The global scale needs the whole-tensor amax, hence two passes.
+//
+// RHT: the reference sums the 16 products in double in i order. When a chunk's nonzero inputs
+// span at most 40 binades (and none is subnormal, Inf or NaN), every partial sum is exact in
+// double, so a 4-stage butterfly (4 adds per output instead of 16) gives the same bits; other
+// chunks take the reference order.
 #include <algorithm>
 #include <array>
 #include <cfloat>
@@ -31,126 +37,166 @@ const std::array<float, 256>& e4m3_values() {
   return table;
 }
 
+// One direction's global scales and output layout: block i of a run goes to
+// data + i * data_stride (8 bytes) and scale + i * scale_stride.
 struct Direction {
   float multiplier = 0.0f;  // RN(S_enc * RN(1/6))
   float s_dec = 0.0f;       // RN(1 / S_enc)
-  bool tile_2d = false;
   const StochasticRounding* sr = nullptr;
   uint64_t first_block = 0;  // SR stream position of this direction's block 0
-  uint8_t* data = nullptr;   // (rows, n/2)
-  uint8_t* scale = nullptr;  // (rows, n/16)
 };
 
-Direction make_direction(float amax, const QuantizeOptions& o, uint64_t first_block, uint8_t* data, uint8_t* scale) {
+Direction make_direction(float amax, const QuantizeOptions& o, uint64_t first_block) {
   Direction d;
   const float s_enc = nvfp4_global_encode_scale(amax);
   d.multiplier = nvfp4_block_scale_multiplier(s_enc);
   d.s_dec = 1.0f / s_enc;
-  d.tile_2d = o.tile == Tile::k16x16;
   d.sr = o.stochastic_rounding ? &*o.stochastic_rounding : nullptr;
   d.first_block = first_block;
-  d.data = data;
-  d.scale = scale;
   return d;
 }
 
 [[gnu::always_inline]] inline float max_abs(const float* v, int64_t n, float start) {
   // On the bits (see quantize_mx.cpp's block_amax): NaN patterns are dropped, so a NaN never wins,
   // as fmaxf in TE's amax kernels; the rest compare as unsigned integers, which vectorises.
+  // NOTE: std::max and a mask, not `?:`: GCC 12 vectorises this reduction only in that form.
   uint32_t m = to_bits(start);
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t a = to_bits(v[i]) & 0x7FFFFFFFu;
-    const uint32_t candidate = a > 0x7F800000u ? 0u : a;
-    m = candidate > m ? candidate : m;
+    m = std::max(m, a & (0u - static_cast<uint32_t>(a <= 0x7F800000u)));
   }
-  return from_bits(m);
+  const uint32_t result = m;
+  return from_bits(result);
 }
 
-// max_abs over a whole band (the amax pass), compiled per ISA.
-MICROSCALE_CPU_DISPATCH float band_max_abs(const float* v, int64_t n, float start) { return max_abs(v, n, start); }
+MICROSCALE_CPU_DISPATCH float band_max_abs(const float* v, int64_t n) { return max_abs(v, n, 0.0f); }
 
-// Quantizes one 16-element block at `v` with decode scale code `scale_code` into 8 packed bytes.
-[[gnu::always_inline]] inline void encode_block(const float* v, float encode_scale, const uint32_t* random_words, uint8_t* out) {
-  uint8_t codes[kBlock];
-  if (random_words != nullptr) {
-    for (int i = 0; i < kBlock; ++i) {
-      const float scaled = v[i] * encode_scale;
-      const uint32_t code = E2M1Codec::encode_sr(scaled, (random_words[i / 4] >> (8 * (i % 4))) & 0xFFu);
-      codes[i] = static_cast<uint8_t>(select(scaled == 0.0f, 0u, code));  // any zero (-0.0 too) is code 0
-    }
-  } else {
-    for (int i = 0; i < kBlock; ++i) {
-      const float scaled = v[i] * encode_scale;
-      codes[i] = static_cast<uint8_t>(select(scaled == 0.0f, 0u, E2M1Codec::encode_rn(scaled)));  // as TE's reference
-    }
-  }
-  for (int j = 0; j < kBlock / 2; ++j) out[j] = static_cast<uint8_t>(codes[2 * j] | (codes[2 * j + 1] << 4));
-}
+// Quantizes `count` consecutive 16-element blocks of `src`. `block_amax` (the 16x16 tiles' amaxes)
+// replaces the blocks' own amaxes when given. Block i is block number sr_block0 + i * sr_stride of
+// the direction's SR stream.
+struct BlockRun {
+  const float* src;
+  int64_t count;
+  const float* block_amax;
+  uint8_t* data;
+  int64_t data_stride;
+  uint8_t* scale;
+  int64_t scale_stride;
+  uint64_t sr_block0;
+  uint64_t sr_stride;
+};
 
-// Quantizes `rows` (<= 16) rows of src (fp32, [rows, n]) that are rows row0.. of the direction.
-MICROSCALE_CPU_DISPATCH void quantize_band(const float* src, int64_t rows, int64_t n, int64_t row0, const Direction& d) {
-  const int64_t blocks = n / kBlock;
-  std::vector<float> tile_amax;
-  if (d.tile_2d) {
-    tile_amax.assign(static_cast<size_t>(blocks), 0.0f);
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t b = 0; b < blocks; ++b) tile_amax[b] = max_abs(src + r * n + b * kBlock, kBlock, tile_amax[b]);
-    }
-  }
+MICROSCALE_CPU_DISPATCH void quantize_blocks(const BlockRun& run, const Direction& d, float* encode_scales) {
   const std::array<float, 256>& e4m3 = e4m3_values();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = src + r * n;
-    const int64_t out_row = row0 + r;
-    for (int64_t b = 0; b < blocks; ++b) {
-      const float block_amax = d.tile_2d ? tile_amax[b] : max_abs(row + b * kBlock, kBlock, 0.0f);
-      const uint8_t scale_code = E4M3Codec::encode_rn(std::min(block_amax * d.multiplier, FLT_MAX));
-      d.scale[out_row * blocks + b] = scale_code;
-      const float encode_scale = nvfp4_block_encode_scale(e4m3[scale_code], d.s_dec);
+  // Scales for the whole run first: one vectorisable pass instead of a scalar chain per block.
+  for (int64_t i = 0; i < run.count; ++i) {
+    const float amax = run.block_amax ? run.block_amax[i] : max_abs(run.src + i * kBlock, kBlock, 0.0f);
+    const uint8_t code = E4M3Codec::encode_rn(std::min(amax * d.multiplier, FLT_MAX));
+    run.scale[i * run.scale_stride] = code;
+    encode_scales[i] = nvfp4_block_encode_scale(e4m3[code], d.s_dec);
+  }
+  for (int64_t i = 0; i < run.count; ++i) {
+    const float* v = run.src + i * kBlock;
+    const float enc = encode_scales[i];
+    uint8_t codes[kBlock];
+    if (d.sr != nullptr) {
       uint32_t words[4];
-      if (d.sr != nullptr) sr_block_bits(d.sr->seed, d.sr->offset, d.first_block + out_row * blocks + b, words);
-      encode_block(row + b * kBlock, encode_scale, d.sr != nullptr ? words : nullptr,
-                   d.data + out_row * (n / 2) + b * (kBlock / 2));
-    }
-  }
-}
-
-// Signed RHT coefficients +-0.25 of entry (i, j), as the reference multiplies them.
-std::array<double, 256> rht_coefficients(uint16_t mask) {
-  std::array<double, 256> c{};
-  for (int i = 0; i < 16; ++i) {
-    for (int j = 0; j < 16; ++j) c[i * 16 + j] = rht_sign(mask, i, j) * 0.25;
-  }
-  return c;
-}
-
-// T[c][row0 + j] for the 16 rows of `band` ([16, k]): the columns' 16-chunks, through the RHT
-// (same double sum, same order as rht16) when `coefficients` is given. Returns the band's amax.
-MICROSCALE_CPU_DISPATCH float transpose_band(const float* band, int64_t k, int64_t m, int64_t row0, const double* coefficients, float* t) {
-  float amax = 0.0f;
-  if (coefficients == nullptr) {
-    for (int64_t c = 0; c < k; ++c) {
-      for (int i = 0; i < kBlock; ++i) t[c * m + row0 + i] = band[i * k + c];
-    }
-    return band_max_abs(band, kBlock * k, 0.0f);
-  }
-  constexpr int64_t kChunk = 256;
-  double sums[kChunk];
-  float outputs[kChunk];
-  for (int64_t c0 = 0; c0 < k; c0 += kChunk) {
-    const int64_t width = std::min(kChunk, k - c0);
-    for (int j = 0; j < kBlock; ++j) {
-      std::fill_n(sums, width, 0.0);
-      for (int i = 0; i < kBlock; ++i) {
-        const double coefficient = coefficients[i * 16 + j];
-        const float* x = band + i * k + c0;
-        for (int64_t c = 0; c < width; ++c) sums[c] += coefficient * x[c];
+      sr_block_bits(d.sr->seed, d.sr->offset, d.first_block + run.sr_block0 + i * run.sr_stride, words);
+      for (int j = 0; j < kBlock; ++j) {
+        const float scaled = v[j] * enc;
+        codes[j] = static_cast<uint8_t>(select(scaled == 0.0f, 0u, E2M1Codec::encode_sr(scaled, (words[j / 4] >> (8 * (j % 4))) & 0xFFu)));
       }
-      for (int64_t c = 0; c < width; ++c) outputs[c] = rht_output_to_bf16_value(sums[c]);
-      amax = max_abs(outputs, width, amax);
-      for (int64_t c = 0; c < width; ++c) t[(c0 + c) * m + row0 + j] = outputs[c];
+    } else {
+      for (int j = 0; j < kBlock; ++j) {
+        const float scaled = v[j] * enc;
+        codes[j] = static_cast<uint8_t>(select(scaled == 0.0f, 0u, E2M1Codec::encode_rn(scaled)));  // any zero -> 0
+      }
+    }
+    uint8_t* out = run.data + i * run.data_stride;
+    for (int j = 0; j < kBlock / 2; ++j) out[j] = static_cast<uint8_t>(codes[2 * j] | (codes[2 * j + 1] << 4));
+  }
+}
+
+// tile[c * 16 + i] = band[i * k + c]: the band's 16-element column chunks as rows.
+MICROSCALE_CPU_DISPATCH void transpose_band(const float* band, int64_t k, float* tile) {
+  for (int64_t c = 0; c < k; ++c) {
+    for (int i = 0; i < kBlock; ++i) tile[c * kBlock + i] = band[i * k + c];
+  }
+}
+
+struct RhtTables {
+  std::array<double, 256> coefficient;  // [i * 16 + j] = s_i (-1)^popcount(i&j) / 4, as the reference
+  std::array<double, 16> sign;          // s_i
+};
+
+RhtTables rht_tables(uint16_t mask) {
+  RhtTables t{};
+  for (int i = 0; i < 16; ++i) {
+    t.sign[i] = rht_sign(mask, i, 0);
+    for (int j = 0; j < 16; ++j) t.coefficient[i * 16 + j] = rht_sign(mask, i, j) * 0.25;
+  }
+  return t;
+}
+
+// tile[c * 16 + j] = RHT of column c's 16 values of the band, rounded as rht16 does.
+MICROSCALE_CPU_DISPATCH void rht_band(const float* band, int64_t k, const RhtTables& t, float* tile) {
+  constexpr int64_t kChunk = 64;
+  double z[kBlock][kChunk];
+  uint32_t exact[kChunk];
+  for (int64_t c0 = 0; c0 < k; c0 += kChunk) {
+    const int64_t w = std::min(kChunk, k - c0);
+    // Signed inputs (exact) and the exactness test: nonzero exponents within 40 binades.
+    uint32_t emax[kChunk], emin[kChunk], special[kChunk];
+    for (int64_t c = 0; c < w; ++c) {
+      emax[c] = 0;
+      emin[c] = 255;
+      special[c] = 0;
+    }
+    for (int i = 0; i < kBlock; ++i) {
+      const float* x = band + i * k + c0;
+      for (int64_t c = 0; c < w; ++c) {
+        const uint32_t e = (to_bits(x[c]) >> 23) & 0xFFu;
+        const uint32_t nonzero = static_cast<uint32_t>((to_bits(x[c]) & 0x7FFFFFFFu) != 0);
+        special[c] |= (e == 0u || e == 255u) & nonzero;
+        emax[c] = select(nonzero && e > emax[c], e, emax[c]);
+        emin[c] = select(nonzero && e < emin[c], e, emin[c]);
+        z[i][c] = t.sign[i] * static_cast<double>(x[c]);
+      }
+    }
+    for (int64_t c = 0; c < w; ++c) exact[c] = static_cast<uint32_t>(!special[c] && (emax[c] < emin[c] || emax[c] - emin[c] <= 40));
+    // Fast Walsh-Hadamard transform (Sylvester order: y_j = sum_i (-1)^popcount(i&j) z_i).
+    for (int h = 1; h < kBlock; h <<= 1) {
+      for (int i = 0; i < kBlock; ++i) {
+        if (i & h) continue;
+        for (int64_t c = 0; c < w; ++c) {
+          const double a = z[i][c], b = z[i + h][c];
+          z[i][c] = a + b;
+          z[i + h][c] = a - b;
+        }
+      }
+    }
+    for (int64_t c = 0; c < w; ++c) {
+      float* out = tile + (c0 + c) * kBlock;
+      if (exact[c]) {
+        for (int j = 0; j < kBlock; ++j) out[j] = rht_output_to_bf16_value(z[j][c] * 0.25);
+      } else {  // the reference order
+        for (int j = 0; j < kBlock; ++j) {
+          double sum = 0.0;
+          for (int i = 0; i < kBlock; ++i) sum += t.coefficient[i * 16 + j] * band[i * k + c0 + c];
+          out[j] = rht_output_to_bf16_value(sum);
+        }
+      }
     }
   }
-  return amax;
+}
+
+// Amax of every 16x16 tile of a full band: tile_amax[kb] over rows 0..15, columns 16kb..16kb+15.
+void band_tile_amax(const float* band, int64_t k, float* tile_amax) {
+  for (int64_t kb = 0; kb < k / kBlock; ++kb) {
+    float m = 0.0f;
+    for (int i = 0; i < kBlock; ++i) m = max_abs(band + i * k + kb * kBlock, kBlock, m);
+    tile_amax[kb] = m;
+  }
 }
 
 }  // namespace
@@ -160,52 +206,71 @@ void quantize_nvfp4(const InputMatrix& x, const QuantizeOptions& o, QuantizedTen
   const int threads = thread_count(o.num_threads);
   const int64_t bands = (m + kBlock - 1) / kBlock;  // the last may be short (rowwise-only input)
   const bool rht = o.columnwise && o.rht;
-  const std::array<double, 256> coefficients = rht_coefficients(o.rht_sign_mask);
+  const bool tile_2d = o.tile == Tile::k16x16;
+  const RhtTables tables = rht_tables(o.rht_sign_mask);
 
-  // Pass 1: amaxes, and the columnwise source T = X^T (or RHT(X^T)), [K, M].
-  std::vector<float> t(o.columnwise ? static_cast<size_t>(k * m) : 0);
-  float amax_row = 0.0f, amax_col = 0.0f;
-  const bool need_row_amax = o.rowwise && !o.amax_rowwise;
-#pragma omp parallel num_threads(threads) reduction(max : amax_row, amax_col)
-  {
-    std::vector<float> band(static_cast<size_t>(kBlock * k));
-#pragma omp for schedule(static)
-    for (int64_t b = 0; b < bands; ++b) {
-      const int64_t rows = std::min<int64_t>(kBlock, m - b * kBlock);
-      if (!need_row_amax && !o.columnwise) continue;
-      load_rows(x, b * kBlock, rows, band.data());
-      if (need_row_amax) amax_row = std::max(amax_row, band_max_abs(band.data(), rows * k, 0.0f));
-      if (o.columnwise) {
-        amax_col = std::max(amax_col, transpose_band(band.data(), k, m, b * kBlock, rht ? coefficients.data() : nullptr, t.data()));
-      }
-    }
-  }
-  if (!rht) amax_col = std::max(amax_col, amax_row);  // without RHT both directions share max|x|
-  if (o.rowwise) out.rowwise_amax = o.amax_rowwise ? *o.amax_rowwise : amax_row;
-  if (o.columnwise) out.columnwise_amax = o.amax_columnwise ? *o.amax_columnwise : amax_col;
-
-  // Pass 2: scales and codes.
-  if (o.rowwise) {
-    const Direction d = make_direction(out.rowwise_amax, o, 0, out.rowwise_data.data_as<uint8_t>(),
-                                       out.rowwise_scale.data_as<uint8_t>());
-#pragma omp parallel num_threads(threads)
+  // Pass 1: amaxes (max|x| for rowwise, and columnwise without RHT; max|RHT(X^T)| with it).
+  const bool need_amax = (o.rowwise && !o.amax_rowwise) || (o.columnwise && !o.amax_columnwise);
+  float amax_x = 0.0f, amax_rht = 0.0f;
+  if (need_amax) {
+#pragma omp parallel num_threads(threads) reduction(max : amax_x, amax_rht)
     {
-      std::vector<float> band(static_cast<size_t>(kBlock * k));
+      std::vector<float> band(static_cast<size_t>(kBlock * k)), tile(static_cast<size_t>(kBlock * k));
 #pragma omp for schedule(static)
       for (int64_t b = 0; b < bands; ++b) {
         const int64_t rows = std::min<int64_t>(kBlock, m - b * kBlock);
         load_rows(x, b * kBlock, rows, band.data());
-        quantize_band(band.data(), rows, k, b * kBlock, d);
+        amax_x = std::max(amax_x, band_max_abs(band.data(), rows * k));
+        if (rht && !o.amax_columnwise) {
+          rht_band(band.data(), k, tables, tile.data());
+          amax_rht = std::max(amax_rht, band_max_abs(tile.data(), kBlock * k));
+        }
       }
     }
   }
-  if (o.columnwise) {
-    const Direction d = make_direction(out.columnwise_amax, o, static_cast<uint64_t>(m * k / kBlock),
-                                       out.columnwise_data.data_as<uint8_t>(), out.columnwise_scale.data_as<uint8_t>());
-    const int64_t t_bands = (k + kBlock - 1) / kBlock;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t b = 0; b < t_bands; ++b) {
-      quantize_band(t.data() + b * kBlock * m, std::min<int64_t>(kBlock, k - b * kBlock), m, b * kBlock, d);
+  if (o.rowwise) out.rowwise_amax = o.amax_rowwise ? *o.amax_rowwise : amax_x;
+  if (o.columnwise) out.columnwise_amax = o.amax_columnwise ? *o.amax_columnwise : (rht ? amax_rht : amax_x);
+
+  // Pass 2: each band once, both directions.
+  const Direction row_dir = make_direction(out.rowwise_amax, o, 0);
+  const Direction col_dir = make_direction(out.columnwise_amax, o, static_cast<uint64_t>(m * k / kBlock));
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> band(static_cast<size_t>(kBlock * k)), tile(static_cast<size_t>(kBlock * k));
+    std::vector<float> tile_amax(static_cast<size_t>(k / kBlock)), enc(static_cast<size_t>(std::max<int64_t>(k, 1)));
+    std::vector<float> col_amax(static_cast<size_t>(k));
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < bands; ++b) {
+      const int64_t rows = std::min<int64_t>(kBlock, m - b * kBlock);
+      load_rows(x, b * kBlock, rows, band.data());
+      if (tile_2d) band_tile_amax(band.data(), k, tile_amax.data());  // 16x16 tiles need full bands
+      if (o.rowwise) {
+        uint8_t* data = out.rowwise_data.data_as<uint8_t>();    // (M, K/2)
+        uint8_t* scale = out.rowwise_scale.data_as<uint8_t>();  // (M, K/16)
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t row = b * kBlock + r;
+          const BlockRun run{band.data() + r * k, k / kBlock, tile_2d ? tile_amax.data() : nullptr,
+                             data + row * (k / 2), kBlock / 2, scale + row * (k / kBlock), 1,
+                             static_cast<uint64_t>(row * (k / kBlock)), 1};
+          quantize_blocks(run, row_dir, enc.data());
+        }
+      }
+      if (o.columnwise) {
+        // Tile row c = block b of columnwise row c: data (K, M/2), scale (K, M/16).
+        if (rht) {
+          rht_band(band.data(), k, tables, tile.data());
+        } else {
+          transpose_band(band.data(), k, tile.data());
+        }
+        if (tile_2d) {
+          for (int64_t c = 0; c < k; ++c) col_amax[c] = tile_amax[c / kBlock];
+        }
+        const BlockRun run{tile.data(), k, tile_2d ? col_amax.data() : nullptr,
+                           out.columnwise_data.data_as<uint8_t>() + b * (kBlock / 2), m / 2,
+                           out.columnwise_scale.data_as<uint8_t>() + b, m / kBlock,
+                           static_cast<uint64_t>(b), static_cast<uint64_t>(m / kBlock)};
+        quantize_blocks(run, col_dir, enc.data());
+      }
     }
   }
 }
