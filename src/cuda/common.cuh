@@ -61,11 +61,57 @@ __device__ __forceinline__ void widen(uint32_t w, float* out) {
   }
 }
 
-/// Loads [TM, TK] tiles at (m0, k0) into shared memory as fp32 (row pitch LD floats; entries
-/// outside the matrix read as 0), in two steps (a persistent CTA can keep the next tile's loads in
-/// flight while it works on the current one; measured slower here, docs/perf.md): fetch() issues the 16-byte loads of a whole, aligned
-/// tile into registers; commit() widens them into shared memory (a ragged or unaligned tile is
-/// read element by element in commit()).
+/// Element type a tile keeps in shared memory: the raw 16-bit pattern of bf16/f16 inputs (half the
+/// shared-memory bytes and stores of an fp32 tile; widened in registers when read), fp32 as is.
+template <typename T>
+using Stored = std::conditional_t<kElemBytes<T> == 2, uint16_t, float>;
+
+/// Row pitch (elements) of a TK-wide tile of Stored<T>: a multiple of 16 bytes plus 16, so 8 lanes
+/// reading 16 bytes at the same column of 8 consecutive rows hit distinct banks.
+template <typename T, int TK>
+inline constexpr int kTilePitch = kElemBytes<T> == 2 ? TK + 8 : TK + 4;
+
+/// One stored element as fp32 (exact).
+template <typename T>
+__device__ __forceinline__ float tile_value(const Stored<T>* tile, int i) {
+  if constexpr (std::is_same_v<T, Bf16>) {
+    return float_of(static_cast<uint32_t>(tile[i]) << 16);
+  } else if constexpr (std::is_same_v<T, F16>) {
+    return half_to_float(tile[i]);
+  } else {
+    return tile[i];
+  }
+}
+
+/// N (multiple of 8) consecutive stored elements from a 16-byte aligned address, as fp32.
+template <typename T, int N>
+__device__ __forceinline__ void tile_row(const Stored<T>* src, float (&v)[N]) {
+  if constexpr (kElemBytes<T> == 2) {
+#pragma unroll
+    for (int q = 0; q < N; q += 8) {
+      const uint4 w = *reinterpret_cast<const uint4*>(src + q);
+      widen<T>(w.x, v + q + 0);
+      widen<T>(w.y, v + q + 2);
+      widen<T>(w.z, v + q + 4);
+      widen<T>(w.w, v + q + 6);
+    }
+  } else {
+#pragma unroll
+    for (int q = 0; q < N; q += 4) {
+      const float4 f = *reinterpret_cast<const float4*>(src + q);
+      v[q] = f.x;
+      v[q + 1] = f.y;
+      v[q + 2] = f.z;
+      v[q + 3] = f.w;
+    }
+  }
+}
+
+/// Loads [TM, TK] tiles at (m0, k0) into shared memory as Stored<T> (row pitch LD elements;
+/// entries outside the matrix read as 0), in two steps: fetch() issues the 16-byte loads of a
+/// whole, aligned tile into registers; commit() stores them unchanged into shared memory (a ragged
+/// or unaligned tile is read element by element in commit()). (v2 kept the next tile's fetch in
+/// flight during the current tile: slower, docs/perf.md.)
 template <typename T, int TM, int TK, int THREADS, int LD>
 struct TileLoader {
   static constexpr int kBytes = elem_bytes<T>();
@@ -73,6 +119,7 @@ struct TileLoader {
   static constexpr int kVecPerRow = TK / kPerVec;
   static constexpr int kVecs = TM * kVecPerRow;
   static_assert(kVecs % THREADS == 0, "tile must split evenly into 16-byte vectors");
+  static_assert((LD * kBytes) % 16 == 0, "rows must stay 16-byte aligned");
   static constexpr int kPerThread = kVecs / THREADS;
   uint4 v[kPerThread];
   bool vec = false;
@@ -90,33 +137,25 @@ struct TileLoader {
     }
   }
 
-  __device__ __forceinline__ void commit(const DeviceMatrix& x, int64_t m0, int64_t k0, float* tile) const {
+  __device__ __forceinline__ void commit(const DeviceMatrix& x, int64_t m0, int64_t k0, Stored<T>* tile) const {
     if (vec) {
 #pragma unroll
       for (int j = 0; j < kPerThread; ++j) {
         const int id = threadIdx.x + j * THREADS;
         const int r = id / kVecPerRow, cv = id % kVecPerRow;
-        float f[kPerVec];
-        if constexpr (kBytes == 4) {
-          f[0] = float_of(v[j].x);
-          f[1] = float_of(v[j].y);
-          f[2] = float_of(v[j].z);
-          f[3] = float_of(v[j].w);
-        } else {
-          widen<T>(v[j].x, f + 0);
-          widen<T>(v[j].y, f + 2);
-          widen<T>(v[j].z, f + 4);
-          widen<T>(v[j].w, f + 6);
-        }
-        float* dst = tile + r * LD + cv * kPerVec;
-#pragma unroll
-        for (int q = 0; q < kPerVec; q += 4) *reinterpret_cast<float4*>(dst + q) = make_float4(f[q], f[q + 1], f[q + 2], f[q + 3]);
+        *reinterpret_cast<uint4*>(tile + r * LD + cv * kPerVec) = v[j];
       }
     } else {
       for (int id = threadIdx.x; id < TM * TK; id += THREADS) {
         const int r = id / TK, c = id % TK;
         const int64_t gr = m0 + r, gc = k0 + c;
-        tile[r * LD + c] = (gr < x.rows && gc < x.cols) ? Elem<T>::load(x.data, gr * x.row_stride + gc * x.col_stride) : 0.0f;
+        const bool inside = gr < x.rows && gc < x.cols;
+        const int64_t e = inside ? gr * x.row_stride + gc * x.col_stride : 0;
+        if constexpr (kBytes == 2) {
+          tile[r * LD + c] = inside ? static_cast<const uint16_t*>(x.data)[e] : uint16_t{0};  // +0 in bf16 and f16
+        } else {
+          tile[r * LD + c] = inside ? static_cast<const float*>(x.data)[e] : 0.0f;
+        }
       }
     }
   }
@@ -163,9 +202,11 @@ __device__ __forceinline__ void store_bytes(uint8_t* dst, const uint32_t (&words
 }
 
 /// Largest |v| skipping NaN (a NaN never wins), as TE's amax kernels and the CPU backend.
+/// m must not be NaN (every caller starts from +0): then fmaxf (which returns the non-NaN operand)
+/// equals `a > m ? a : m` exactly, and compiles to one FMNMX with the |.| modifier instead of a
+/// compare and a select.
 __device__ __forceinline__ float max_abs_skip_nan(float m, float v) {
-  const float a = fabsf(v);
-  return a > m ? a : m;
+  return fmaxf(m, fabsf(v));
 }
 
 }  // namespace microscale::cuda

@@ -9,6 +9,7 @@
 
 #include "core/element_codec.hpp"
 #include "core/scale_math.hpp"
+#include "cuda/fast_codec.cuh"
 #include "microscale/philox.hpp"
 
 namespace microscale::cuda {
@@ -43,9 +44,13 @@ __device__ __forceinline__ uint32_t nvfp4_encode_block(const float (&v)[16], flo
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     const float scaled = v[i] * encode_scale;
-    uint32_t code = sr ? E2M1Codec::encode_sr(scaled, (random[i / 4] >> (8 * (i % 4))) & 0xFFu)
-                                      : E2M1Codec::encode_rn(scaled);
-    code = scaled == 0.0f ? 0u : code;  // any zero (-0.0 too) is code 0
+    uint32_t code;
+    if (sr) {
+      code = E2M1Codec::encode_sr(scaled, (random[i / 4] >> (8 * (i % 4))) & 0xFFu);
+      code = scaled == 0.0f ? 0u : code;  // any zero (-0.0 too) is code 0
+    } else {
+      code = e2m1_rn<true>(scaled);  // = encode_rn with the same zero rule (fast_codec.cuh)
+    }
     words[i / 8] |= code << (4 * (i % 8));
   }
   return scale_code;

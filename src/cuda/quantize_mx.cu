@@ -1,23 +1,27 @@
 // MX quantization (blocks of 32, E8M0 scales, every element format and scale mode), rowwise and
 // columnwise (non-transposed, blocks along M) from ONE read of the input.
 //
-// A CTA of 128 threads owns a 32 x 128 tile of X in shared memory (fp32, 16-byte loads):
+// A CTA of 128 threads owns a 32 x 128 tile of X in shared memory (bf16/f16 kept as loaded and
+// widened in registers, fp32 as is; 16-byte loads):
 //   column phase: thread t = column k0 + t: the block amax down the 32 rows, its E8M0 byte
 //     (consecutive lanes, consecutive bytes) and 2^(127 - e) into shared memory;
 //   row phase: thread = (row lane, 32-column block warp): the row block's amax and byte, then the
 //     32 elements encoded twice, with the row's scale and with each column's, each direction's
-//     codes stored as one contiguous run (32 bytes, 16 for FP4).
+//     codes stored as one contiguous run (32 bytes, 16 for FP4). FP8 codes come from the hardware
+//     conversion and FP4 codes from e2m1_rn (fast_codec.cuh), both exact; blocks with a NaN scale
+//     keep the software encoder.
 #include <cmath>
 
 #include "core/element_codec.hpp"
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
+#include "cuda/fast_codec.cuh"
 #include "cuda/launchers.hpp"
 
 namespace microscale::cuda {
 namespace {
 
-constexpr int kTM = 32, kTK = 128, kThreads = 128, kLd = kTK + 4;
+constexpr int kTM = 32, kTK = 128, kThreads = 128;
 
 struct MxParams {
   DeviceMatrix x;
@@ -30,16 +34,18 @@ struct MxParams {
 };
 
 // Largest |v| of 32 values, or NaN when any is NaN (torch.amax propagates NaN).
+// Four independent fmaxf chains (fmaxf skips NaN and |v| >= +0, so the order cannot matter),
+// one FMNMX per element instead of a 32-deep compare/select chain.
 __device__ __forceinline__ float block_amax32(const float (&v)[32]) {
-  float m = 0.0f;
+  float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   bool any_nan = false;
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
-    const float a = fabsf(v[i]);
-    any_nan |= a != a;
-    m = a > m ? a : m;
+    any_nan |= v[i] != v[i];
+    m[i % 4] = fmaxf(m[i % 4], fabsf(v[i]));
   }
-  return any_nan ? float_of(0x7FC00000u) : m;
+  const float amax = fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
+  return any_nan ? float_of(0x7FC00000u) : amax;
 }
 
 template <typename Codec, bool kPacked>
@@ -61,18 +67,55 @@ __device__ __forceinline__ void pack_codes(const uint8_t (&codes)[32], uint32_t 
   }
 }
 
+template <typename Codec>
+inline constexpr bool kIsFp8 = std::is_same_v<Codec, E4M3Codec> || std::is_same_v<Codec, E5M2Codec>;
+
+// Codes of 32 scaled values, packed. `finite` promises every x is finite (no block scale of the
+// values is 0xFF): FP8 then takes the hardware conversion (fast_codec.cuh), else encode_rn; E2M1
+// always takes e2m1_rn (equal to encode_rn on every input).
 template <typename Codec, bool kPacked>
-__device__ __forceinline__ void mx_tile(const MxParams& p, const float* tile, float* column_inverse, int64_t m0,
+__device__ __forceinline__ void encode32(const float (&x)[32], bool finite, uint32_t (&words)[kPacked ? 4 : 8]) {
+  static_assert(!kPacked || std::is_same_v<Codec, E2M1Codec>, "only E2M1 is packed");
+  if constexpr (kPacked) {
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      uint32_t acc = 0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc |= e2m1_rn<false>(x[8 * w + i]) << (4 * i);
+      words[w] = acc;
+    }
+    return;
+  } else {
+    if constexpr (kIsFp8<Codec>) {
+      if (finite) {
+#pragma unroll
+        for (int w = 0; w < 8; ++w) {
+          words[w] = fp8x4_rn<std::is_same_v<Codec, E5M2Codec>>(x[4 * w], x[4 * w + 1], x[4 * w + 2], x[4 * w + 3]);
+        }
+        return;
+      }
+    }
+    uint8_t codes[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) codes[i] = Codec::encode_rn(x[i]);
+    pack_codes<Codec, kPacked>(codes, words);
+  }
+}
+
+template <typename T, typename Codec, bool kPacked>
+__device__ __forceinline__ void mx_tile(const MxParams& p, const Stored<T>* tile, float* column_inverse, int64_t m0,
                                         int64_t k0) {
+  constexpr int kLd = kTilePitch<T, kTK>;
   const int64_t M = p.x.rows, K = p.x.cols;
   const int64_t data_cols = kPacked ? K / 2 : K;
   const int t = threadIdx.x;
 
+  bool columns_finite = true;
   if (p.columnwise) {
     const int64_t col = k0 + t;
     float v[32];
 #pragma unroll
-    for (int i = 0; i < 32; ++i) v[i] = tile[i * kLd + t];
+    for (int i = 0; i < 32; ++i) v[i] = tile_value<T>(tile, i * kLd + t);
     const uint8_t s = mx_scale_byte(block_amax32(v), p.rule, p.emax, p.mantissa_bits, p.max_normal);
     column_inverse[t] = mx_inverse_scale(s);
     if (col < K && m0 < M) {
@@ -80,7 +123,8 @@ __device__ __forceinline__ void mx_tile(const MxParams& p, const float* tile, fl
       const int64_t o = p.swizzled ? scale_offset(col, m0 / 32, M / 32, true) : (m0 / 32) * K + col;
       p.out.columnwise_scale[o] = s;
     }
-    __syncthreads();
+    // Every column scale below 0xFF: every element of the tile and every inverse finite.
+    columns_finite = __syncthreads_or(s == 0xFF) == 0;
   }
 
   const int warp = t / 32, lane = t % 32;
@@ -88,32 +132,31 @@ __device__ __forceinline__ void mx_tile(const MxParams& p, const float* tile, fl
   const int64_t c0 = k0 + warp * 32;
   if (row >= M || c0 >= K) return;
   float v[32];
-#pragma unroll
-  for (int q = 0; q < 32; q += 4) {
-    const float4 f = *reinterpret_cast<const float4*>(&tile[lane * kLd + warp * 32 + q]);
-    v[q] = f.x;
-    v[q + 1] = f.y;
-    v[q + 2] = f.z;
-    v[q + 3] = f.w;
-  }
+  tile_row<T>(tile + lane * kLd + warp * 32, v);
   constexpr int kWords = kPacked ? 4 : 8;
   if (p.rowwise) {
     const uint8_t s = mx_scale_byte(block_amax32(v), p.rule, p.emax, p.mantissa_bits, p.max_normal);
     const float inverse = mx_inverse_scale(s);
-    uint8_t codes[32];
+    float x[32];
 #pragma unroll
-    for (int i = 0; i < 32; ++i) codes[i] = Codec::encode_rn(v[i] * inverse);
+    for (int i = 0; i < 32; ++i) x[i] = v[i] * inverse;
     uint32_t words[kWords];
-    pack_codes<Codec, kPacked>(codes, words);
+    encode32<Codec, kPacked>(x, s != 0xFF, words);
     store_bytes(p.out.rowwise_data + row * data_cols + (kPacked ? c0 / 2 : c0), words, kWords * 4);
     p.out.rowwise_scale[scale_offset(row, c0 / 32, K / 32, p.swizzled)] = s;
   }
   if (p.columnwise) {
-    uint8_t codes[32];
+    float x[32];
 #pragma unroll
-    for (int i = 0; i < 32; ++i) codes[i] = Codec::encode_rn(v[i] * column_inverse[warp * 32 + i]);
+    for (int q = 0; q < 32; q += 4) {
+      const float4 inv = *reinterpret_cast<const float4*>(&column_inverse[warp * 32 + q]);
+      x[q] = v[q] * inv.x;
+      x[q + 1] = v[q + 1] * inv.y;
+      x[q + 2] = v[q + 2] * inv.z;
+      x[q + 3] = v[q + 3] * inv.w;
+    }
     uint32_t words[kWords];
-    pack_codes<Codec, kPacked>(codes, words);
+    encode32<Codec, kPacked>(x, columns_finite, words);
     const int64_t valid_cols = K - c0 < 32 ? K - c0 : 32;
     const int valid = static_cast<int>(kPacked ? valid_cols / 2 : valid_cols);
     store_bytes(p.out.columnwise_data + row * data_cols + (kPacked ? c0 / 2 : c0), words, valid);
@@ -123,14 +166,15 @@ __device__ __forceinline__ void mx_tile(const MxParams& p, const float* tile, fl
 // One tile per CTA (a persistent grid with the next tile's loads in flight was slower: docs/perf.md).
 template <typename T, typename Codec, bool kPacked>
 __global__ void __launch_bounds__(kThreads) mx_quantize_kernel(const MxParams p) {
-  __shared__ __align__(16) float tile[kTM * kLd];
-  __shared__ float column_inverse[kTK];
+  constexpr int kLd = kTilePitch<T, kTK>;
+  __shared__ __align__(16) Stored<T> tile[kTM * kLd];
+  __shared__ __align__(16) float column_inverse[kTK];
   const int64_t m0 = (blockIdx.x / p.tiles_k) * kTM, k0 = (blockIdx.x % p.tiles_k) * kTK;
   TileLoader<T, kTM, kTK, kThreads, kLd> loader;
   loader.fetch(p.x, m0, k0);
   loader.commit(p.x, m0, k0, tile);
   __syncthreads();
-  mx_tile<Codec, kPacked>(p, tile, column_inverse, m0, k0);
+  mx_tile<T, Codec, kPacked>(p, tile, column_inverse, m0, k0);
 }
 
 template <typename T>

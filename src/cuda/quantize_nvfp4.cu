@@ -1,11 +1,13 @@
 // NVFP4 quantization, rowwise and columnwise from ONE read of the input.
 //
-// A CTA of 128 threads owns a 64 x 128 tile of X, staged in shared memory as fp32 (16-byte loads).
+// A CTA of 128 threads owns a 64 x 128 tile of X, staged in shared memory as loaded (bf16/f16 bit
+// patterns, widened to fp32 in registers; fp32 inputs as fp32), 16-byte loads and stores.
 //   column phase: thread t owns column k0 + t and its four 16-row chunks (conflict-free reads):
 //     columnwise blocks (through the RHT when asked), and for 16x16 tiles the tile amax (16 lanes
 //     of a warp = the 16 columns of a tile, reduced with shuffles);
 //   row phase: thread owns one row and four consecutive 16-column blocks (rows spread over the
-//     lanes of a quarter warp, so the float4 reads hit distinct banks with the 132-float pitch).
+//     lanes of a quarter warp, so the 16-byte reads hit distinct banks with a pitch of 16 bytes
+//     over a multiple of 128).
 // Each thread writes 32 contiguous data bytes and 4 contiguous scale bytes per direction (compact
 // or swizzled: 4 consecutive blocks are 4 consecutive bytes in both layouts).
 // Tiles run in reverse order: the amax pass read the tensor forwards, so its tail is
@@ -19,7 +21,7 @@
 namespace microscale::cuda {
 namespace {
 
-constexpr int kTM = 64, kTK = 128, kThreads = 128, kLd = kTK + 4;
+constexpr int kTM = 64, kTK = 128, kThreads = 128;
 
 struct Nvfp4Params {
   DeviceMatrix x;
@@ -49,8 +51,10 @@ __device__ __forceinline__ void store_scales4(uint8_t* scale, int64_t r, int64_t
 }
 
 // Quantizes the tile at (m0, k0), already in shared memory.
-__device__ __forceinline__ void nvfp4_tile(const Nvfp4Params& p, const float* tile, float* tile_amax, int64_t m0,
+template <typename T>
+__device__ __forceinline__ void nvfp4_tile(const Nvfp4Params& p, const Stored<T>* tile, float* tile_amax, int64_t m0,
                                            int64_t k0) {
+  constexpr int kLd = kTilePitch<T, kTK>;
   const int64_t M = p.x.rows, K = p.x.cols;
   const int t = threadIdx.x;
 
@@ -64,7 +68,7 @@ __device__ __forceinline__ void nvfp4_tile(const Nvfp4Params& p, const float* ti
     for (int rc = 0; rc < kTM / 16; ++rc) {
       float v[16];
 #pragma unroll
-      for (int i = 0; i < 16; ++i) v[i] = tile[(rc * 16 + i) * kLd + t];
+      for (int i = 0; i < 16; ++i) v[i] = tile_value<T>(tile, (rc * 16 + i) * kLd + t);
       if (p.rht) rht16_inplace(v, p.rht_mask);
       float amax = 0.0f;
 #pragma unroll
@@ -108,14 +112,7 @@ __device__ __forceinline__ void nvfp4_tile(const Nvfp4Params& p, const float* ti
   for (int j = 0; j < 4; ++j) {
     const int b = b0 + j;
     float v[16];
-#pragma unroll
-    for (int q = 0; q < 16; q += 4) {
-      const float4 f = *reinterpret_cast<const float4*>(&tile[r * kLd + b * 16 + q]);
-      v[q] = f.x;
-      v[q + 1] = f.y;
-      v[q + 2] = f.z;
-      v[q + 3] = f.w;
-    }
+    tile_row<T>(tile + r * kLd + b * 16, v);
     data[2 * j] = data[2 * j + 1] = 0;
     const int64_t c0 = k0 + b * 16;
     if (c0 < K) {
@@ -147,7 +144,8 @@ __device__ __forceinline__ void nvfp4_tile(const Nvfp4Params& p, const float* ti
 // flight in registers, ran 5-10% slower: the kernel is issue-bound, see docs/perf.md.)
 template <typename T>
 __global__ void __launch_bounds__(kThreads) nvfp4_quantize_kernel(const Nvfp4Params p) {
-  __shared__ __align__(16) float tile[kTM * kLd];
+  constexpr int kLd = kTilePitch<T, kTK>;
+  __shared__ __align__(16) Stored<T> tile[kTM * kLd];
   __shared__ float tile_amax[(kTM / 16) * (kTK / 16)];
   const int64_t t_index = p.tiles - 1 - blockIdx.x;
   const int64_t m0 = (t_index / p.tiles_k) * kTM, k0 = (t_index % p.tiles_k) * kTK;
@@ -155,7 +153,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_quantize_kernel(const Nvfp4Par
   loader.fetch(p.x, m0, k0);
   loader.commit(p.x, m0, k0, tile);
   __syncthreads();
-  nvfp4_tile(p, tile, tile_amax, m0, k0);
+  nvfp4_tile<T>(p, tile, tile_amax, m0, k0);
 }
 
 }  // namespace
