@@ -28,8 +28,12 @@ struct SafetensorsEntry {
   size_t nbytes = 0;
 };
 
-/// @brief Bytes per element of a safetensors dtype string; throws for unknown dtypes.
-size_t safetensors_dtype_size(std::string_view dtype);
+/// @brief Bits per element of a safetensors dtype string (4 for F4, 6 for F6_*, 8 for F8_* and U8,
+/// ...); throws for unknown dtypes.
+size_t safetensors_dtype_bits(std::string_view dtype);
+/// @brief Bytes of `numel` elements of `dtype`; throws when they do not fill whole bytes. (Shapes in
+/// a safetensors header count logical elements, also for the sub-byte F4/F6 dtypes.)
+size_t safetensors_nbytes(std::string_view dtype, uint64_t numel);
 /// @brief The DType of "F32"/"BF16"/"F16"/"U8", or nullopt for other safetensors dtypes.
 std::optional<DType> safetensors_to_dtype(std::string_view dtype);
 std::string_view dtype_to_safetensors(DType dtype);

@@ -118,7 +118,7 @@ void SafetensorsStreamWriter::declare(const std::string& name, const std::string
   for (const Declared& d : declared_) {
     if (d.name == name) throw Error("tensor '" + name + "' declared twice");
   }
-  declared_.push_back({name, dtype, shape, static_cast<size_t>(numel * safetensors_dtype_size(dtype))});
+  declared_.push_back({name, dtype, shape, safetensors_nbytes(dtype, numel)});
 }
 
 void SafetensorsStreamWriter::begin(const std::string& path, const std::map<std::string, std::string>& metadata) {

@@ -54,11 +54,15 @@ float scalar_f32(const SafetensorsEntry& e) {
   return v;
 }
 
-std::vector<int64_t> logical_shape(const std::vector<int64_t>& packed, int64_t factor) {
-  std::vector<int64_t> s = packed;
-  s.back() *= factor;
+// FP4 codes are stored as U8 with two per byte (header shape in bytes, as ModelOpt,
+// compressed-tensors and gpt-oss write them) or as the F4 dtype (header shape in elements).
+std::vector<int64_t> fp4_logical_shape(const SafetensorsEntry& e) {
+  std::vector<int64_t> s = e.shape;
+  if (e.dtype == "U8" && !s.empty()) s.back() *= 2;
   return s;
 }
+
+bool is_fp4_storage(const SafetensorsEntry& e) { return e.dtype == "U8" || e.dtype == "F4"; }
 
 Convention mxfp8_convention(const Checkpoint& c) {
   if (c.config_json().find("compressed-tensors") != std::string::npos) return Convention::CompressedTensors;
@@ -87,20 +91,20 @@ std::vector<DetectedWeight> read_quantized_weights(const Checkpoint& c) {
       if (c.contains(base + "_global_scale")) {
         const float global = scalar_f32(c.at(base + "_global_scale"));
         found.push_back({base, CheckpointFormat::NVFP4, Convention::CompressedTensors,
-                         dequantize_blocks(e, true, scale, 16, logical_shape(e.shape, 2), [&](uint8_t b) {
+                         dequantize_blocks(e, true, scale, 16, fp4_logical_shape(e), [&](uint8_t b) {
                            return decode(Format::E4M3, b) / global;  // CT stores the encode scale
                          })});
       } else {
         found.push_back({base, CheckpointFormat::MXFP4, Convention::CompressedTensors,
-                         dequantize_blocks(e, true, scale, 32, logical_shape(e.shape, 2), e8m0)});
+                         dequantize_blocks(e, true, scale, 32, fp4_logical_shape(e), e8m0)});
       }
     } else if (c.contains(n + "_scale") && !ends_with(n, "_scale")) {
       const SafetensorsEntry& scale = c.at(n + "_scale");
-      if (e.dtype == "U8" && scale.dtype == "F8_E4M3" && c.contains(n + "_scale_2")) {
+      if (is_fp4_storage(e) && scale.dtype == "F8_E4M3" && c.contains(n + "_scale_2")) {
         // ModelOpt NVFP4: x = code * (scale * weight_scale_2)
         const float s2 = scalar_f32(c.at(n + "_scale_2"));
         found.push_back({n, CheckpointFormat::NVFP4, Convention::ModelOpt,
-                         dequantize_blocks(e, true, scale, 16, logical_shape(e.shape, 2),
+                         dequantize_blocks(e, true, scale, 16, fp4_logical_shape(e),
                                            [&](uint8_t b) { return decode(Format::E4M3, b) * s2; })});
       } else if (e.dtype == "F8_E4M3" && scale.dtype == "U8") {
         // MXFP8 (ModelOpt or compressed-tensors: the same tensors)

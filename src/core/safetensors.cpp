@@ -26,23 +26,35 @@ constexpr uint64_t kMaxHeaderBytes = 100u << 20;
 
 struct DtypeRow {
   std::string_view name;
-  size_t size;
+  size_t bits;
 };
-constexpr std::array<DtypeRow, 16> kDtypes = {{
-    {"BOOL", 1}, {"U8", 1}, {"I8", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"F8_E8M0", 1},
-    {"I16", 2}, {"U16", 2}, {"F16", 2}, {"BF16", 2}, {"I32", 4}, {"U32", 4},
-    {"F32", 4}, {"F64", 8}, {"I64", 8}, {"U64", 8},
+// Every dtype of the safetensors format (Rust enum order); F4 and F6 are sub-byte, so a tensor's
+// byte size is numel * bits / 8 and must be whole.
+constexpr std::array<DtypeRow, 22> kDtypes = {{
+    {"BOOL", 8},        {"F4", 4},          {"F6_E2M3", 6},     {"F6_E3M2", 6}, {"U8", 8},   {"I8", 8},
+    {"F8_E5M2", 8},     {"F8_E4M3", 8},     {"F8_E8M0", 8},     {"F8_E4M3FNUZ", 8}, {"F8_E5M2FNUZ", 8},
+    {"I16", 16},        {"U16", 16},        {"F16", 16},        {"BF16", 16},   {"I32", 32}, {"U32", 32},
+    {"F32", 32},        {"C64", 64},        {"F64", 64},        {"I64", 64},    {"U64", 64},
 }};
 
 std::string describe(const std::string& origin) { return origin.empty() ? "safetensors data" : origin; }
 
 }  // namespace
 
-size_t safetensors_dtype_size(std::string_view dtype) {
+size_t safetensors_dtype_bits(std::string_view dtype) {
   for (const DtypeRow& row : kDtypes) {
-    if (row.name == dtype) return row.size;
+    if (row.name == dtype) return row.bits;
   }
   throw Error("unknown safetensors dtype '" + std::string(dtype) + "'");
+}
+
+size_t safetensors_nbytes(std::string_view dtype, uint64_t numel) {
+  const size_t bits = safetensors_dtype_bits(dtype);
+  if (numel > std::numeric_limits<uint64_t>::max() / bits) throw Error("tensor too large");
+  if (numel * bits % 8 != 0) {
+    throw Error(std::to_string(numel) + " elements of " + std::string(dtype) + " do not fill whole bytes");
+  }
+  return static_cast<size_t>(numel * bits / 8);
 }
 
 std::optional<DType> safetensors_to_dtype(std::string_view dtype) {
@@ -141,9 +153,9 @@ void SafetensorsFile::parse(const std::string& origin) {
     SafetensorsEntry entry;
     entry.name = name;
     entry.dtype = value["dtype"].get<std::string>();
-    size_t element_size = 0;
+    size_t element_bits = 0;
     try {
-      element_size = safetensors_dtype_size(entry.dtype);
+      element_bits = safetensors_dtype_bits(entry.dtype);
     } catch (const Error&) {
       throw Error(context + " has unknown dtype '" + entry.dtype + "'");
     }
@@ -167,9 +179,11 @@ void SafetensorsFile::parse(const std::string& origin) {
       throw Error(context + " has data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
                   "] outside the data buffer of " + std::to_string(data_size) + " bytes: truncated or corrupt");
     }
-    if (numel > std::numeric_limits<uint64_t>::max() / element_size || numel * element_size != end - begin) {
+    // (the header counts logical elements; sub-byte dtypes must fill whole bytes)
+    if (numel > std::numeric_limits<uint64_t>::max() / element_bits || numel * element_bits % 8 != 0 ||
+        numel * element_bits / 8 != end - begin) {
       throw Error(context + " has " + std::to_string(end - begin) + " bytes but its dtype and shape need " +
-                  std::to_string(numel) + " x " + std::to_string(element_size));
+                  std::to_string(numel) + " x " + std::to_string(element_bits) + " bits");
     }
     entry.data = data + begin;
     entry.nbytes = static_cast<size_t>(end - begin);
@@ -217,8 +231,7 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
       }
       numel *= static_cast<uint64_t>(d);
     }
-    const size_t element_size = safetensors_dtype_size(t.dtype);
-    if (numel > std::numeric_limits<uint64_t>::max() / element_size || numel * element_size != t.nbytes) {
+    if (safetensors_nbytes(t.dtype, numel) != t.nbytes) {
       throw Error("tensor '" + t.name + "': " + std::to_string(t.nbytes) + " bytes do not match " + t.dtype + " " +
                   shape_string(t.shape));
     }

@@ -7,9 +7,11 @@
 //     (consecutive lanes, consecutive bytes) and 2^(127 - e) into shared memory;
 //   row phase: thread = (row lane, 32-column block warp): the row block's amax and byte, then the
 //     32 elements encoded twice, with the row's scale and with each column's, each direction's
-//     codes stored as one contiguous run (32 bytes, 16 for FP4). FP8 codes come from the hardware
+//     codes put in a shared-memory stage (32 bytes, 16 for FP4); FP8 codes come from the hardware
 //     conversion and FP4 codes from e2m1_rn (fast_codec.cuh), both exact; blocks with a NaN scale
-//     keep the software encoder.
+//     keep the software encoder;
+//   write-out (v6): a whole, aligned tile leaves the stage coalesced (lanes along a row, 16 bytes
+//     each; a row's 4 scale bytes as one word); other tiles per thread as before.
 #include <cmath>
 
 #include "core/element_codec.hpp"
@@ -27,6 +29,8 @@ struct MxParams {
   DeviceMatrix x;
   OutputPointers out;
   bool rowwise, columnwise, swizzled;
+  bool aligned;          // data outputs 16-byte aligned with a row pitch that is a multiple of 16
+  bool row_scale_words;  // a row's 4 scale bytes of a tile form an aligned 4-byte word
   MxScaleRule rule;
   int emax, mantissa_bits;
   float max_normal;
@@ -102,13 +106,48 @@ __device__ __forceinline__ void encode32(const float (&x)[32], bool finite, uint
   }
 }
 
+// Output staging (v6): each direction's codes of the tile go to shared memory first (a row of
+// kRowBytes code bytes per tile row, pitch + 16 so 8 lanes storing 16 bytes at the same column of
+// 8 consecutive rows hit distinct banks), then a whole, aligned tile is written with consecutive
+// lanes on consecutive 16-byte chunks of the same row (a warp stores 4 (FP8) or 8 (FP4) rows of 128 / 64
+// contiguous bytes per instruction instead of 32 rows of 16), and the 4 row-direction scale bytes of
+// a row as one 4-byte word. Ragged or unaligned tiles store from the stage per thread as before.
+template <bool kPacked>
+struct MxStage {
+  static constexpr int kRowBytes = kPacked ? kTK / 2 : kTK;  // code bytes of one tile row
+  static constexpr int kBlockBytes = kRowBytes / 4;          // one 32-column block
+  static constexpr int kPitch = kRowBytes + 16;
+  static constexpr int kBytes = 2 * kTM * kPitch;            // rowwise, then columnwise
+};
+
+template <int N>
+__device__ __forceinline__ void stage_words(uint8_t* dst, const uint32_t (&w)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; i += 4) *reinterpret_cast<uint4*>(dst + 4 * i) = make_uint4(w[i], w[i + 1], w[i + 2], w[i + 3]);
+}
+
+template <int N>
+__device__ __forceinline__ void unstage_words(const uint8_t* src, uint32_t (&w)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; i += 4) {
+    const uint4 q = *reinterpret_cast<const uint4*>(src + 4 * i);
+    w[i] = q.x;
+    w[i + 1] = q.y;
+    w[i + 2] = q.z;
+    w[i + 3] = q.w;
+  }
+}
+
 template <typename T, typename Codec, bool kPacked>
-__device__ __forceinline__ void mx_tile(const MxParams& p, const Stored<T>* tile, float* column_inverse, int64_t m0,
-                                        int64_t k0) {
+__device__ __forceinline__ void mx_tile(const MxParams& p, const Stored<T>* tile, float* column_inverse,
+                                        uint8_t* stage, uint8_t* row_scales, int64_t m0, int64_t k0) {
   constexpr int kLd = kTilePitch<T, kTK>;
+  using S = MxStage<kPacked>;
   const int64_t M = p.x.rows, K = p.x.cols;
   const int64_t data_cols = kPacked ? K / 2 : K;
   const int t = threadIdx.x;
+  uint8_t* stage_row = stage;
+  uint8_t* stage_col = stage + kTM * S::kPitch;
 
   bool columns_finite = true;
   if (p.columnwise) {
@@ -130,33 +169,83 @@ __device__ __forceinline__ void mx_tile(const MxParams& p, const Stored<T>* tile
   const int warp = t / 32, lane = t % 32;
   const int64_t row = m0 + lane;
   const int64_t c0 = k0 + warp * 32;
-  if (row >= M || c0 >= K) return;
-  float v[32];
-  tile_row<T>(tile + lane * kLd + warp * 32, v);
+  const bool active = row < M && c0 < K;
   constexpr int kWords = kPacked ? 4 : 8;
-  if (p.rowwise) {
-    const uint8_t s = mx_scale_byte(block_amax32(v), p.rule, p.emax, p.mantissa_bits, p.max_normal);
-    const float inverse = mx_inverse_scale(s);
-    float x[32];
+  uint8_t* my_row = stage_row + lane * S::kPitch + warp * S::kBlockBytes;
+  uint8_t* my_col = stage_col + lane * S::kPitch + warp * S::kBlockBytes;
+  uint8_t row_scale = 0;
+  if (active) {
+    float v[32];
+    tile_row<T>(tile + lane * kLd + warp * 32, v);
+    if (p.rowwise) {
+      const uint8_t s = mx_scale_byte(block_amax32(v), p.rule, p.emax, p.mantissa_bits, p.max_normal);
+      const float inverse = mx_inverse_scale(s);
+      float x[32];
 #pragma unroll
-    for (int i = 0; i < 32; ++i) x[i] = v[i] * inverse;
+      for (int i = 0; i < 32; ++i) x[i] = v[i] * inverse;
+      uint32_t words[kWords];
+      encode32<Codec, kPacked>(x, s != 0xFF, words);
+      stage_words(my_row, words);
+      row_scales[lane * 4 + warp] = s;
+      row_scale = s;
+    }
+    if (p.columnwise) {
+      float x[32];
+#pragma unroll
+      for (int q = 0; q < 32; q += 4) {
+        const float4 inv = *reinterpret_cast<const float4*>(&column_inverse[warp * 32 + q]);
+        x[q] = v[q] * inv.x;
+        x[q + 1] = v[q + 1] * inv.y;
+        x[q + 2] = v[q + 2] * inv.z;
+        x[q + 3] = v[q + 3] * inv.w;
+      }
+      uint32_t words[kWords];
+      encode32<Codec, kPacked>(x, columns_finite, words);
+      stage_words(my_col, words);
+    }
+  }
+  __syncthreads();
+
+  if (p.aligned && m0 + kTM <= M && k0 + kTK <= K) {
+    // Whole tile, 16-byte aligned rows: consecutive lanes write consecutive 16-byte chunks of a row.
+    constexpr int kChunksPerRow = S::kRowBytes / 16;
+    constexpr int kPerThread = kTM * kChunksPerRow / kThreads;
+    const int64_t byte0 = kPacked ? k0 / 2 : k0;
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int idx = t + j * kThreads;
+      const int r = idx / kChunksPerRow, c = idx % kChunksPerRow;
+      const int64_t o = (m0 + r) * data_cols + byte0 + c * 16;
+      if (p.rowwise) {
+        *reinterpret_cast<uint4*>(p.out.rowwise_data + o) = *reinterpret_cast<const uint4*>(stage_row + r * S::kPitch + c * 16);
+      }
+      if (p.columnwise) {
+        *reinterpret_cast<uint4*>(p.out.columnwise_data + o) = *reinterpret_cast<const uint4*>(stage_col + r * S::kPitch + c * 16);
+      }
+    }
+    if (p.rowwise && t < kTM) {
+      // The row's 4 scales (blocks k0/32 .. +3) are 4 consecutive bytes, compact or swizzled.
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(row_scales + t * 4);
+      const int64_t o = scale_offset(m0 + t, k0 / 32, K / 32, p.swizzled);
+      if (p.row_scale_words) {
+        *reinterpret_cast<uint32_t*>(p.out.rowwise_scale + o) = w;
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) p.out.rowwise_scale[o + j] = static_cast<uint8_t>(w >> (8 * j));
+      }
+    }
+    return;
+  }
+  if (!active) return;
+  if (p.rowwise) {
     uint32_t words[kWords];
-    encode32<Codec, kPacked>(x, s != 0xFF, words);
+    unstage_words(my_row, words);
     store_bytes(p.out.rowwise_data + row * data_cols + (kPacked ? c0 / 2 : c0), words, kWords * 4);
-    p.out.rowwise_scale[scale_offset(row, c0 / 32, K / 32, p.swizzled)] = s;
+    p.out.rowwise_scale[scale_offset(row, c0 / 32, K / 32, p.swizzled)] = row_scale;
   }
   if (p.columnwise) {
-    float x[32];
-#pragma unroll
-    for (int q = 0; q < 32; q += 4) {
-      const float4 inv = *reinterpret_cast<const float4*>(&column_inverse[warp * 32 + q]);
-      x[q] = v[q] * inv.x;
-      x[q + 1] = v[q + 1] * inv.y;
-      x[q + 2] = v[q + 2] * inv.z;
-      x[q + 3] = v[q + 3] * inv.w;
-    }
     uint32_t words[kWords];
-    encode32<Codec, kPacked>(x, columns_finite, words);
+    unstage_words(my_col, words);
     const int64_t valid_cols = K - c0 < 32 ? K - c0 : 32;
     const int valid = static_cast<int>(kPacked ? valid_cols / 2 : valid_cols);
     store_bytes(p.out.columnwise_data + row * data_cols + (kPacked ? c0 / 2 : c0), words, valid);
@@ -169,12 +258,14 @@ __global__ void __launch_bounds__(kThreads) mx_quantize_kernel(const MxParams p)
   constexpr int kLd = kTilePitch<T, kTK>;
   __shared__ __align__(16) Stored<T> tile[kTM * kLd];
   __shared__ __align__(16) float column_inverse[kTK];
+  __shared__ __align__(16) uint8_t stage[MxStage<kPacked>::kBytes];
+  __shared__ __align__(16) uint8_t row_scales[kTM * 4];
   const int64_t m0 = (blockIdx.x / p.tiles_k) * kTM, k0 = (blockIdx.x % p.tiles_k) * kTK;
   TileLoader<T, kTM, kTK, kThreads, kLd> loader;
   loader.fetch(p.x, m0, k0);
   loader.commit(p.x, m0, k0, tile);
   __syncthreads();
-  mx_tile<T, Codec, kPacked>(p, tile, column_inverse, m0, k0);
+  mx_tile<T, Codec, kPacked>(p, tile, column_inverse, stage, row_scales, m0, k0);
 }
 
 template <typename T>
@@ -218,6 +309,12 @@ void launch_mx_quantize(const DeviceMatrix& x, DType dtype, const QuantizeOption
   p.emax = f.emax;
   p.mantissa_bits = f.mantissa_bits;
   p.max_normal = f.max_normal;
+  const bool packed = o.scheme == Scheme::MXFP4;
+  const int64_t data_cols = packed ? x.cols / 2 : x.cols;
+  const auto a16 = [](const void* q) { return q == nullptr || reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  p.aligned = data_cols % 16 == 0 && a16(out.rowwise_data) && a16(out.columnwise_data);
+  p.row_scale_words = reinterpret_cast<uintptr_t>(out.rowwise_scale) % 4 == 0 &&
+                      (p.swizzled || (x.cols / 32) % 4 == 0);
   p.tiles_k = (x.cols + kTK - 1) / kTK;
   p.tiles = p.tiles_k * ((x.rows + kTM - 1) / kTM);
   switch (dtype) {

@@ -108,6 +108,12 @@ TEST(Safetensors, HostileHeaders) {
   bad[7] = std::byte{0xFF};
   EXPECT_THROW(SafetensorsFile::from_bytes(bad), Error);
   EXPECT_NO_THROW(SafetensorsFile::from_bytes(make_file("{}", 0)));
+  // Sub-byte dtypes: the header counts elements, which must fill whole bytes.
+  EXPECT_NO_THROW(SafetensorsFile::from_bytes(make_file(R"({"a": {"dtype": "F4", "shape": [2, 8], "data_offsets": [0, 8]}})", 8)));
+  EXPECT_NO_THROW(SafetensorsFile::from_bytes(make_file(R"({"a": {"dtype": "F6_E2M3", "shape": [4], "data_offsets": [0, 3]}})", 8)));
+  EXPECT_THROW(SafetensorsFile::from_bytes(make_file(R"({"a": {"dtype": "F4", "shape": [3], "data_offsets": [0, 2]}})", 8)), Error);
+  EXPECT_EQ(safetensors_nbytes("F8_E8M0", 5), 5u);
+  EXPECT_THROW(safetensors_nbytes("F6_E3M2", 3), Error);
   // Viewing a dtype the quantizer cannot read.
   const SafetensorsFile f = SafetensorsFile::from_bytes(
       make_file(R"({"a": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}})", 8));
