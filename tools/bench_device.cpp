@@ -1,7 +1,7 @@
 // `microscale bench`: quantize and GEMM speed on this machine's CPU, each beside its baseline
 // (memcpy of the same bytes; OpenBLAS sgemm of the same shape) measured in the same run.
-// Medians of repeated runs. The bench/ programs (Google Benchmark) hold the full sweeps, and
-// tests/gpu/run.sh the GPU figures.
+// Medians of repeated runs. With the CUDA backend built and a GPU visible, also the GPU quantize
+// kernels beside a device-to-device copy. The bench/ programs and tests/gpu/run.sh hold the sweeps.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,6 +14,9 @@
 #include "microscale/half.hpp"
 #include "microscale/quantize.hpp"
 #include "quantize_checkpoint.hpp"
+#ifdef MICROSCALE_HAVE_CUDA
+#include "bench_cuda.hpp"
+#endif
 
 namespace microscale::tools {
 namespace {
@@ -89,7 +92,11 @@ void run_bench(int64_t size, int gemm_size, int threads, int repeats) {
     });
     std::printf("%-22s %10.2f %10.1f %11.2fx\n", std::string(scheme_name(s)).c_str(), t * 1e3, flops / t / 1e9, t_sgemm / t);
   }
-  std::printf("\n(GPU figures: tests/gpu/run.sh on an H100/H200; see docs/perf.md)\n");
+#ifdef MICROSCALE_HAVE_CUDA
+  run_bench_cuda(size, std::max(repeats, 5));
+#else
+  std::printf("\n(built without CUDA: GPU figures come from tests/gpu/run.sh; see docs/perf.md)\n");
+#endif
 }
 
 }  // namespace
