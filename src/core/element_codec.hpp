@@ -11,20 +11,11 @@
 #include <cstring>
 
 #include "microscale/format.hpp"
+#include "microscale/half.hpp"  // float_bits, bits_to_float
 #include "microscale/host_device.hpp"
 
 namespace microscale {
 
-MICROSCALE_HOST_DEVICE uint32_t to_bits(float x) {
-  uint32_t u;
-  memcpy(&u, &x, sizeof u);
-  return u;
-}
-MICROSCALE_HOST_DEVICE float from_bits(uint32_t u) {
-  float x;
-  memcpy(&x, &u, sizeof x);
-  return x;
-}
 
 /// a if `condition` else b, as a mask (branch-free, vectorisable).
 MICROSCALE_HOST_DEVICE uint32_t select(bool condition, uint32_t a, uint32_t b) {
@@ -67,14 +58,14 @@ struct ElementCodec {
   /// Round to nearest even, saturating finite values (see encode_rn).
   /// NOTE: every choice is a mask select (no branches), so loops over elements vectorise.
   MICROSCALE_HOST_DEVICE static uint8_t encode_rn(float x) {
-    const uint32_t u = to_bits(x);
+    const uint32_t u = float_bits(x);
     const uint32_t sign = u >> 31;
     const uint32_t a = u & 0x7FFFFFFFu;
     // Normal range: round the fp32 mantissa to kMantissaBits bits (ties to even), then rebias.
     const uint32_t rounded = (a + ((1u << (kShift - 1)) - 1) + ((a >> kShift) & 1u)) >> kShift;
     const uint32_t normal = rounded - kRebias;
     // Subnormal range: one fp32 add rounds to the subnormal grid; the bit difference counts steps.
-    const uint32_t subnormal = to_bits(from_bits(a) + from_bits(kMagicBits)) - kMagicBits;
+    const uint32_t subnormal = float_bits(bits_to_float(a) + bits_to_float(kMagicBits)) - kMagicBits;
     uint32_t code = select(a < kMinNormalBits, subnormal, normal);
     code = select(code > kMaxCode, kMaxCode, code);
     code = select(a == 0x7F800000u, kInfCode, code);
@@ -84,13 +75,13 @@ struct ElementCodec {
 
   /// Stochastic rounding with 8 random bits (see encode_sr).
   MICROSCALE_HOST_DEVICE static uint8_t encode_sr(float x, uint32_t random_byte) {
-    const uint32_t u = to_bits(x);
+    const uint32_t u = float_bits(x);
     const uint32_t sign = u >> 31;
     const uint32_t a = u & 0x7FFFFFFFu;
     // Normal range: add the random byte just below the last kept bit, then truncate.
     const uint32_t normal = (((a >> (kShift - 8)) + random_byte) >> 8) - kRebias;
     // Subnormal range: a / step < 2^kMantissaBits; the same on 1/256 steps, exact in fp32.
-    const float steps_256 = from_bits(a) * from_bits(static_cast<uint32_t>(kMantissaBits - kEmin + 8 + 127) << 23);
+    const float steps_256 = bits_to_float(a) * bits_to_float(static_cast<uint32_t>(kMantissaBits - kEmin + 8 + 127) << 23);
     const uint32_t subnormal = (static_cast<uint32_t>(steps_256) + random_byte) >> 8;
     uint32_t code = select(a < kMinNormalBits, subnormal, normal);
     code = select((a >= 0x7F800000u) | (code > kMaxCode), kMaxCode, code);

@@ -7,21 +7,10 @@
 #include <cstdint>
 #include <cstring>
 
+#include "microscale/half.hpp"  // float_bits, bits_to_float
 #include "microscale/philox.hpp"  // MICROSCALE_HOST_DEVICE
 
 namespace microscale {
-
-MICROSCALE_HOST_DEVICE uint32_t bits_of(float x) {
-  uint32_t u;
-  memcpy(&u, &x, sizeof u);
-  return u;
-}
-
-MICROSCALE_HOST_DEVICE float float_of(uint32_t u) {
-  float x;
-  memcpy(&x, &u, sizeof x);
-  return x;
-}
 
 // ---- NVFP4 (numerics-te.md §1.1-1.4, TE >= 2.14) ------------------------------------------------
 
@@ -57,13 +46,13 @@ MICROSCALE_HOST_DEVICE uint8_t mx_scale_byte(float amax, MxScaleRule rule, int e
                                              float max_normal) {
   if (rule == MxScaleRule::RCeil) {
     const float d = amax * (1.0f / max_normal);  // reciprocal rounded to fp32 first, one multiply
-    const uint32_t u = bits_of(d);
+    const uint32_t u = float_bits(d);
     const uint32_t exponent = (u >> 23) & 0xFFu, mantissa = u & 0x7FFFFFu;
     if (exponent == 0xFFu) return 0xFF;
     if (exponent == 0) return mantissa > 0x400000u ? 1 : 0;  // round up to 2^-126 or down to 2^-127
     return static_cast<uint8_t>(exponent + (mantissa != 0 ? 1u : 0u));  // 254 + 1 -> 255 = NaN
   }
-  uint32_t u = bits_of(amax) & 0x7FFFFFFFu;
+  uint32_t u = float_bits(amax) & 0x7FFFFFFFu;
   if (u >= 0x7F800000u) return 0xFF;  // Inf or NaN amax
   if (rule == MxScaleRule::Even) {
     u += 1u << (22 - mantissa_bits);  // round the amax to the element's mantissa width
@@ -78,9 +67,9 @@ MICROSCALE_HOST_DEVICE uint8_t mx_scale_byte(float amax, MxScaleRule rule, int e
 
 /// fp32 2^(127 - byte): the multiplier applied to a block's elements; NaN for byte 0xFF.
 MICROSCALE_HOST_DEVICE float mx_inverse_scale(uint8_t byte) {
-  if (byte == 0xFF) return float_of(0x7FC00000u);
-  if (byte == 0xFE) return float_of(0x00400000u);  // 2^-127, an fp32 subnormal
-  return float_of(static_cast<uint32_t>(254 - byte) << 23);
+  if (byte == 0xFF) return bits_to_float(0x7FC00000u);
+  if (byte == 0xFE) return bits_to_float(0x00400000u);  // 2^-127, an fp32 subnormal
+  return bits_to_float(static_cast<uint32_t>(254 - byte) << 23);
 }
 
 }  // namespace microscale

@@ -12,7 +12,5 @@ using microscale::E3M2Codec;
 using microscale::E4M3Codec;
 using microscale::E5M2Codec;
 using microscale::ElementCodec;
-using microscale::from_bits;
-using microscale::to_bits;
 
 }  // namespace microscale::cpu

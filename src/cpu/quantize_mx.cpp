@@ -30,9 +30,9 @@ struct MxParams {
 // float order, and any NaN pattern is above +Inf's, so one vectorisable integer max does both.
 float block_amax(const float* v, int64_t stride) {
   uint32_t m = 0;
-  for (int i = 0; i < kBlock; ++i) m = std::max(m, to_bits(v[i * stride]) & 0x7FFFFFFFu);  // std::max vectorises
+  for (int i = 0; i < kBlock; ++i) m = std::max(m, float_bits(v[i * stride]) & 0x7FFFFFFFu);  // std::max vectorises
   const uint32_t result = m;
-  return result > 0x7F800000u ? NAN : from_bits(result);
+  return result > 0x7F800000u ? NAN : bits_to_float(result);
 }
 
 // codes[c] of n elements v[c] * inverse[c] (per-element scale) ...

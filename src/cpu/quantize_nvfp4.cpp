@@ -60,13 +60,13 @@ Direction make_direction(float amax, const QuantizeOptions& o, uint64_t first_bl
   // On the bits (see quantize_mx.cpp's block_amax): NaN patterns are dropped, so a NaN never wins,
   // as fmaxf in TE's amax kernels; the rest compare as unsigned integers, which vectorises.
   // NOTE: std::max and a mask, not `?:`: GCC 12 vectorises this reduction only in that form.
-  uint32_t m = to_bits(start);
+  uint32_t m = float_bits(start);
   for (int64_t i = 0; i < n; ++i) {
-    const uint32_t a = to_bits(v[i]) & 0x7FFFFFFFu;
+    const uint32_t a = float_bits(v[i]) & 0x7FFFFFFFu;
     m = std::max(m, a & (0u - static_cast<uint32_t>(a <= 0x7F800000u)));
   }
   const uint32_t result = m;
-  return from_bits(result);
+  return bits_to_float(result);
 }
 
 MICROSCALE_CPU_DISPATCH float band_max_abs(const float* v, int64_t n) { return max_abs(v, n, 0.0f); }
@@ -155,8 +155,8 @@ MICROSCALE_CPU_DISPATCH void rht_band(const float* band, int64_t k, const RhtTab
     for (int i = 0; i < kBlock; ++i) {
       const float* x = band + i * k + c0;
       for (int64_t c = 0; c < w; ++c) {
-        const uint32_t e = (to_bits(x[c]) >> 23) & 0xFFu;
-        const uint32_t nonzero = static_cast<uint32_t>((to_bits(x[c]) & 0x7FFFFFFFu) != 0);
+        const uint32_t e = (float_bits(x[c]) >> 23) & 0xFFu;
+        const uint32_t nonzero = static_cast<uint32_t>((float_bits(x[c]) & 0x7FFFFFFFu) != 0);
         special[c] |= (e == 0u || e == 255u) & nonzero;
         emax[c] = select(nonzero && e > emax[c], e, emax[c]);
         emin[c] = select(nonzero && e < emin[c], e, emin[c]);

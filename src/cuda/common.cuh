@@ -53,8 +53,8 @@ __host__ __device__ constexpr int elem_bytes() {
 template <typename T>
 __device__ __forceinline__ void widen(uint32_t w, float* out) {
   if constexpr (std::is_same_v<T, Bf16>) {
-    out[0] = float_of(w << 16);
-    out[1] = float_of(w & 0xFFFF0000u);
+    out[0] = bits_to_float(w << 16);
+    out[1] = bits_to_float(w & 0xFFFF0000u);
   } else {
     out[0] = half_to_float(static_cast<uint16_t>(w));
     out[1] = half_to_float(static_cast<uint16_t>(w >> 16));
@@ -75,7 +75,7 @@ inline constexpr int kTilePitch = kElemBytes<T> == 2 ? TK + 8 : TK + 4;
 template <typename T>
 __device__ __forceinline__ float tile_value(const Stored<T>* tile, int i) {
   if constexpr (std::is_same_v<T, Bf16>) {
-    return float_of(static_cast<uint32_t>(tile[i]) << 16);
+    return bits_to_float(static_cast<uint32_t>(tile[i]) << 16);
   } else if constexpr (std::is_same_v<T, F16>) {
     return half_to_float(tile[i]);
   } else {

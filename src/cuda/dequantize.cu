@@ -51,8 +51,8 @@ __global__ void dequantize_kernel(const __grid_constant__ DequantParams p) {
     if (p.nvfp4) {
       value = values[code] * (e4m3[s] * s_dec);
     } else {
-      value = s == 0xFF ? float_of(0x7FC00000u)
-                        : values[code] * (s == 0 ? float_of(0x00400000u) : float_of(static_cast<uint32_t>(s) << 23));
+      value = s == 0xFF ? bits_to_float(0x7FC00000u)
+                        : values[code] * (s == 0 ? bits_to_float(0x00400000u) : bits_to_float(static_cast<uint32_t>(s) << 23));
     }
     switch (p.out_dtype) {
       case DType::F32: static_cast<float*>(p.out)[i] = value; break;

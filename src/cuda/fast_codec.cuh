@@ -25,12 +25,12 @@ namespace microscale::cuda {
 /// With kZeroUnsigned, any zero (-0.0 too) gives code 0 (the NVFP4 kernels' rule).
 template <bool kZeroUnsigned = false>
 MICROSCALE_HOST_DEVICE uint32_t e2m1_rn(float x) {
-  const uint32_t u = to_bits(x);
+  const uint32_t u = float_bits(x);
   const uint32_t a = u & 0x7FFFFFFFu;
   uint32_t m = (a & 0x7F800000u) + (22u << 23);  // unsigned: Inf/NaN wrap above 2^24's bits
   m = m < 0x4A800000u ? 0x4A800000u : m;          // 2^22
   m = m > 0x4B800000u ? 0x4B800000u : m;          // 2^24
-  const uint32_t r = to_bits(from_bits(a) + from_bits(m));
+  const uint32_t r = float_bits(bits_to_float(a) + bits_to_float(m));
   uint32_t code = r - m + ((m - 0x4A800000u) >> 22);
   code = code > 7u ? 7u : code;
   // Sign: not for NaN (encode_rn's NaN code is +max), and with kZeroUnsigned not for zeros.

@@ -36,7 +36,7 @@ __global__ void amax_init_kernel(float* amax, float row, float col) {
 template <typename T, int N>
 __device__ __forceinline__ float value_at(const uint32_t (&raw)[N], int c) {
   if constexpr (std::is_same_v<T, float>) {
-    return float_of(raw[c]);
+    return bits_to_float(raw[c]);
   } else {
     const uint32_t w = raw[c / 2];
     const uint16_t h = static_cast<uint16_t>(c % 2 == 0 ? w : w >> 16);
@@ -78,11 +78,11 @@ __global__ void __launch_bounds__(kThreads) nvfp4_amax_kernel(const AmaxParams p
           const float f = (r < p.x.rows && col < p.x.cols) ? Elem<T>::load(p.x.data, r * p.x.row_stride + col * p.x.col_stride) : 0.0f;
           if constexpr (kBytes == 2) {
             // back to the 16-bit pattern (exact: the value came from one)
-            const uint32_t bits16 = std::is_same_v<T, Bf16> ? (bits_of(f) >> 16) : float_to_half(f);
+            const uint32_t bits16 = std::is_same_v<T, Bf16> ? (float_bits(f) >> 16) : float_to_half(f);
             if (c % 2 == 0) raw[i][c / 2] = bits16;
             else raw[i][c / 2] |= bits16 << 16;
           } else {
-            raw[i][c] = bits_of(f);
+            raw[i][c] = float_bits(f);
           }
         }
       }

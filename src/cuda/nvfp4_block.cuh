@@ -18,7 +18,7 @@ namespace microscale::cuda {
 __device__ __forceinline__ float e4m3_value(uint32_t code) {
   const uint32_t e = (code >> 3) & 0xFu, m = code & 7u;
   const float magnitude = e == 0 ? static_cast<float>(m) * 0.001953125f  // m * 2^-9, exact
-                                 : float_of(((e + 120u) << 23) | (m << 20));
+                                 : bits_to_float(((e + 120u) << 23) | (m << 20));
   return magnitude;
 }
 

@@ -49,7 +49,7 @@ __device__ __forceinline__ float block_amax32(const float (&v)[32]) {
     m[i % 4] = fmaxf(m[i % 4], fabsf(v[i]));
   }
   const float amax = fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
-  return any_nan ? float_of(0x7FC00000u) : amax;
+  return any_nan ? bits_to_float(0x7FC00000u) : amax;
 }
 
 template <typename Codec, bool kPacked>

@@ -22,7 +22,7 @@ __device__ __forceinline__ void rht16_inplace(float (&v)[16], uint16_t sign_mask
   int emax = 0, emin = 255;
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    const uint32_t u = bits_of(v[i]) & 0x7FFFFFFFu;
+    const uint32_t u = float_bits(v[i]) & 0x7FFFFFFFu;
     const int e = static_cast<int>(u >> 23);
     const int e_eff = e > 1 ? e : 1;  // subnormals share the ulp of exponent field 1
     emax = e > emax ? e : emax;

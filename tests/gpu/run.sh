@@ -60,6 +60,13 @@ fi
 
 echo "== benchmark"
 "$BUILD/quantize_cuda_bench" "$OUTDIR/bench.json" > "$OUTDIR/bench.log" 2>&1 || summary "bench: FAILED rc=$?"
+echo "== microscale bench, GPU part (tools/bench_cuda.cpp)"
+CUDA_INC="$(dirname "$(dirname "$(command -v nvcc)")")/include"
+g++ "${CXXFLAGS[@]}" -Itools -I"$CUDA_INC" -c tools/bench_cuda.cpp -o "$BUILD/obj/bench_cuda.o" &&
+  g++ "${CXXFLAGS[@]}" -Itools -c tests/gpu/bench_cli_main.cpp -o "$BUILD/obj/bench_cli_main.o" &&
+  nvcc -o "$BUILD/bench_cli_gpu" "$BUILD/obj/bench_cuda.o" "$BUILD/obj/bench_cli_main.o" "${LIBOBJ[@]}" -Xcompiler=-fopenmp &&
+  "$BUILD/bench_cli_gpu" > "$OUTDIR/bench_cli.log" 2>&1; rc=$?
+summary "microscale bench (GPU part): rc=$rc"
 echo "== torch.compile baseline"
 timeout 300 python3 bench/torch_nvfp4_baseline.py "$OUTDIR/torch_baseline.json" > "$OUTDIR/torch_baseline.log" 2>&1 || summary "torch baseline: FAILED rc=$?"
 tail -2 "$OUTDIR/torch_baseline.log"
@@ -69,4 +76,5 @@ echo "================ summary ================"
 cat "$OUTDIR/device.txt"
 cat "$OUTDIR/summary.txt"
 sed -n '/kernel (bf16 in)/,$p' "$OUTDIR/bench.log"
+cat "$OUTDIR/bench_cli.log"
 grep "torch.compile" "$OUTDIR/torch_baseline.log"
