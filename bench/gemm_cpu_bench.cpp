@@ -33,13 +33,13 @@ void BM_sgemm(benchmark::State& state) {
   const Tensor a = random_f32(s, s, 1), b = random_f32(s, s, 2);
   Tensor c(DType::F32, {s, s});
   for (auto _ : state) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(s), static_cast<int>(s), static_cast<int>(s),
-                1.0f, a.data_as<float>(), static_cast<int>(s), b.data_as<float>(), static_cast<int>(s), 0.0f,
-                c.data_as<float>(), static_cast<int>(s));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(s), static_cast<int>(s),
+                static_cast<int>(s), 1.0f, a.data_as<float>(), static_cast<int>(s), b.data_as<float>(),
+                static_cast<int>(s), 0.0f, c.data_as<float>(), static_cast<int>(s));
     benchmark::DoNotOptimize(c.data());
   }
-  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * s * s * s, benchmark::Counter::kIsIterationInvariantRate,
-                                                 benchmark::Counter::kIs1000);
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      2.0 * s * s * s, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
 
 void BM_block_scaled(benchmark::State& state, Scheme scheme) {
@@ -54,8 +54,8 @@ void BM_block_scaled(benchmark::State& state, Scheme scheme) {
     gemm_into(oa, ob, GemmProblem{}, d.view());
     benchmark::DoNotOptimize(d.data());
   }
-  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * s * s * s, benchmark::Counter::kIsIterationInvariantRate,
-                                                 benchmark::Counter::kIs1000);
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      2.0 * s * s * s, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
 
 class TableReporter : public benchmark::ConsoleReporter {
@@ -63,7 +63,8 @@ class TableReporter : public benchmark::ConsoleReporter {
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const Run& r : runs) {
-      if (r.run_type == Run::RT_Iteration && r.counters.count("GFLOP/s")) rates[r.benchmark_name()] = r.counters.at("GFLOP/s").value;
+      if (r.run_type == Run::RT_Iteration && r.counters.count("GFLOP/s"))
+        rates[r.benchmark_name()] = r.counters.at("GFLOP/s").value;
     }
   }
   std::map<std::string, double> rates;
@@ -75,8 +76,14 @@ int main(int argc, char** argv) {
   const std::vector<int64_t> sizes = {1024, 2048};
   for (int64_t s : sizes) {
     benchmark::RegisterBenchmark("sgemm", BM_sgemm)->Arg(s)->UseRealTime()->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark("nvfp4", BM_block_scaled, Scheme::NVFP4)->Arg(s)->UseRealTime()->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark("mxfp8", BM_block_scaled, Scheme::MXFP8_E4M3)->Arg(s)->UseRealTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("nvfp4", BM_block_scaled, Scheme::NVFP4)
+        ->Arg(s)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("mxfp8", BM_block_scaled, Scheme::MXFP8_E4M3)
+        ->Arg(s)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
   }
   benchmark::Initialize(&argc, argv);
   TableReporter reporter;
@@ -87,7 +94,8 @@ int main(int argc, char** argv) {
     const double base = reporter.rates["sgemm" + suffix];
     for (const char* name : {"sgemm", "nvfp4", "mxfp8"}) {
       const double r = reporter.rates[name + suffix];
-      std::printf("%-8s %8lld %10.1f %9.2fx\n", name, static_cast<long long>(s), r / 1e9, base > 0 ? r / base : 0.0);
+      std::printf("%-8s %8lld %10.1f %9.2fx\n", name, static_cast<long long>(s), r / 1e9,
+                  base > 0 ? r / base : 0.0);
     }
   }
   benchmark::Shutdown();

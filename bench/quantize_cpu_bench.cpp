@@ -59,7 +59,10 @@ std::vector<Case> cases() {
   nvfp4_2d.tile = Tile::k16x16;
   QuantizeOptions mxfp8 = nvfp4;
   mxfp8.scheme = Scheme::MXFP8_E4M3;
-  return {{"nvfp4_row_col", nvfp4}, {"nvfp4_row_col_rht", nvfp4_rht}, {"nvfp4_16x16", nvfp4_2d}, {"mxfp8_row_col", mxfp8}};
+  return {{"nvfp4_row_col", nvfp4},
+          {"nvfp4_row_col_rht", nvfp4_rht},
+          {"nvfp4_16x16", nvfp4_2d},
+          {"mxfp8_row_col", mxfp8}};
 }
 
 void BM_memcpy(benchmark::State& state) {
@@ -110,15 +113,23 @@ class TableReporter : public benchmark::ConsoleReporter {
 int main(int argc, char** argv) {
   const int all = omp_get_max_threads();
   for (int threads : {1, all}) {
-    benchmark::RegisterBenchmark("memcpy", BM_memcpy)->Arg(threads)->UseRealTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("memcpy", BM_memcpy)
+        ->Arg(threads)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
   }
   for (const Case& c : cases()) {
     for (int threads : {1, all}) {
       benchmark::RegisterBenchmark((std::string("fast/") + c.name).c_str(), BM_quantize, c, false)
-          ->Arg(threads)->UseRealTime()->Unit(benchmark::kMillisecond);
+          ->Arg(threads)
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
     }
     benchmark::RegisterBenchmark((std::string("ref/") + c.name).c_str(), BM_quantize, c, true)
-        ->Arg(1)->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+        ->Arg(1)
+        ->Iterations(1)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
   }
   benchmark::Initialize(&argc, argv);
   TableReporter reporter;
@@ -136,12 +147,13 @@ int main(int argc, char** argv) {
       const std::string suffix = "/" + std::to_string(threads) + "/real_time";
       const double fast = rate(std::string("fast/") + c.name + suffix);
       const double copy = rate("memcpy" + suffix);
-      std::printf("%-20s %8d %10.2f %11.2fx %11.1fx\n", c.name, threads, fast / 1e9, copy > 0 ? fast / copy : 0.0,
-                  ref > 0 ? fast / ref : 0.0);
+      std::printf("%-20s %8d %10.2f %11.2fx %11.1fx\n", c.name, threads, fast / 1e9,
+                  copy > 0 ? fast / copy : 0.0, ref > 0 ? fast / ref : 0.0);
     }
   }
   std::printf("%-20s %8d %10.2f\n", "memcpy", 1, rate("memcpy/1/real_time") / 1e9);
-  std::printf("%-20s %8d %10.2f\n", "memcpy", all, rate("memcpy/" + std::to_string(all) + "/real_time") / 1e9);
+  std::printf("%-20s %8d %10.2f\n", "memcpy", all,
+              rate("memcpy/" + std::to_string(all) + "/real_time") / 1e9);
   benchmark::Shutdown();
   return 0;
 }

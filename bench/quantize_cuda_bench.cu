@@ -21,13 +21,13 @@
 
 using namespace microscale;
 
-#define CK(call)                                                                                 \
-  do {                                                                                           \
-    cudaError_t e_ = (call);                                                                     \
-    if (e_ != cudaSuccess) {                                                                     \
+#define CK(call)                                                                                    \
+  do {                                                                                              \
+    cudaError_t e_ = (call);                                                                        \
+    if (e_ != cudaSuccess) {                                                                        \
       std::fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(2);                                                                              \
-    }                                                                                            \
+      std::exit(2);                                                                                 \
+    }                                                                                               \
   } while (0)
 
 namespace {
@@ -63,7 +63,8 @@ struct Row {
 };
 
 __global__ void fill_bf16(uint16_t* p, int64_t n, uint64_t seed) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     uint32_t w[4];
     sr_block_bits(seed, 0, static_cast<uint64_t>(i), w);
     // roughly normal: sum of 4 uniforms, centred, with a per-16 block magnitude
@@ -93,7 +94,8 @@ int main(int argc, char** argv) {
     }
     CK(cudaDeviceSynchronize());
     const double copy_ms = median_ms([&](int i) {
-      CK(cudaMemcpyAsync(copies[i % kSets], inputs[(i + 1) % kSets], in_bytes, cudaMemcpyDeviceToDevice, nullptr));
+      CK(cudaMemcpyAsync(copies[i % kSets], inputs[(i + 1) % kSets], in_bytes, cudaMemcpyDeviceToDevice,
+                         nullptr));
     });
     const double copy_gbs = 2.0 * in_bytes / copy_ms / 1e6;
     rows.push_back({"d2d copy", shape, copy_ms, 2.0 * in_bytes, 2.0 * in_bytes, copy_gbs});
@@ -135,8 +137,8 @@ int main(int argc, char** argv) {
         for (int64_t d : s) n *= d;
         return static_cast<size_t>(n);
       };
-      const size_t out_bytes = bytes_of(qs.rowwise_data) + bytes_of(qs.rowwise_scale) + bytes_of(qs.columnwise_data) +
-                               bytes_of(qs.columnwise_scale);
+      const size_t out_bytes = bytes_of(qs.rowwise_data) + bytes_of(qs.rowwise_scale) +
+                               bytes_of(qs.columnwise_data) + bytes_of(qs.columnwise_scale);
       std::vector<cuda::QuantizedViews> views(kSets);
       std::vector<void*> allocations;
       auto make = [&](const std::vector<int64_t>& s) {
@@ -169,7 +171,8 @@ int main(int argc, char** argv) {
         t.device = Device::CUDA;
         return t;
       };
-      const double ms = median_ms([&](int i) { cuda::quantize(input_view(i % kSets), c.o, views[i % kSets], nullptr); });
+      const double ms =
+          median_ms([&](int i) { cuda::quantize(input_view(i % kSets), c.o, views[i % kSets], nullptr); });
       const bool nvfp4 = c.o.scheme == Scheme::NVFP4;
       rows.push_back({c.name, shape, ms, static_cast<double>(in_bytes + out_bytes),
                       static_cast<double>((nvfp4 ? 2 : 1) * in_bytes + out_bytes), copy_gbs});
@@ -181,7 +184,8 @@ int main(int argc, char** argv) {
           d.data = inputs[i % kSets];
           cuda::launch_nvfp4_amax(d, DType::BF16, c.o, views[i % kSets].amax, nullptr);
         });
-        rows.push_back({"  of which amax pass", shape, amax_ms, static_cast<double>(in_bytes), static_cast<double>(in_bytes), copy_gbs});
+        rows.push_back({"  of which amax pass", shape, amax_ms, static_cast<double>(in_bytes),
+                        static_cast<double>(in_bytes), copy_gbs});
       }
       for (void* p : allocations) CK(cudaFree(p));
     }
@@ -192,15 +196,19 @@ int main(int argc, char** argv) {
   }
   FILE* json = argc > 1 ? std::fopen(argv[1], "w") : nullptr;
   if (json) std::fprintf(json, "[\n");
-  std::printf("\n%-22s %-11s %9s %10s %9s %8s %10s\n", "kernel (bf16 in)", "shape", "time us", "GB/s", "% copy", "moved", "GB/s moved");
+  std::printf("\n%-22s %-11s %9s %10s %9s %8s %10s\n", "kernel (bf16 in)", "shape", "time us", "GB/s",
+              "% copy", "moved", "GB/s moved");
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     const double gbs = r.bytes / r.ms / 1e6, moved = r.moved / r.ms / 1e6;
-    std::printf("%-22s %-11s %9.1f %10.0f %8.1f%% %7.0fMB %10.0f\n", r.name.c_str(), r.shape.c_str(), r.ms * 1e3, gbs,
-                100.0 * gbs / r.copy_gbs, r.moved / 1e6, moved);
+    std::printf("%-22s %-11s %9.1f %10.0f %8.1f%% %7.0fMB %10.0f\n", r.name.c_str(), r.shape.c_str(),
+                r.ms * 1e3, gbs, 100.0 * gbs / r.copy_gbs, r.moved / 1e6, moved);
     if (json) {
-      std::fprintf(json, "  {\"kernel\": \"%s\", \"shape\": \"%s\", \"us\": %.2f, \"bytes\": %.0f, \"gbs\": %.1f, \"copy_gbs\": %.1f, \"moved_bytes\": %.0f}%s\n",
-                   r.name.c_str(), r.shape.c_str(), r.ms * 1e3, r.bytes, gbs, r.copy_gbs, r.moved, i + 1 < rows.size() ? "," : "");
+      std::fprintf(json,
+                   "  {\"kernel\": \"%s\", \"shape\": \"%s\", \"us\": %.2f, \"bytes\": %.0f, \"gbs\": %.1f, "
+                   "\"copy_gbs\": %.1f, \"moved_bytes\": %.0f}%s\n",
+                   r.name.c_str(), r.shape.c_str(), r.ms * 1e3, r.bytes, gbs, r.copy_gbs, r.moved,
+                   i + 1 < rows.size() ? "," : "");
     }
   }
   if (json) {

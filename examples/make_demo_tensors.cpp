@@ -42,11 +42,14 @@ int main(int argc, char** argv) {
   const auto activation = bf16_tensor(256, 1024, rng, 1.0f, 97, 40.0f, false);
   const auto gradient = bf16_tensor(256, 512, rng, 1e-3f, 0, 1.0f, true);
   try {
-    microscale::write_safetensors(argv[1], {
-        {"mlp.up_proj.weight", "BF16", {512, 1024}, weight.data(), weight.size() * 2},
-        {"mlp.up_proj.input", "BF16", {256, 1024}, activation.data(), activation.size() * 2},
-        {"mlp.up_proj.grad_output", "BF16", {256, 512}, gradient.data(), gradient.size() * 2},
-    }, {{"description", "microscale demo tensors"}});
+    microscale::write_safetensors(
+        argv[1],
+        {
+            {"mlp.up_proj.weight", "BF16", {512, 1024}, weight.data(), weight.size() * 2},
+            {"mlp.up_proj.input", "BF16", {256, 1024}, activation.data(), activation.size() * 2},
+            {"mlp.up_proj.grad_output", "BF16", {256, 512}, gradient.data(), gradient.size() * 2},
+        },
+        {{"description", "microscale demo tensors"}});
   } catch (const microscale::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 1;

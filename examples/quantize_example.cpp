@@ -34,8 +34,8 @@ int main() {
     // For a gradient, add stochastic rounding, with a new offset for each quantization:
     // options.stochastic_rounding = ms::StochasticRounding{.seed = 1234, .offset = step};
 
-    const ms::QuantizedTensor q = ms::quantize(input, options);       // fast path
-    const ms::QuantizedTensor r = ms::quantize_ref(input, options);   // reference loops, same bytes
+    const ms::QuantizedTensor q = ms::quantize(input, options);      // fast path
+    const ms::QuantizedTensor r = ms::quantize_ref(input, options);  // reference loops, same bytes
 
     std::printf("%s, [M, K] = [%lld, %lld]\n", std::string(ms::scheme_name(q.scheme)).c_str(),
                 static_cast<long long>(q.rows), static_cast<long long>(q.cols));
@@ -72,14 +72,15 @@ int main() {
     // Save the rowwise operand. These tensor names are our own; cli.md describes the checkpoint
     // conventions that inference engines read.
     const float amax = q.rowwise_amax;
-    ms::write_safetensors("act_nvfp4.safetensors",
-                          {
-                              {"act.data", "U8", q.rowwise_data.shape(), q.rowwise_data.data(), q.rowwise_data.nbytes()},
-                              {"act.scale", "F8_E4M3", q.rowwise_scale.shape(), q.rowwise_scale.data(),
-                               q.rowwise_scale.nbytes()},
-                              {"act.amax", "F32", {1}, &amax, sizeof amax},
-                          },
-                          {{"scheme", "nvfp4"}, {"scale_layout", "swizzled"}});
+    ms::write_safetensors(
+        "act_nvfp4.safetensors",
+        {
+            {"act.data", "U8", q.rowwise_data.shape(), q.rowwise_data.data(), q.rowwise_data.nbytes()},
+            {"act.scale", "F8_E4M3", q.rowwise_scale.shape(), q.rowwise_scale.data(),
+             q.rowwise_scale.nbytes()},
+            {"act.amax", "F32", {1}, &amax, sizeof amax},
+        },
+        {{"scheme", "nvfp4"}, {"scale_layout", "swizzled"}});
 
     // Read it back: the file is memory-mapped, and every offset and size is checked.
     const ms::SafetensorsFile file = ms::SafetensorsFile::open("act_nvfp4.safetensors");
@@ -88,8 +89,8 @@ int main() {
                   ms::shape_string(e.shape).c_str(), e.nbytes);
     }
     std::printf("scheme = %s\n", file.metadata().at("scheme").c_str());
-    const ms::TensorView data = file.view("act.data");                 // U8 view into the mapping
-    const ms::SafetensorsEntry& scales = file.at("act.scale");         // F8_E4M3: raw bytes only
+    const ms::TensorView data = file.view("act.data");          // U8 view into the mapping
+    const ms::SafetensorsEntry& scales = file.at("act.scale");  // F8_E4M3: raw bytes only
     std::printf("%s, first scale byte 0x%02X\n", ms::shape_string(data.shape).c_str(),
                 static_cast<unsigned>(static_cast<uint8_t>(scales.data[0])));
   } catch (const ms::Error& e) {

@@ -115,8 +115,10 @@ int main(int argc, char** argv) {
     }
     const size_t tail = 20;
     const double hp_end = mean_tail(hp, tail), mx_end = mean_tail(mx, tail), nv_end = mean_tail(nv, tail);
-    std::printf("\nmean loss over the last %zu steps: high_precision %.5f, mxfp8 %.5f (%+.1f%%), nvfp4 %.5f (%+.1f%%)\n",
-                tail, hp_end, mx_end, 100 * (mx_end / hp_end - 1), nv_end, 100 * (nv_end / hp_end - 1));
+    std::printf(
+        "\nmean loss over the last %zu steps: high_precision %.5f, mxfp8 %.5f (%+.1f%%), nvfp4 %.5f "
+        "(%+.1f%%)\n",
+        tail, hp_end, mx_end, 100 * (mx_end / hp_end - 1), nv_end, 100 * (nv_end / hp_end - 1));
     if (max_gap >= 0 && (mx_end > hp_end * (1 + max_gap) || nv_end > hp_end * (1 + max_gap))) {
       std::printf("FAILED: a quantized recipe ended more than %.0f%% above high precision\n", 100 * max_gap);
       return 1;

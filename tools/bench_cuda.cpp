@@ -106,8 +106,8 @@ bool run_bench_cuda(int64_t size, int repeats) {
     o.rht = c.rht;
     o.tile = c.tile;
     const QuantizedShapes s = quantized_shapes(shape, o);
-    const int64_t bytes_out = numel(s.rowwise_data) + numel(s.rowwise_scale) + numel(s.columnwise_data) +
-                              numel(s.columnwise_scale);
+    const int64_t bytes_out =
+        numel(s.rowwise_data) + numel(s.rowwise_scale) + numel(s.columnwise_data) + numel(s.columnwise_scale);
     DeviceBuffer rd(numel(s.rowwise_data)), rs(numel(s.rowwise_scale)), cd(numel(s.columnwise_data)),
         cs(numel(s.columnwise_scale)), amax(2 * sizeof(float));
     auto view = [](const DeviceBuffer& b, const std::vector<int64_t>& sh) {

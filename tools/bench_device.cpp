@@ -51,8 +51,9 @@ void run_bench(int64_t size, int gemm_size, int threads, int repeats) {
     Scheme scheme;
     bool rht;
   };
-  for (const Case& c : {Case{"nvfp4 row+col", Scheme::NVFP4, false}, Case{"nvfp4 row+col rht", Scheme::NVFP4, true},
-                        Case{"mxfp8 row+col", Scheme::MXFP8_E4M3, false}, Case{"mxfp4 row+col", Scheme::MXFP4, false}}) {
+  for (const Case& c :
+       {Case{"nvfp4 row+col", Scheme::NVFP4, false}, Case{"nvfp4 row+col rht", Scheme::NVFP4, true},
+        Case{"mxfp8 row+col", Scheme::MXFP8_E4M3, false}, Case{"mxfp4 row+col", Scheme::MXFP4, false}}) {
     QuantizeOptions o;
     o.scheme = c.scheme;
     o.rowwise = o.columnwise = true;
@@ -82,15 +83,18 @@ void run_bench(int64_t size, int gemm_size, int threads, int repeats) {
   });
   std::printf("\nCPU GEMM, M = N = K = %lld; GFLOP/s = 2MNK / time\n", static_cast<long long>(g));
   std::printf("%-22s %10s %10s %12s\n", "case", "ms", "GFLOP/s", "vs sgemm");
-  std::printf("%-22s %10.2f %10.1f %11.2fx\n", "sgemm (fp32 operands)", t_sgemm * 1e3, flops / t_sgemm / 1e9, 1.0);
+  std::printf("%-22s %10.2f %10.1f %11.2fx\n", "sgemm (fp32 operands)", t_sgemm * 1e3, flops / t_sgemm / 1e9,
+              1.0);
   for (Scheme s : {Scheme::NVFP4, Scheme::MXFP8_E4M3}) {
     QuantizeOptions o;
     o.scheme = s;
     const QuantizedTensor qa = quantize(a.view(), o), qb = quantize(b.view(), o);
     const double t = median_seconds(repeats, [&] {
-      gemm_into(GemmOperand::from(qa, Usage::Rowwise), GemmOperand::from(qb, Usage::Rowwise), GemmProblem{}, d.view());
+      gemm_into(GemmOperand::from(qa, Usage::Rowwise), GemmOperand::from(qb, Usage::Rowwise), GemmProblem{},
+                d.view());
     });
-    std::printf("%-22s %10.2f %10.1f %11.2fx\n", std::string(scheme_name(s)).c_str(), t * 1e3, flops / t / 1e9, t_sgemm / t);
+    std::printf("%-22s %10.2f %10.1f %11.2fx\n", std::string(scheme_name(s)).c_str(), t * 1e3,
+                flops / t / 1e9, t_sgemm / t);
   }
 #ifdef MICROSCALE_HAVE_CUDA
   run_bench_cuda(size, std::max(repeats, 5));
@@ -106,14 +110,19 @@ void add_bench_command(CLI::App& app) {
   auto gemm = std::make_shared<int>(1024);
   auto threads = std::make_shared<int>(0);
   auto repeats = std::make_shared<int>(5);
-  CLI::App* cmd = app.add_subcommand("bench", "Quantize and GEMM speed on this machine's CPU, each beside its baseline "
-                                              "(memcpy, OpenBLAS sgemm) measured in the same run.");
-  cmd->add_option("--size", *size, "quantize a SIZE x SIZE bf16 tensor (default 4096)")->check(CLI::Range(32, 65536));
+  CLI::App* cmd =
+      app.add_subcommand("bench",
+                         "Quantize and GEMM speed on this machine's CPU, each beside its baseline "
+                         "(memcpy, OpenBLAS sgemm) measured in the same run.");
+  cmd->add_option("--size", *size, "quantize a SIZE x SIZE bf16 tensor (default 4096)")
+      ->check(CLI::Range(32, 65536));
   cmd->add_option("--gemm-size", *gemm, "GEMM M = N = K (default 1024)")->check(CLI::Range(32, 16384));
   cmd->add_option("--threads", *threads, "CPU threads (default: all)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--repeats", *repeats, "timed runs per case; the median is shown (default 5)")->check(CLI::Range(1, 1000));
+  cmd->add_option("--repeats", *repeats, "timed runs per case; the median is shown (default 5)")
+      ->check(CLI::Range(1, 1000));
   cmd->callback([=] {
-    if (*size % 32 != 0 || *gemm % 32 != 0) throw CLI::ValidationError("--size and --gemm-size must be multiples of 32");
+    if (*size % 32 != 0 || *gemm % 32 != 0)
+      throw CLI::ValidationError("--size and --gemm-size must be multiples of 32");
     run_bench(*size, *gemm, *threads, *repeats);
   });
 }

@@ -1,5 +1,7 @@
 // `microscale quantize IN -o OUT --format ...`: a real checkpoint into a serving convention, with
 // a progress bar, a per-tensor report (table and JSON) and a whole-model summary.
+#include "quantize_checkpoint.hpp"
+
 #include <unistd.h>
 
 #include <chrono>
@@ -10,7 +12,6 @@
 
 #include "microscale/checkpoint.hpp"
 #include "microscale/error.hpp"
-#include "quantize_checkpoint.hpp"
 
 namespace microscale::tools {
 namespace {
@@ -53,7 +54,8 @@ void run_quantize(const QuantizeArgs& a) {
   o.rules.only = a.only;
   o.num_threads = a.threads;
   const bool terminal = isatty(fileno(stderr)) != 0;
-  if (!a.quiet) o.progress = [terminal](size_t d, size_t t, const TensorReport& r) { show_progress(d, t, r, terminal); };
+  if (!a.quiet)
+    o.progress = [terminal](size_t d, size_t t, const TensorReport& r) { show_progress(d, t, r, terminal); };
 
   const auto start = std::chrono::steady_clock::now();
   const std::vector<TensorReport> reports = convert_checkpoint(a.input, a.output, o);
@@ -71,24 +73,32 @@ void run_quantize(const QuantizeArgs& a) {
       ++quantized;
       sqnr_sum += r.sqnr_db;
       std::printf("%-56s %-14s %-9s %9.2f %12.4g %10s %10s\n", r.name.c_str(), shape_string(r.shape).c_str(),
-                  "quantized", r.sqnr_db, r.max_abs_error, mb(r.bytes_before).c_str(), mb(r.bytes_after).c_str());
+                  "quantized", r.sqnr_db, r.max_abs_error, mb(r.bytes_before).c_str(),
+                  mb(r.bytes_after).c_str());
     } else {
-      std::printf("%-56s %-14s %-9s %9s %12s %10s %10s  (%s)\n", r.name.c_str(), shape_string(r.shape).c_str(), "kept",
-                  "-", "-", mb(r.bytes_before).c_str(), mb(r.bytes_after).c_str(), r.kept_because.c_str());
+      std::printf("%-56s %-14s %-9s %9s %12s %10s %10s  (%s)\n", r.name.c_str(),
+                  shape_string(r.shape).c_str(), "kept", "-", "-", mb(r.bytes_before).c_str(),
+                  mb(r.bytes_after).c_str(), r.kept_because.c_str());
     }
   }
   const double mean_sqnr = quantized ? sqnr_sum / static_cast<double>(quantized) : NAN;
-  std::printf("\nsummary: %s (%s), %zu of %zu tensors quantized, mean SQNR %.2f dB, %s MB -> %s MB (%.2fx smaller), %.1f s\n",
-              checkpoint_format_name(o.format), convention_name(o.convention), quantized, reports.size(), mean_sqnr,
-              mb(before).c_str(), mb(after).c_str(), after ? static_cast<double>(before) / static_cast<double>(after) : 0.0,
-              seconds);
+  std::printf(
+      "\nsummary: %s (%s), %zu of %zu tensors quantized, mean SQNR %.2f dB, %s MB -> %s MB (%.2fx smaller), "
+      "%.1f s\n",
+      checkpoint_format_name(o.format), convention_name(o.convention), quantized, reports.size(), mean_sqnr,
+      mb(before).c_str(), mb(after).c_str(),
+      after ? static_cast<double>(before) / static_cast<double>(after) : 0.0, seconds);
   std::printf("wrote %s\n", a.output.c_str());
 
   if (!a.report.empty()) {
     nlohmann::json tensors = nlohmann::json::array();
     for (const TensorReport& r : reports) {
-      nlohmann::json t = {{"name", r.name}, {"shape", r.shape}, {"dtype", r.dtype}, {"quantized", r.quantized},
-                          {"bytes_before", r.bytes_before}, {"bytes_after", r.bytes_after}};
+      nlohmann::json t = {{"name", r.name},
+                          {"shape", r.shape},
+                          {"dtype", r.dtype},
+                          {"quantized", r.quantized},
+                          {"bytes_before", r.bytes_before},
+                          {"bytes_after", r.bytes_after}};
       if (r.quantized) {
         t["sqnr_db"] = std::isfinite(r.sqnr_db) ? nlohmann::json(r.sqnr_db) : nlohmann::json(nullptr);
         t["max_abs_error"] = r.max_abs_error;
@@ -98,12 +108,18 @@ void run_quantize(const QuantizeArgs& a) {
       tensors.push_back(t);
     }
     const nlohmann::json report = {
-        {"input", a.input}, {"output", a.output}, {"format", checkpoint_format_name(o.format)},
-        {"convention", convention_name(o.convention)}, {"tensors", tensors},
+        {"input", a.input},
+        {"output", a.output},
+        {"format", checkpoint_format_name(o.format)},
+        {"convention", convention_name(o.convention)},
+        {"tensors", tensors},
         {"summary",
-         {{"tensors", reports.size()}, {"quantized", quantized},
+         {{"tensors", reports.size()},
+          {"quantized", quantized},
           {"mean_sqnr_db", std::isfinite(mean_sqnr) ? nlohmann::json(mean_sqnr) : nlohmann::json(nullptr)},
-          {"bytes_before", before}, {"bytes_after", after}, {"seconds", seconds}}}};
+          {"bytes_before", before},
+          {"bytes_after", after},
+          {"seconds", seconds}}}};
     std::ofstream out(a.report);
     out << report.dump(2) << "\n";
     if (!out) throw Error("cannot write the report '" + a.report + "'");

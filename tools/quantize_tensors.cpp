@@ -9,7 +9,6 @@
 #include "microscale/error.hpp"
 #include "microscale/error_stats.hpp"
 #include "microscale/hadamard.hpp"
-#include "microscale/half.hpp"
 #include "microscale/quantize.hpp"
 #include "microscale/safetensors.hpp"
 
@@ -46,29 +45,19 @@ QuantizeOptions to_options(const Args& a) {
   return o;
 }
 
-// The input as fp32, row-major [M, K] (transposed to [K, M] when asked).
-std::vector<float> input_values(const TensorView& v, int64_t m, int64_t k, bool transposed) {
-  std::vector<float> out(static_cast<size_t>(m * k));
-  for (int64_t i = 0; i < m * k; ++i) {
-    float x = 0.0f;
-    switch (v.dtype) {
-      case DType::BF16: x = bf16_to_float(static_cast<const uint16_t*>(v.data)[i]); break;
-      case DType::F16: x = half_to_float(static_cast<const uint16_t*>(v.data)[i]); break;
-      default: x = static_cast<const float*>(v.data)[i]; break;
-    }
-    const int64_t r = i / k, c = i % k;
-    out[transposed ? c * m + r : i] = x;
-  }
-  return out;
-}
-
 // Dequantizes one usage and compares it with the input in the same orientation; NVFP4's
 // columnwise output is X^T, and with RHT its transform is undone first.
 ErrorStats usage_error(const TensorView& input, const QuantizedTensor& q, Usage usage, uint16_t rht_mask) {
   const bool transposed = usage == Usage::Columnwise && !is_mx(q.scheme);
   Tensor deq = dequantize(q, usage, DType::F32);
   if (transposed && q.rht) deq = hadamard16(deq.view(), rht_mask, /*inverse=*/true);
-  const std::vector<float> ref = input_values(input, q.rows, q.cols, transposed);
+  const Tensor x = to_f32_matrix(input);  // [M, K]
+  std::vector<float> ref(x.data_as<float>(), x.data_as<float>() + x.numel());
+  if (transposed) {  // NVFP4 columnwise holds X^T [K, M]
+    for (int64_t r = 0; r < q.rows; ++r) {
+      for (int64_t c = 0; c < q.cols; ++c) ref[c * q.rows + r] = x.data_as<float>()[r * q.cols + c];
+    }
+  }
   return error_stats(ref.data(), deq.data_as<float>(), q.rows * q.cols);
 }
 
@@ -90,7 +79,8 @@ void run(const Args& a) {
     const bool floating = e.dtype == "F32" || e.dtype == "BF16" || e.dtype == "F16";
     if (!floating) {
       out.push_back({e.name, e.dtype, e.shape, e.data, e.nbytes});
-      std::printf("%-32s %-16s %-10s %10s %14s\n", e.name.c_str(), shape_string(e.shape).c_str(), "kept", "-", "-");
+      std::printf("%-32s %-16s %-10s %10s %14s\n", e.name.c_str(), shape_string(e.shape).c_str(), "kept", "-",
+                  "-");
       continue;
     }
     const TensorView view = in.view(e.name);
@@ -121,7 +111,8 @@ void run(const Args& a) {
       {"microscale.scheme", a.scheme},
       {"microscale.scale_layout", a.swizzle ? "swizzled" : "compact"},
   };
-  if (is_mx(options.scheme)) metadata["microscale.scale_mode"] = std::string(scale_mode_name(options.scale_mode));
+  if (is_mx(options.scheme))
+    metadata["microscale.scale_mode"] = std::string(scale_mode_name(options.scale_mode));
   if (!is_mx(options.scheme)) {
     metadata["microscale.tile"] = a.tile;
     metadata["microscale.rht"] = a.rht ? "true" : "false";
@@ -141,15 +132,19 @@ void add_quantize_tensors_command(CLI::App& app) {
       "(U8) and, for nvfp4, x.rowwise_amax / x.columnwise_amax (F32), and prints each usage's error.");
   cmd->add_option("input", args->input, "input .safetensors file")->required()->check(CLI::ExistingFile);
   cmd->add_option("-o,--output", args->output, "output .safetensors file")->required();
-  cmd->add_option("--scheme", args->scheme, "nvfp4 | mxfp8_e4m3 | mxfp8_e5m2 | mxfp6_e2m3 | mxfp6_e3m2 | mxfp4")
+  cmd->add_option("--scheme", args->scheme,
+                  "nvfp4 | mxfp8_e4m3 | mxfp8_e5m2 | mxfp6_e2m3 | mxfp6_e3m2 | mxfp4")
       ->required();
-  cmd->add_option("--scale-mode", args->scale_mode, "MX scale rule: floor | rceil | ceil | even (default rceil)");
+  cmd->add_option("--scale-mode", args->scale_mode,
+                  "MX scale rule: floor | rceil | ceil | even (default rceil)");
   cmd->add_option("--tile", args->tile, "nvfp4 scale block: 1x16 (default) or 16x16 (weights)");
   cmd->add_flag("--rht", args->rht, "nvfp4: random Hadamard transform on the columnwise output (bf16 input)");
   cmd->add_flag("--rowwise", args->rowwise, "write the rowwise output (default: both usages)");
   cmd->add_flag("--columnwise", args->columnwise, "write the columnwise output (default: both usages)");
-  cmd->add_flag("--swizzle", args->swizzle, "write scales in the cuBLAS 128x4 swizzled layout (default compact)");
-  cmd->add_option("--sr-seed", args->sr_seed, "nvfp4: stochastic rounding with this Philox seed")->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--swizzle", args->swizzle,
+                "write scales in the cuBLAS 128x4 swizzled layout (default compact)");
+  cmd->add_option("--sr-seed", args->sr_seed, "nvfp4: stochastic rounding with this Philox seed")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--threads", args->threads, "CPU threads (default: all)")->check(CLI::NonNegativeNumber);
   cmd->callback([args] { run(*args); });
 }

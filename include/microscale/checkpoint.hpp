@@ -111,8 +111,8 @@ struct LayerRules {
   std::vector<std::string> only;
   static std::vector<std::string> default_skips();
   /// @brief Empty when the tensor is quantized, else the reason it is kept.
-  std::string keep_reason(const std::string& name, const std::string& dtype, const std::vector<int64_t>& shape,
-                          int block) const;
+  std::string keep_reason(const std::string& name, const std::string& dtype,
+                          const std::vector<int64_t>& shape, int block) const;
 };
 
 /// @brief fnmatch-style match of `*` (any run) and `?` (one character).
@@ -124,11 +124,11 @@ struct TensorReport {
   std::vector<int64_t> shape;
   std::string dtype;
   bool quantized = false;
-  std::string kept_because;     ///< when not quantized
-  double sqnr_db = 0.0;         ///< dequantized vs original (quantized tensors)
+  std::string kept_because;  ///< when not quantized
+  double sqnr_db = 0.0;      ///< dequantized vs original (quantized tensors)
   double max_abs_error = 0.0;
   uint64_t bytes_before = 0;
-  uint64_t bytes_after = 0;     ///< all tensors written for it (data + scales + global scale)
+  uint64_t bytes_after = 0;  ///< all tensors written for it (data + scales + global scale)
 };
 
 struct ConvertOptions {
@@ -150,10 +150,10 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
 
 /// @brief A quantized weight found in a checkpoint, dequantized to f32 with its original shape.
 struct DetectedWeight {
-  std::string name;         ///< the original weight name (p.weight, or T for gpt-oss)
+  std::string name;  ///< the original weight name (p.weight, or T for gpt-oss)
   CheckpointFormat format;
   Convention convention;
-  Tensor values;            ///< f32
+  Tensor values;  ///< f32
 };
 
 /// @brief Finds every quantized weight of a checkpoint in any supported convention and

@@ -26,7 +26,8 @@ inline ErrorStats error_stats(const float* ref, const float* x, int64_t n) {
   ErrorStats s;
   s.max_abs_error = worst;
   if (noise == 0.0) {
-    s.sqnr_db = signal == 0.0 ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+    s.sqnr_db =
+        signal == 0.0 ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
   } else {
     s.sqnr_db = 10.0 * std::log10(signal / noise);
   }

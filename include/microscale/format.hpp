@@ -61,10 +61,10 @@ float decode(Format format, uint8_t code);
 /// @brief Round-to-nearest-even with saturation to +-max (satfinite).
 ///
 /// Finite values beyond max saturate; Infs are not clamped (OCP MX, torch's casts): E5M2 keeps
-/// +-Inf, E4M3/UE4M3 (no Inf) give NaN, E2M1/E2M3/E3M2 (no specials) give +-max. NaN maps to the NaN code (sign kept) where the format has one;
-/// E2M1/E2M3/E3M2 have none and map NaN to +max, as the Hopper/Blackwell cvt instructions do.
-/// The sign of zero is kept (-0.0 -> the negative-zero code). E8M0 (unsigned) rounds the exponent
-/// to nearest, ties up; zero, negatives and values below 2^-127 give code 0.
+/// +-Inf, E4M3/UE4M3 (no Inf) give NaN, E2M1/E2M3/E3M2 (no specials) give +-max. NaN maps to the NaN code
+/// (sign kept) where the format has one; E2M1/E2M3/E3M2 have none and map NaN to +max, as the
+/// Hopper/Blackwell cvt instructions do. The sign of zero is kept (-0.0 -> the negative-zero code). E8M0
+/// (unsigned) rounds the exponent to nearest, ties up; zero, negatives and values below 2^-127 give code 0.
 uint8_t encode_rn(Format format, float x);
 
 /// @brief Stochastic rounding with 8 random bits, TransformerEngine's rule (numerics-te.md §4).

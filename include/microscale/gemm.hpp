@@ -57,10 +57,10 @@ struct GemmOperand {
 /// @brief What to compute (kept apart from any tuning choice).
 struct GemmProblem {
   float alpha = 1.0f;
-  float beta = 0.0f;                ///< used when `c` is given
-  std::optional<TensorView> c;      ///< [M, N] or [M, N, L], any dtype of D
-  std::optional<TensorView> bias;   ///< [N] f32/bf16/f16, added after alpha (and beta*C)
-  DType out_dtype = DType::F32;     ///< f32, bf16 or f16
+  float beta = 0.0f;               ///< used when `c` is given
+  std::optional<TensorView> c;     ///< [M, N] or [M, N, L], any dtype of D
+  std::optional<TensorView> bias;  ///< [N] f32/bf16/f16, added after alpha (and beta*C)
+  DType out_dtype = DType::F32;    ///< f32, bf16 or f16
 };
 
 /// @brief D = alpha * A B^T (+ beta C) (+ bias) for A [M, K(, L)] and B [N, K(, L)]; D is

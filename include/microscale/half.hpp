@@ -24,7 +24,9 @@ MICROSCALE_HOST_DEVICE float bits_to_float(uint32_t u) {
 }
 
 /// @brief bf16 bit pattern -> fp32 (exact).
-MICROSCALE_HOST_DEVICE float bf16_to_float(uint16_t bits) { return bits_to_float(static_cast<uint32_t>(bits) << 16); }
+MICROSCALE_HOST_DEVICE float bf16_to_float(uint16_t bits) {
+  return bits_to_float(static_cast<uint32_t>(bits) << 16);
+}
 
 /// @brief fp32 -> bf16 bit pattern, round to nearest even; NaN stays a (quiet) NaN.
 MICROSCALE_HOST_DEVICE uint16_t float_to_bf16(float x) {

@@ -40,7 +40,7 @@ struct LinearSaved {
 struct LinearBackwardOptions {
   bool compute_grad_input = true;
   bool compute_grad_bias = true;
-  std::optional<TensorView> main_grad;  ///< f32 [N, K]: dW is accumulated here (+=)
+  std::optional<TensorView> main_grad;     ///< f32 [N, K]: dW is accumulated here (+=)
   StochasticRounding stochastic_rounding;  ///< seed/offset for the gradient's SR (NVFP4)
 };
 

@@ -45,8 +45,7 @@ MICROSCALE_HOST_DEVICE void philox4x32_10(uint32_t counter[4], uint32_t key0, ui
 }
 
 /// @brief The 16 random bytes of block `block` of the stream (seed, offset), as 4 words.
-MICROSCALE_HOST_DEVICE void sr_block_bits(uint64_t seed, uint64_t offset, uint64_t block,
-                                          uint32_t words[4]) {
+MICROSCALE_HOST_DEVICE void sr_block_bits(uint64_t seed, uint64_t offset, uint64_t block, uint32_t words[4]) {
   words[0] = static_cast<uint32_t>(block);
   words[1] = static_cast<uint32_t>(block >> 32);
   words[2] = static_cast<uint32_t>(offset);

@@ -69,10 +69,10 @@ struct QuantizeOptions {
   Scheme scheme = Scheme::NVFP4;
   bool rowwise = true;
   bool columnwise = false;
-  ScaleMode scale_mode = ScaleMode::RCeil;  ///< MX only
-  Tile tile = Tile::k1x16;                  ///< NVFP4 only
-  bool rht = false;                         ///< NVFP4 columnwise only, bf16 input only
-  uint16_t rht_sign_mask = 0xD7E8;          ///< bit i set: sign of Hadamard row i is negative
+  ScaleMode scale_mode = ScaleMode::RCeil;                ///< MX only
+  Tile tile = Tile::k1x16;                                ///< NVFP4 only
+  bool rht = false;                                       ///< NVFP4 columnwise only, bf16 input only
+  uint16_t rht_sign_mask = 0xD7E8;                        ///< bit i set: sign of Hadamard row i is negative
   std::optional<StochasticRounding> stochastic_rounding;  ///< NVFP4 only
   std::optional<float> amax_rowwise;     ///< NVFP4: use this amax (e.g. all-reduced over a TP group)
   std::optional<float> amax_columnwise;  ///< NVFP4: the same for the columnwise (post-RHT) amax

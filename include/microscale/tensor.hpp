@@ -33,8 +33,7 @@ struct TensorView {
   Device device = Device::CPU;
 
   /// @brief A contiguous view of a buffer of `size_bytes`; throws if the shape needs more bytes.
-  static TensorView from_buffer(const void* data, size_t size_bytes, DType dtype,
-                                std::vector<int64_t> shape);
+  static TensorView from_buffer(const void* data, size_t size_bytes, DType dtype, std::vector<int64_t> shape);
 
   int64_t numel() const;
   int64_t ndim() const { return static_cast<int64_t>(shape.size()); }
@@ -75,6 +74,10 @@ class Tensor {
   DType dtype_ = DType::U8;
   std::vector<int64_t> shape_;
 };
+
+/// @brief A contiguous f32 copy of an f32/bf16/f16 CPU tensor (any positive strides that fold to
+/// 2-D), flattened to [rows, cols] = [product of leading dims, last dim]; exact widening.
+Tensor to_f32_matrix(const TensorView& x);
 
 /// @brief "[128, 64]"
 std::string shape_string(const std::vector<int64_t>& shape);

@@ -8,7 +8,6 @@
 #include "microscale/checkpoint.hpp"
 #include "microscale/error.hpp"
 #include "microscale/error_stats.hpp"
-#include "microscale/half.hpp"
 
 namespace microscale {
 
@@ -67,22 +66,10 @@ std::vector<OutputSpec> quantized_specs(const std::string& name, const std::vect
   return {};
 }
 
-// Input values as fp32 (for the error report).
-std::vector<float> as_f32(const TensorView& v) {
-  std::vector<float> out(static_cast<size_t>(v.numel()));
-  for (size_t i = 0; i < out.size(); ++i) {
-    switch (v.dtype) {
-      case DType::BF16: out[i] = bf16_to_float(static_cast<const uint16_t*>(v.data)[i]); break;
-      case DType::F16: out[i] = half_to_float(static_cast<const uint16_t*>(v.data)[i]); break;
-      default: out[i] = static_cast<const float*>(v.data)[i]; break;
-    }
-  }
-  return out;
-}
-
 std::string module_of(const std::string& weight_name) {
   const std::string suffix = ".weight";
-  if (weight_name.size() > suffix.size() && weight_name.compare(weight_name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+  if (weight_name.size() > suffix.size() &&
+      weight_name.compare(weight_name.size() - suffix.size(), suffix.size(), suffix) == 0) {
     return weight_name.substr(0, weight_name.size() - suffix.size());
   }
   return weight_name;
@@ -98,29 +85,31 @@ json quantization_config(const ConvertOptions& o, const std::vector<std::string>
               {"quant_algo", o.format == CheckpointFormat::NVFP4 ? "W4A16_NVFP4" : "MXFP8"},
               {"config_groups",
                {{"group_0",
-                 {{"weights", {{"num_bits", fp4 ? 4 : 8}, {"type", "float"}, {"group_size", group}, {"dynamic", false}}},
+                 {{"weights",
+                   {{"num_bits", fp4 ? 4 : 8}, {"type", "float"}, {"group_size", group}, {"dynamic", false}}},
                   {"targets", {"Linear"}}}}}},
               {"ignore", ignored},
               {"producer", producer}};
     case Convention::CompressedTensors:
-      return {{"quant_method", "compressed-tensors"},
-              {"format", o.format == CheckpointFormat::NVFP4   ? "nvfp4-pack-quantized"
-                         : o.format == CheckpointFormat::MXFP4 ? "mxfp4-pack-quantized"
-                                                               : "mxfp8-quantized"},
-              {"config_groups",
-               {{"group_0",
-                 {{"targets", {"Linear"}},
-                  {"weights",
-                   {{"num_bits", fp4 ? 4 : 8},
-                    {"type", "float"},
-                    {"strategy", o.format == CheckpointFormat::NVFP4 ? "tensor_group" : "group"},
-                    {"group_size", group},
-                    {"symmetric", true},
-                    {"dynamic", false},
-                    {"scale_dtype", o.format == CheckpointFormat::NVFP4 ? "float8_e4m3fn" : "float8_e8m0fnu"}}},
-                  {"input_activations", nullptr}}}}},
-              {"ignore", ignored},
-              {"producer", producer}};
+      return {
+          {"quant_method", "compressed-tensors"},
+          {"format", o.format == CheckpointFormat::NVFP4   ? "nvfp4-pack-quantized"
+                     : o.format == CheckpointFormat::MXFP4 ? "mxfp4-pack-quantized"
+                                                           : "mxfp8-quantized"},
+          {"config_groups",
+           {{"group_0",
+             {{"targets", {"Linear"}},
+              {"weights",
+               {{"num_bits", fp4 ? 4 : 8},
+                {"type", "float"},
+                {"strategy", o.format == CheckpointFormat::NVFP4 ? "tensor_group" : "group"},
+                {"group_size", group},
+                {"symmetric", true},
+                {"dynamic", false},
+                {"scale_dtype", o.format == CheckpointFormat::NVFP4 ? "float8_e4m3fn" : "float8_e8m0fnu"}}},
+              {"input_activations", nullptr}}}}},
+          {"ignore", ignored},
+          {"producer", producer}};
     case Convention::GptOss:
       return {{"quant_method", "mxfp4"}, {"modules_to_not_convert", ignored}, {"producer", producer}};
   }
@@ -202,8 +191,8 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
           throw Error("tensor '" + e.name + "': " + err.reason());
         }
         const Tensor deq = dequantize(q, Usage::Rowwise, DType::F32);
-        const std::vector<float> ref = as_f32(view);
-        const ErrorStats stats = error_stats(ref.data(), deq.data_as<float>(), static_cast<int64_t>(ref.size()));
+        const Tensor ref = to_f32_matrix(view);
+        const ErrorStats stats = error_stats(ref.data_as<float>(), deq.data_as<float>(), ref.numel());
         r.sqnr_db = stats.sqnr_db;
         r.max_abs_error = stats.max_abs_error;
         const std::vector<OutputSpec>& specs = outputs[i];

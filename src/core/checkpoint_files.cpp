@@ -50,7 +50,8 @@ Checkpoint Checkpoint::open(const std::string& path) {
         throw Error("'" + index.string() + "' has no weight_map object");
       }
       for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-        if (!it.value().is_string()) throw Error("'" + index.string() + "': weight_map values must be file names");
+        if (!it.value().is_string())
+          throw Error("'" + index.string() + "': weight_map values must be file names");
         const std::string file = it.value().get<std::string>();
         if (file.find('/') != std::string::npos || file.find("..") != std::string::npos) {
           throw Error("'" + index.string() + "' names a shard outside the directory: '" + file + "'");
@@ -62,7 +63,8 @@ Checkpoint Checkpoint::open(const std::string& path) {
       files.push_back("model.safetensors");
     } else {
       for (const auto& e : fs::directory_iterator(p)) {
-        if (e.is_regular_file() && e.path().extension() == ".safetensors") files.push_back(e.path().filename().string());
+        if (e.is_regular_file() && e.path().extension() == ".safetensors")
+          files.push_back(e.path().filename().string());
       }
       std::sort(files.begin(), files.end());
     }
@@ -121,7 +123,8 @@ void SafetensorsStreamWriter::declare(const std::string& name, const std::string
   declared_.push_back({name, dtype, shape, safetensors_nbytes(dtype, numel)});
 }
 
-void SafetensorsStreamWriter::begin(const std::string& path, const std::map<std::string, std::string>& metadata) {
+void SafetensorsStreamWriter::begin(const std::string& path,
+                                    const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
@@ -136,7 +139,8 @@ void SafetensorsStreamWriter::begin(const std::string& path, const std::map<std:
   file_->out.open(path, std::ios::binary | std::ios::trunc);
   if (!file_->out) throw Error("cannot write '" + path + "'");
   std::array<char, 8> len{};
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((static_cast<uint64_t>(text.size()) >> (8 * i)) & 0xFF);
+  for (int i = 0; i < 8; ++i)
+    len[i] = static_cast<char>((static_cast<uint64_t>(text.size()) >> (8 * i)) & 0xFF);
   file_->out.write(len.data(), 8);
   file_->out.write(text.data(), static_cast<std::streamsize>(text.size()));
 }
@@ -158,7 +162,8 @@ void SafetensorsStreamWriter::write(const std::string& name, const void* data, s
 void SafetensorsStreamWriter::finish() {
   if (!file_) throw Error("nothing to finish: begin() was not called");
   if (next_ != declared_.size()) {
-    throw Error("'" + file_->path + "': " + std::to_string(declared_.size() - next_) + " declared tensors not written");
+    throw Error("'" + file_->path + "': " + std::to_string(declared_.size() - next_) +
+                " declared tensors not written");
   }
   file_->out.close();
   if (!file_->out) throw Error("error while closing '" + file_->path + "'");

@@ -27,12 +27,12 @@ Tensor dequantize_blocks(const SafetensorsEntry& data, bool fp4, const Safetenso
                          std::vector<int64_t> shape, ScaleOf scale_of) {
   const int64_t n = numel(shape);
   if (static_cast<int64_t>(data.nbytes) * (fp4 ? 2 : 1) != n) {
-    throw Error("tensor '" + data.name + "' holds " + std::to_string(data.nbytes) + " bytes, not the codes of " +
-                shape_string(shape));
+    throw Error("tensor '" + data.name + "' holds " + std::to_string(data.nbytes) +
+                " bytes, not the codes of " + shape_string(shape));
   }
   if (static_cast<int64_t>(scales.nbytes) * block != n) {
-    throw Error("tensor '" + scales.name + "' holds " + std::to_string(scales.nbytes) + " scales, not one per " +
-                std::to_string(block) + " of " + shape_string(shape));
+    throw Error("tensor '" + scales.name + "' holds " + std::to_string(scales.nbytes) +
+                " scales, not one per " + std::to_string(block) + " of " + shape_string(shape));
   }
   Tensor out(DType::F32, std::move(shape));
   const auto* bytes = reinterpret_cast<const uint8_t*>(data.data);
@@ -79,7 +79,8 @@ std::vector<DetectedWeight> read_quantized_weights(const Checkpoint& c) {
     if (ends_with(n, "_blocks") && c.contains(n.substr(0, n.size() - 7) + "_scales")) {
       // gpt-oss MXFP4: <T>_blocks [.., N, K/32, 16], <T>_scales [.., N, K/32]
       const std::string base = n.substr(0, n.size() - 7);
-      if (e.dtype != "U8" || e.shape.size() < 2 || e.shape.back() != 16) throw Error("'" + n + "' is not gpt-oss MXFP4 blocks");
+      if (e.dtype != "U8" || e.shape.size() < 2 || e.shape.back() != 16)
+        throw Error("'" + n + "' is not gpt-oss MXFP4 blocks");
       std::vector<int64_t> shape(e.shape.begin(), e.shape.end() - 2);
       shape.push_back(e.shape[e.shape.size() - 2] * 32);
       found.push_back({base, CheckpointFormat::MXFP4, Convention::GptOss,

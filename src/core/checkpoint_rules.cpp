@@ -44,7 +44,8 @@ Convention default_convention(CheckpointFormat f) {
 
 void check_supported(CheckpointFormat f, Convention c) {
   const bool ok = (c == Convention::ModelOpt && f != CheckpointFormat::MXFP4) ||
-                  c == Convention::CompressedTensors || (c == Convention::GptOss && f == CheckpointFormat::MXFP4);
+                  c == Convention::CompressedTensors ||
+                  (c == Convention::GptOss && f == CheckpointFormat::MXFP4);
   if (!ok) {
     throw Error(std::string("the ") + convention_name(c) + " convention has no " + checkpoint_format_name(f) +
                 " layout (modelopt: nvfp4, mxfp8; compressed-tensors: nvfp4, mxfp8, mxfp4; gpt-oss: mxfp4)");
@@ -76,8 +77,8 @@ std::vector<std::string> LayerRules::default_skips() {
   // What serving engines keep in high precision (ModelOpt's and llm-compressor's default
   // exclusions, gpt-oss's modules_to_not_convert): embeddings, norms, the output head, MoE
   // routers/gates, and small heads.
-  return {"*embed*",  "*norm*",    "*Norm*",   "*lm_head*", "*router*", "*.gate.*", "*mlp.gate",
-          "*pooler*", "*classifier*", "*position*", "*score*"};
+  return {"*embed*",   "*norm*",   "*Norm*",       "*lm_head*",  "*router*", "*.gate.*",
+          "*mlp.gate", "*pooler*", "*classifier*", "*position*", "*score*"};
 }
 
 std::string LayerRules::keep_reason(const std::string& name, const std::string& dtype,
@@ -92,7 +93,8 @@ std::string LayerRules::keep_reason(const std::string& name, const std::string& 
     for (const std::string& pattern : only) any = any || wildcard_match(pattern, name);
     if (!any) return "matches no --only pattern";
   }
-  if (shape.back() % block != 0) return "last dim " + std::to_string(shape.back()) + " not a multiple of " + std::to_string(block);
+  if (shape.back() % block != 0)
+    return "last dim " + std::to_string(shape.back()) + " not a multiple of " + std::to_string(block);
   return "";
 }
 

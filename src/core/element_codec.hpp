@@ -16,7 +16,6 @@
 
 namespace microscale {
 
-
 /// a if `condition` else b, as a mask (branch-free, vectorisable).
 MICROSCALE_HOST_DEVICE uint32_t select(bool condition, uint32_t a, uint32_t b) {
   const uint32_t mask = 0u - static_cast<uint32_t>(condition);
@@ -31,10 +30,11 @@ struct ElementCodec {
   static constexpr int kEmin = 1 - kBias;
   // Largest finite code magnitude: all ones, minus one mantissa step when that pattern is NaN
   // (E4M3), minus the whole top binade when it is Inf/NaN (E5M2).
-  static constexpr uint32_t kMaxCode = kSpecials == Specials::NanOnlyOnes ? (1u << (kBits - 1)) - 2
-                                       : kSpecials == Specials::Ieee
-                                           ? ((((1u << kExponentBits) - 2) << kMantissaBits) | ((1u << kMantissaBits) - 1))
-                                           : (1u << (kBits - 1)) - 1;
+  static constexpr uint32_t kMaxCode =
+      kSpecials == Specials::NanOnlyOnes ? (1u << (kBits - 1)) - 2
+      : kSpecials == Specials::Ieee
+          ? ((((1u << kExponentBits) - 2) << kMantissaBits) | ((1u << kMantissaBits) - 1))
+          : (1u << (kBits - 1)) - 1;
   // fp32 bits of the smallest normal, 2^kEmin.
   static constexpr uint32_t kMinNormalBits = static_cast<uint32_t>(kEmin + 127) << 23;
   // fp32 bits of 2^(kEmin - kMantissaBits + 23): adding it rounds a subnormal to its grid.
@@ -51,7 +51,8 @@ struct ElementCodec {
     }
   }
   /// Magnitude code of an Inf input.
-  static constexpr uint32_t kInfCode = kSpecials == Specials::Ieee          ? (((1u << kExponentBits) - 1) << kMantissaBits)
+  static constexpr uint32_t kInfCode = kSpecials == Specials::Ieee
+                                           ? (((1u << kExponentBits) - 1) << kMantissaBits)
                                        : kSpecials == Specials::NanOnlyOnes ? (kSignBit - 1)
                                                                             : kMaxCode;
 
@@ -81,7 +82,8 @@ struct ElementCodec {
     // Normal range: add the random byte just below the last kept bit, then truncate.
     const uint32_t normal = (((a >> (kShift - 8)) + random_byte) >> 8) - kRebias;
     // Subnormal range: a / step < 2^kMantissaBits; the same on 1/256 steps, exact in fp32.
-    const float steps_256 = bits_to_float(a) * bits_to_float(static_cast<uint32_t>(kMantissaBits - kEmin + 8 + 127) << 23);
+    const float steps_256 =
+        bits_to_float(a) * bits_to_float(static_cast<uint32_t>(kMantissaBits - kEmin + 8 + 127) << 23);
     const uint32_t subnormal = (static_cast<uint32_t>(steps_256) + random_byte) >> 8;
     uint32_t code = select(a < kMinNormalBits, subnormal, normal);
     code = select((a >= 0x7F800000u) | (code > kMaxCode), kMaxCode, code);

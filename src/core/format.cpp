@@ -112,8 +112,7 @@ float decode(Format format, uint8_t code) {
   const int exponent_ones = (1 << f.exponent_bits) - 1;
   const int mantissa_ones = (1 << f.mantissa_bits) - 1;
   double magnitude = 0.0;
-  if (f.specials == Specials::NanOnlyOnes && exponent_field == exponent_ones &&
-      mantissa == mantissa_ones) {
+  if (f.specials == Specials::NanOnlyOnes && exponent_field == exponent_ones && mantissa == mantissa_ones) {
     magnitude = NAN;
   } else if (f.specials == Specials::Ieee && exponent_field == exponent_ones) {
     magnitude = mantissa == 0 ? INFINITY : NAN;
@@ -134,7 +133,8 @@ uint8_t encode_rn(Format format, float x) {
   const double a = std::fabs(static_cast<double>(x));
   // Infs are not clamped (OCP MX, torch's casts, the golden element table): E5M2 keeps them,
   // E4M3 (no Inf) makes them NaN; only the formats without special values saturate them.
-  if (std::isinf(a) && f.specials == Specials::Ieee) return static_cast<uint8_t>(0x7C | sign_bit(f, negative));
+  if (std::isinf(a) && f.specials == Specials::Ieee)
+    return static_cast<uint8_t>(0x7C | sign_bit(f, negative));
   if (std::isinf(a) && f.specials == Specials::NanOnlyOnes) return encode_nan(f, negative);
   if (a >= f.max_normal) return static_cast<uint8_t>(f.max_code | sign_bit(f, negative));
   const double step = grid_step(f, a);
@@ -146,8 +146,7 @@ uint8_t encode_rn(Format format, float x) {
 uint8_t encode_sr(Format format, float x, uint8_t random_bits) {
   const FormatInfo& f = format_info(format);
   if (f.specials == Specials::NanCodeFF || !f.has_sign) {
-    throw Error("stochastic rounding is defined for element formats only, not " +
-                std::string(f.name));
+    throw Error("stochastic rounding is defined for element formats only, not " + std::string(f.name));
   }
   const bool negative = std::signbit(x);
   if (std::isnan(x)) return encode_nan(f, negative);

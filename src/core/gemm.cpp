@@ -6,24 +6,23 @@
 #include <vector>
 
 #include "core/operand_access.hpp"
+#include "core/require.hpp"
 #include "cpu/gemm_kernels.hpp"
 #include "microscale/error.hpp"
 
 namespace microscale {
 namespace {
 
-void require(bool condition, const std::string& reason) {
-  if (!condition) throw Error(reason);
-}
-
 std::string describe(const GemmOperand& op, const char* name) {
-  return std::string("operand ") + name + " (" + (op.quantized ? std::string(scheme_name(op.scheme)) : "dense") + ")";
+  return std::string("operand ") + name + " (" +
+         (op.quantized ? std::string(scheme_name(op.scheme)) : "dense") + ")";
 }
 
 void check_view(const TensorView& v, const std::string& what) {
   require(v.device == Device::CPU, what + " must be CPU memory for the CPU backend");
   require(v.data != nullptr || v.numel() == 0, what + " has a null data pointer");
-  require(v.ndim() == 2 || v.ndim() == 3, what + " must be 2-D or 3-D (batched), got " + shape_string(v.shape));
+  require(v.ndim() == 2 || v.ndim() == 3,
+          what + " must be 2-D or 3-D (batched), got " + shape_string(v.shape));
   for (int64_t s : v.effective_strides()) require(s > 0, what + " must have positive strides");
 }
 
@@ -52,12 +51,13 @@ std::array<int64_t, 3> check_operand(const GemmOperand& op, const char* name) {
     require(op.scales.numel() == need, who + " swizzled scales hold " + std::to_string(op.scales.numel()) +
                                            " bytes, expected " + std::to_string(need));
   } else {
-    std::vector<int64_t> want = op.stored_transposed ? std::vector<int64_t>{k / block, rows}
-                                                     : std::vector<int64_t>{rows, k / block};
+    std::vector<int64_t> want =
+        op.stored_transposed ? std::vector<int64_t>{k / block, rows} : std::vector<int64_t>{rows, k / block};
     if (op.scales.ndim() == 3 || batches > 1) want.push_back(batches);
-    require(op.scales.shape == want, who + " compact scales are " + shape_string(op.scales.shape) + ", expected " +
-                                         shape_string(want));
-    for (int64_t s : op.scales.effective_strides()) require(s > 0, who + " scales must have positive strides");
+    require(op.scales.shape == want, who + " compact scales are " + shape_string(op.scales.shape) +
+                                         ", expected " + shape_string(want));
+    for (int64_t s : op.scales.effective_strides())
+      require(s > 0, who + " scales must have positive strides");
   }
   if (op.amax) {
     require(op.scheme == Scheme::NVFP4, who + ": only NVFP4 operands carry an amax");
@@ -93,8 +93,8 @@ int64_t offset3(const std::vector<int64_t>& strides, int64_t m, int64_t n, int64
 
 GemmOperand GemmOperand::from(const QuantizedTensor& q, Usage usage) {
   if (!q.has(usage)) {
-    throw Error(std::string("the quantized tensor has no ") + (usage == Usage::Rowwise ? "rowwise" : "columnwise") +
-                " data for this GEMM operand");
+    throw Error(std::string("the quantized tensor has no ") +
+                (usage == Usage::Rowwise ? "rowwise" : "columnwise") + " data for this GEMM operand");
   }
   GemmOperand op;
   op.quantized = true;
@@ -117,8 +117,9 @@ GemmOperand GemmOperand::from_dense(const TensorView& x) {
 
 std::pair<GemmOperand, GemmOperand> te_gemm_operands(const QuantizedTensor& a, const QuantizedTensor& b,
                                                      std::string_view layout) {
-  require(layout.size() == 2 && (layout[0] == 'T' || layout[0] == 'N') && (layout[1] == 'T' || layout[1] == 'N'),
-          "layout must be one of TN, NN, NT, TT; got '" + std::string(layout) + "'");
+  require(
+      layout.size() == 2 && (layout[0] == 'T' || layout[0] == 'N') && (layout[1] == 'T' || layout[1] == 'N'),
+      "layout must be one of TN, NN, NT, TT; got '" + std::string(layout) + "'");
   const GemmOperand op_a = GemmOperand::from(a, layout[0] == 'T' ? Usage::Rowwise : Usage::Columnwise);
   const GemmOperand op_b = GemmOperand::from(b, layout[1] == 'N' ? Usage::Rowwise : Usage::Columnwise);
   return {op_b, op_a};  // D = op(B) op(A)^T
@@ -127,18 +128,19 @@ std::pair<GemmOperand, GemmOperand> te_gemm_operands(const QuantizedTensor& a, c
 void gemm_into(const GemmOperand& a, const GemmOperand& b, const GemmProblem& p, const TensorView& d) {
   const auto [m, k, la] = check_operand(a, "A");
   const auto [n, kb, lb] = check_operand(b, "B");
-  require(k == kb, "A is [" + std::to_string(m) + ", " + std::to_string(k) + "] and B is [" + std::to_string(n) +
-                       ", " + std::to_string(kb) + "]: their K differ");
+  require(k == kb, "A is [" + std::to_string(m) + ", " + std::to_string(k) + "] and B is [" +
+                       std::to_string(n) + ", " + std::to_string(kb) + "]: their K differ");
   require(la == lb, "A has " + std::to_string(la) + " batches and B has " + std::to_string(lb));
   require(m > 0 && n > 0 && k > 0, "empty GEMM: M, N and K must be positive");
   if (a.quantized && b.quantized) {
-    require(block_size(a.scheme) == block_size(b.scheme),
-            "A and B use different block sizes (" + std::string(scheme_name(a.scheme)) + " x " +
-                std::string(scheme_name(b.scheme)) + ")");
+    require(block_size(a.scheme) == block_size(b.scheme), "A and B use different block sizes (" +
+                                                              std::string(scheme_name(a.scheme)) + " x " +
+                                                              std::string(scheme_name(b.scheme)) + ")");
   }
   const int64_t batches = la;
   check_view(d, "output D");
-  require(d.dtype == DType::F32 || d.dtype == DType::BF16 || d.dtype == DType::F16, "D must be f32, bf16 or f16");
+  require(d.dtype == DType::F32 || d.dtype == DType::BF16 || d.dtype == DType::F16,
+          "D must be f32, bf16 or f16");
   std::vector<int64_t> want = {m, n};
   if (batches > 1 || d.ndim() == 3) want.push_back(batches);
   require(d.shape == want, "D is " + shape_string(d.shape) + ", expected " + shape_string(want));

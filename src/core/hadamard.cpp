@@ -8,7 +8,8 @@ namespace microscale {
 
 Tensor hadamard16(const TensorView& x, uint16_t sign_mask, bool inverse) {
   const InputMatrix in = make_input_matrix(x);
-  if (in.cols % 16 != 0) throw Error("hadamard16 needs the last dim divisible by 16, got " + shape_string(x.shape));
+  if (in.cols % 16 != 0)
+    throw Error("hadamard16 needs the last dim divisible by 16, got " + shape_string(x.shape));
   Tensor out(DType::F32, x.shape);
   float* y = out.data_as<float>();
   for (int64_t r = 0; r < in.rows; ++r) {

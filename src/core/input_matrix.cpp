@@ -6,7 +6,8 @@ namespace microscale {
 
 InputMatrix make_input_matrix(const TensorView& input, Device device) {
   if (input.device != device) {
-    throw Error(device == Device::CPU ? "the CPU backend needs a CPU tensor" : "the CUDA backend needs a CUDA tensor");
+    throw Error(device == Device::CPU ? "the CPU backend needs a CPU tensor"
+                                      : "the CUDA backend needs a CUDA tensor");
   }
   if (input.dtype != DType::F32 && input.dtype != DType::BF16 && input.dtype != DType::F16) {
     throw Error("input dtype must be f32, bf16 or f16, got " + std::string(dtype_name(input.dtype)));
@@ -39,10 +40,21 @@ InputMatrix make_input_matrix(const TensorView& input, Device device) {
                   " do not fold into 2-D [rows, cols]; make it contiguous first");
     }
   }
-  if (m.rows > 1 && m.cols > 1 && m.row_stride < m.cols * m.col_stride && m.col_stride < m.rows * m.row_stride) {
+  if (m.rows > 1 && m.cols > 1 && m.row_stride < m.cols * m.col_stride &&
+      m.col_stride < m.rows * m.row_stride) {
     throw Error("input strides " + shape_string(strides) + " make elements overlap");
   }
   return m;
+}
+
+Tensor to_f32_matrix(const TensorView& x) {
+  const InputMatrix m = make_input_matrix(x);
+  Tensor out(DType::F32, {m.rows, m.cols});
+  float* o = out.data_as<float>();
+  for (int64_t r = 0; r < m.rows; ++r) {
+    for (int64_t c = 0; c < m.cols; ++c) o[r * m.cols + c] = m.at(r, c);
+  }
+  return out;
 }
 
 }  // namespace microscale

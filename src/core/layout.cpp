@@ -7,7 +7,8 @@ namespace microscale {
 
 namespace {
 void require_u8_contiguous_2d(const TensorView& v, const char* what) {
-  if (v.dtype != DType::U8) throw Error(std::string(what) + " must be u8, got " + std::string(dtype_name(v.dtype)));
+  if (v.dtype != DType::U8)
+    throw Error(std::string(what) + " must be u8, got " + std::string(dtype_name(v.dtype)));
   if (v.ndim() != 2) throw Error(std::string(what) + " must be 2-D, got " + shape_string(v.shape));
   if (!v.is_contiguous()) throw Error(std::string(what) + " must be contiguous");
   if (v.data == nullptr && v.numel() > 0) throw Error(std::string(what) + " has a null data pointer");

@@ -12,16 +12,6 @@
 namespace microscale {
 namespace {
 
-// A contiguous f32 copy of x flattened to [rows, cols].
-Tensor to_f32_matrix(const InputMatrix& x) {
-  Tensor out(DType::F32, {x.rows, x.cols});
-  float* o = out.data_as<float>();
-  for (int64_t r = 0; r < x.rows; ++r) {
-    for (int64_t c = 0; c < x.cols; ++c) o[r * x.cols + c] = x.at(r, c);
-  }
-  return out;
-}
-
 // [rows, cols] view of a contiguous f32 tensor, transposed: [cols, rows] with strides (1, cols).
 TensorView transposed(const Tensor& t) {
   TensorView v = t.view();
@@ -44,7 +34,8 @@ bool is_high_precision(const Recipe& r) { return std::holds_alternative<HighPrec
 // The RHT is defined on bf16 tensors only (as in TransformerEngine, whose NVFP4 training runs in
 // bf16): under an RHT recipe an f32/f16 activation or gradient is rounded to bf16 first.
 // Returns the tensor to quantize ([rows, cols] view) and keeps the bf16 copy alive in `storage`.
-TensorView rht_ready(const TensorView& x, int64_t rows, int64_t cols, const QuantizeOptions& o, Tensor& storage) {
+TensorView rht_ready(const TensorView& x, int64_t rows, int64_t cols, const QuantizeOptions& o,
+                     Tensor& storage) {
   TensorView v = folded(x, rows, cols);
   if (!o.rht || !o.columnwise || v.dtype == DType::BF16) return v;
   const InputMatrix im = make_input_matrix(v);
@@ -73,7 +64,7 @@ Tensor linear_forward(const TensorView& x, const TensorView& weight, const std::
 
   Tensor y;
   if (is_high_precision(recipe)) {
-    Tensor xf = to_f32_matrix(xm), wf = to_f32_matrix(wm);
+    Tensor xf = to_f32_matrix(x), wf = to_f32_matrix(weight);
     y = gemm(GemmOperand::from_dense(xf.view()), GemmOperand::from_dense(wf.view()), problem);
     if (saved) {
       saved->input_f32 = xf;
@@ -84,8 +75,8 @@ Tensor linear_forward(const TensorView& x, const TensorView& weight, const std::
     xo.columnwise = saved != nullptr;  // X^T only feeds wgrad
     Tensor x_bf16;
     const QuantizedTensor xq = quantize(rht_ready(x, m, k, xo, x_bf16), xo);
-    const QuantizedTensor wq = cached_weight ? *cached_weight
-                                             : quantize(weight, *quantize_options(recipe, TensorRole::Weight));
+    const QuantizedTensor wq =
+        cached_weight ? *cached_weight : quantize(weight, *quantize_options(recipe, TensorRole::Weight));
     const auto [first, second] = te_gemm_operands(wq, xq, "TN");  // y = x W^T
     y = gemm(first, second, problem);
     if (saved) {
@@ -128,11 +119,13 @@ LinearGrads linear_backward(const TensorView& grad_output, const LinearSaved& sa
   }
 
   if (is_high_precision(recipe)) {
-    const Tensor dy = to_f32_matrix(dym);
+    const Tensor dy = to_f32_matrix(grad_output);
     if (options.compute_grad_input) {
-      grads.grad_input = gemm(GemmOperand::from_dense(dy.view()), GemmOperand::from_dense(transposed(saved.weight_f32)));
+      grads.grad_input =
+          gemm(GemmOperand::from_dense(dy.view()), GemmOperand::from_dense(transposed(saved.weight_f32)));
     }
-    const GemmOperand a = GemmOperand::from_dense(transposed(dy)), b = GemmOperand::from_dense(transposed(saved.input_f32));
+    const GemmOperand a = GemmOperand::from_dense(transposed(dy)),
+                      b = GemmOperand::from_dense(transposed(saved.input_f32));
     if (options.main_grad) {
       gemm_into(a, b, wgrad_problem, *options.main_grad);
     } else {
@@ -171,7 +164,8 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, uint64_t se
       main_grad_(DType::F32, {out_features, in_features}),
       bias_grad_(DType::F32, {out_features}),
       seed_(seed) {
-  if (in_features <= 0 || out_features <= 0) throw Error("Linear needs positive in_features and out_features");
+  if (in_features <= 0 || out_features <= 0)
+    throw Error("Linear needs positive in_features and out_features");
   std::mt19937_64 rng(seed);
   const float bound = 1.0f / std::sqrt(static_cast<float>(in_features));
   std::uniform_real_distribution<float> uniform(-bound, bound);
@@ -206,7 +200,8 @@ Tensor Linear::backward(const TensorView& grad_output) {
   o.stochastic_rounding = StochasticRounding{seed_, backward_calls_++};  // a fresh stream per step
   LinearGrads g = linear_backward(grad_output, saved_, o);
   if (bias_.defined()) {
-    for (int64_t j = 0; j < bias_grad_.numel(); ++j) bias_grad_.data_as<float>()[j] += g.grad_bias.data_as<float>()[j];
+    for (int64_t j = 0; j < bias_grad_.numel(); ++j)
+      bias_grad_.data_as<float>()[j] += g.grad_bias.data_as<float>()[j];
   }
   return g.grad_input;
 }
@@ -217,9 +212,11 @@ void Linear::zero_grad() {
 }
 
 void Linear::sgd_step(float learning_rate) {
-  for (int64_t i = 0; i < weight_.numel(); ++i) weight_.data_as<float>()[i] -= learning_rate * main_grad_.data_as<float>()[i];
+  for (int64_t i = 0; i < weight_.numel(); ++i)
+    weight_.data_as<float>()[i] -= learning_rate * main_grad_.data_as<float>()[i];
   if (bias_.defined()) {
-    for (int64_t i = 0; i < bias_.numel(); ++i) bias_.data_as<float>()[i] -= learning_rate * bias_grad_.data_as<float>()[i];
+    for (int64_t i = 0; i < bias_.numel(); ++i)
+      bias_.data_as<float>()[i] -= learning_rate * bias_grad_.data_as<float>()[i];
   }
   weight_updated();
   zero_grad();

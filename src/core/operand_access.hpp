@@ -28,8 +28,8 @@ class OperandReader {
       }
       for (int c = 0; c < 256; ++c) {
         scale_values_[c] = op.scheme == Scheme::NVFP4 ? decode(Format::E4M3, static_cast<uint8_t>(c))
-                           : c == 0xFF               ? NAN
-                                                     : std::ldexp(1.0f, c - 127);
+                           : c == 0xFF                ? NAN
+                                                      : std::ldexp(1.0f, c - 127);
       }
       data_strides_ = op.data.effective_strides();
       scale_strides_ = op.scales.effective_strides();
@@ -90,7 +90,8 @@ class OperandReader {
 
  private:
   float dense_at(int64_t l, int64_t r, int64_t k) const {
-    const int64_t i = r * data_strides_[0] + k * data_strides_[1] + (data_strides_.size() == 3 ? l * data_strides_[2] : 0);
+    const int64_t i =
+        r * data_strides_[0] + k * data_strides_[1] + (data_strides_.size() == 3 ? l * data_strides_[2] : 0);
     switch (op_.dense.dtype) {
       case DType::BF16: return bf16_to_float(static_cast<const uint16_t*>(op_.dense.data)[i]);
       case DType::F16: return half_to_float(static_cast<const uint16_t*>(op_.dense.data)[i]);
@@ -103,7 +104,8 @@ class OperandReader {
     const int64_t sr = op_.stored_transposed ? k : r, sc = op_.stored_transposed ? r : k;
     const int64_t batch_offset = data_strides_.size() == 3 ? l * data_strides_[2] : 0;
     const auto* bytes = static_cast<const uint8_t*>(op_.data.data);
-    const uint8_t byte = bytes[sr * data_strides_[0] + (packed_ ? sc / 2 : sc) * data_strides_[1] + batch_offset];
+    const uint8_t byte =
+        bytes[sr * data_strides_[0] + (packed_ ? sc / 2 : sc) * data_strides_[1] + batch_offset];
     if (!packed_) return byte;
     return sc % 2 == 0 ? (byte & 0x0F) : static_cast<uint8_t>(byte >> 4);
   }

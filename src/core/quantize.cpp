@@ -9,6 +9,7 @@
 
 #include "core/input_matrix.hpp"
 #include "core/quantize_checks.hpp"
+#include "core/require.hpp"
 #include "core/scale_math.hpp"
 #include "cpu/quantize_kernels.hpp"
 #include "microscale/error.hpp"
@@ -47,10 +48,6 @@ std::string lowercase(std::string_view s) {
   return out;
 }
 
-void require(bool condition, const std::string& reason) {
-  if (!condition) throw Error(reason);
-}
-
 }  // namespace
 
 void validate_quantize(const InputMatrix& x, const QuantizeOptions& o) {
@@ -86,7 +83,8 @@ void validate_quantize(const InputMatrix& x, const QuantizeOptions& o) {
     require(o.tile == Tile::k1x16, name + " has 32-element blocks; tile applies to nvfp4 only");
     require(!o.rht, "RHT applies to nvfp4 only");
     require(!o.stochastic_rounding, "stochastic rounding applies to nvfp4 only");
-    require(!o.amax_rowwise && !o.amax_columnwise, "amax overrides apply to nvfp4 only (MX has no global scale)");
+    require(!o.amax_rowwise && !o.amax_columnwise,
+            "amax overrides apply to nvfp4 only (MX has no global scale)");
     require(o.scale_mode == ScaleMode::Floor || o.scale_mode == ScaleMode::Ceil ||
                 o.scale_mode == ScaleMode::Even || o.scale_mode == ScaleMode::RCeil,
             "unknown scale mode");

@@ -22,7 +22,8 @@ QuantizeOptions both_usages(Scheme scheme) {
 
 }  // namespace
 
-std::optional<QuantizeOptions> quantize_options(const Recipe& recipe, TensorRole role, StochasticRounding sr) {
+std::optional<QuantizeOptions> quantize_options(const Recipe& recipe, TensorRole role,
+                                                StochasticRounding sr) {
   if (const auto* r = std::get_if<NVFP4BlockScaling>(&recipe)) {
     QuantizeOptions o = both_usages(Scheme::NVFP4);
     if (role == TensorRole::Weight) {
@@ -34,7 +35,8 @@ std::optional<QuantizeOptions> quantize_options(const Recipe& recipe, TensorRole
     return o;
   }
   if (const auto* r = std::get_if<MXFP8BlockScaling>(&recipe)) {
-    const bool e5m2 = role == TensorRole::GradOutput && r->fp8_format() == MXFP8BlockScaling::Fp8Format::HYBRID;
+    const bool e5m2 =
+        role == TensorRole::GradOutput && r->fp8_format() == MXFP8BlockScaling::Fp8Format::HYBRID;
     QuantizeOptions o = both_usages(e5m2 ? Scheme::MXFP8_E5M2 : Scheme::MXFP8_E4M3);
     o.scale_mode = ScaleMode::RCeil;
     return o;

@@ -31,10 +31,10 @@ struct DtypeRow {
 // Every dtype of the safetensors format (Rust enum order); F4 and F6 are sub-byte, so a tensor's
 // byte size is numel * bits / 8 and must be whole.
 constexpr std::array<DtypeRow, 22> kDtypes = {{
-    {"BOOL", 8},        {"F4", 4},          {"F6_E2M3", 6},     {"F6_E3M2", 6}, {"U8", 8},   {"I8", 8},
-    {"F8_E5M2", 8},     {"F8_E4M3", 8},     {"F8_E8M0", 8},     {"F8_E4M3FNUZ", 8}, {"F8_E5M2FNUZ", 8},
-    {"I16", 16},        {"U16", 16},        {"F16", 16},        {"BF16", 16},   {"I32", 32}, {"U32", 32},
-    {"F32", 32},        {"C64", 64},        {"F64", 64},        {"I64", 64},    {"U64", 64},
+    {"BOOL", 8},    {"F4", 4},      {"F6_E2M3", 6}, {"F6_E3M2", 6},     {"U8", 8},          {"I8", 8},
+    {"F8_E5M2", 8}, {"F8_E4M3", 8}, {"F8_E8M0", 8}, {"F8_E4M3FNUZ", 8}, {"F8_E5M2FNUZ", 8}, {"I16", 16},
+    {"U16", 16},    {"F16", 16},    {"BF16", 16},   {"I32", 32},        {"U32", 32},        {"F32", 32},
+    {"C64", 64},    {"F64", 64},    {"I64", 64},    {"U64", 64},
 }};
 
 std::string describe(const std::string& origin) { return origin.empty() ? "safetensors data" : origin; }
@@ -93,9 +93,8 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   ::close(fd);
   if (mapping == MAP_FAILED) throw Error("cannot map '" + path + "': " + std::strerror(errno));
   const size_t size = file.size_;
-  file.owner_ = std::shared_ptr<const void>(mapping, [size](const void* p) {
-    ::munmap(const_cast<void*>(p), size);
-  });
+  file.owner_ =
+      std::shared_ptr<const void>(mapping, [size](const void* p) { ::munmap(const_cast<void*>(p), size); });
   file.bytes_ = static_cast<const std::byte*>(mapping);
   file.parse(path);
   return file;
@@ -113,10 +112,12 @@ SafetensorsFile SafetensorsFile::from_bytes(std::vector<std::byte> bytes) {
 
 void SafetensorsFile::parse(const std::string& origin) {
   const std::string where = describe(origin);
-  if (size_ < 8) throw Error(where + ": too short for a safetensors header (" + std::to_string(size_) + " bytes)");
+  if (size_ < 8)
+    throw Error(where + ": too short for a safetensors header (" + std::to_string(size_) + " bytes)");
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(bytes_[i]);
-  if (header_len > kMaxHeaderBytes) throw Error(where + ": header length " + std::to_string(header_len) + " is too large");
+  if (header_len > kMaxHeaderBytes)
+    throw Error(where + ": header length " + std::to_string(header_len) + " is too large");
   if (header_len > size_ - 8) {
     throw Error(where + ": header length " + std::to_string(header_len) + " runs past the end of the file (" +
                 std::to_string(size_) + " bytes): truncated?");
@@ -138,16 +139,19 @@ void SafetensorsFile::parse(const std::string& origin) {
     if (name == "__metadata__") {
       if (!value.is_object()) throw Error(where + ": __metadata__ must be an object of strings");
       for (auto m = value.begin(); m != value.end(); ++m) {
-        if (!m.value().is_string()) throw Error(where + ": __metadata__ value '" + m.key() + "' is not a string");
+        if (!m.value().is_string())
+          throw Error(where + ": __metadata__ value '" + m.key() + "' is not a string");
         metadata_[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
     const std::string context = where + ": tensor '" + name + "'";
     if (!value.is_object()) throw Error(context + " is not an object");
-    if (!value.contains("dtype") || !value["dtype"].is_string()) throw Error(context + " has no string dtype");
+    if (!value.contains("dtype") || !value["dtype"].is_string())
+      throw Error(context + " has no string dtype");
     if (!value.contains("shape") || !value["shape"].is_array()) throw Error(context + " has no shape array");
-    if (!value.contains("data_offsets") || !value["data_offsets"].is_array() || value["data_offsets"].size() != 2) {
+    if (!value.contains("data_offsets") || !value["data_offsets"].is_array() ||
+        value["data_offsets"].size() != 2) {
       throw Error(context + " needs data_offsets [begin, end]");
     }
     SafetensorsEntry entry;
@@ -161,7 +165,8 @@ void SafetensorsFile::parse(const std::string& origin) {
     }
     uint64_t numel = 1;
     for (const json& d : value["shape"]) {
-      if (!d.is_number_unsigned()) throw Error(context + " has a shape entry that is not a non-negative integer");
+      if (!d.is_number_unsigned())
+        throw Error(context + " has a shape entry that is not a non-negative integer");
       const uint64_t dim = d.get<uint64_t>();
       if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
           (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / dim)) {
@@ -177,7 +182,8 @@ void SafetensorsFile::parse(const std::string& origin) {
     const uint64_t begin = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
     if (begin > end || end > data_size) {
       throw Error(context + " has data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
-                  "] outside the data buffer of " + std::to_string(data_size) + " bytes: truncated or corrupt");
+                  "] outside the data buffer of " + std::to_string(data_size) +
+                  " bytes: truncated or corrupt");
     }
     // (the header counts logical elements; sub-byte dtypes must fill whole bytes)
     if (numel > std::numeric_limits<uint64_t>::max() / element_bits || numel * element_bits % 8 != 0 ||
@@ -199,7 +205,8 @@ void SafetensorsFile::parse(const std::string& origin) {
 }
 
 bool SafetensorsFile::contains(std::string_view name) const {
-  return std::any_of(tensors_.begin(), tensors_.end(), [&](const SafetensorsEntry& e) { return e.name == name; });
+  return std::any_of(tensors_.begin(), tensors_.end(),
+                     [&](const SafetensorsEntry& e) { return e.name == name; });
 }
 
 const SafetensorsEntry& SafetensorsFile::at(std::string_view name) const {
@@ -222,7 +229,8 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const SafetensorsTensor& t : tensors) {
-    if (t.name == "__metadata__" || header.contains(t.name)) throw Error("duplicate or reserved tensor name '" + t.name + "'");
+    if (t.name == "__metadata__" || header.contains(t.name))
+      throw Error("duplicate or reserved tensor name '" + t.name + "'");
     uint64_t numel = 1;
     for (int64_t d : t.shape) {
       if (d < 0) throw Error("tensor '" + t.name + "' has a negative dimension");
@@ -232,8 +240,8 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
       numel *= static_cast<uint64_t>(d);
     }
     if (safetensors_nbytes(t.dtype, numel) != t.nbytes) {
-      throw Error("tensor '" + t.name + "': " + std::to_string(t.nbytes) + " bytes do not match " + t.dtype + " " +
-                  shape_string(t.shape));
+      throw Error("tensor '" + t.name + "': " + std::to_string(t.nbytes) + " bytes do not match " + t.dtype +
+                  " " + shape_string(t.shape));
     }
     if (t.data == nullptr && t.nbytes > 0) throw Error("tensor '" + t.name + "' has a null data pointer");
     header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.nbytes}}};
@@ -248,7 +256,8 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<char>((len >> (8 * i)) & 0xFF);
   out.write(len_bytes.data(), 8);
   out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  for (const SafetensorsTensor& t : tensors) out.write(static_cast<const char*>(t.data), static_cast<std::streamsize>(t.nbytes));
+  for (const SafetensorsTensor& t : tensors)
+    out.write(static_cast<const char*>(t.data), static_cast<std::streamsize>(t.nbytes));
   if (!out) throw Error("error while writing '" + path + "'");
 }
 

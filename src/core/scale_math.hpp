@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "microscale/half.hpp"  // float_bits, bits_to_float
+#include "microscale/half.hpp"    // float_bits, bits_to_float
 #include "microscale/philox.hpp"  // MICROSCALE_HOST_DEVICE
 
 namespace microscale {
@@ -16,8 +16,8 @@ namespace microscale {
 
 /// Global encode scale S_enc = 2688 / amax, clamped to FLT_MAX; 1 when amax is 0 or S_enc is 0.
 MICROSCALE_HOST_DEVICE float nvfp4_global_encode_scale(float amax) {
-  float s_enc = 2688.0f / amax;                 // 2688 = 448 * 6
-  s_enc = s_enc < FLT_MAX ? s_enc : FLT_MAX;    // +Inf (amax = 0) and NaN clamp to FLT_MAX
+  float s_enc = 2688.0f / amax;               // 2688 = 448 * 6
+  s_enc = s_enc < FLT_MAX ? s_enc : FLT_MAX;  // +Inf (amax = 0) and NaN clamp to FLT_MAX
   if (amax == 0.0f || s_enc == 0.0f) s_enc = 1.0f;
   return s_enc;
 }
@@ -26,6 +26,16 @@ MICROSCALE_HOST_DEVICE float nvfp4_global_encode_scale(float amax) {
 MICROSCALE_HOST_DEVICE float nvfp4_block_scale_multiplier(float s_enc) {
   const float one_sixth = 1.0f / 6.0f;  // 0x3E2AAAAB
   return s_enc * one_sixth;
+}
+
+/// Value of a non-negative, non-NaN E4M3 code (0x00..0x7E), computed rather than looked up so that
+/// loops over blocks vectorise: 2^(e-7) (1 + m/8) for e > 0, m 2^-9 for subnormals (both exact).
+MICROSCALE_HOST_DEVICE float e4m3_code_value(uint32_t code) {
+  const uint32_t e = code >> 3, m = code & 7u;
+  const uint32_t normal = ((e + 120u) << 23) | (m << 20);
+  const uint32_t subnormal = float_bits(static_cast<float>(m) * 0.001953125f);
+  const uint32_t mask = 0u - static_cast<uint32_t>(e == 0u);
+  return bits_to_float((subnormal & mask) | (normal & ~mask));
 }
 
 /// Block encode scale from the decoded E4M3 block scale: min(1 / RN(scale * S_dec), FLT_MAX).

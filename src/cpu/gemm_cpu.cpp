@@ -22,8 +22,8 @@ constexpr int64_t kPanel = 4096;
 
 }  // namespace
 
-void gemm_accumulate(const GemmOperand& a, const GemmOperand& b, int64_t m, int64_t n, int64_t k, int64_t batches,
-                     float* acc) {
+void gemm_accumulate(const GemmOperand& a, const GemmOperand& b, int64_t m, int64_t n, int64_t k,
+                     int64_t batches, float* acc) {
   const OperandReader ra(a), rb(b);
   // Kept across calls (per thread): fresh buffers cost page faults and zeroing on every GEMM.
   thread_local std::vector<float> panel_a, panel_b;

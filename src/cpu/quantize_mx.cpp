@@ -30,7 +30,8 @@ struct MxParams {
 // float order, and any NaN pattern is above +Inf's, so one vectorisable integer max does both.
 float block_amax(const float* v, int64_t stride) {
   uint32_t m = 0;
-  for (int i = 0; i < kBlock; ++i) m = std::max(m, float_bits(v[i * stride]) & 0x7FFFFFFFu);  // std::max vectorises
+  for (int i = 0; i < kBlock; ++i)
+    m = std::max(m, float_bits(v[i * stride]) & 0x7FFFFFFFu);  // std::max vectorises
   const uint32_t result = m;
   return result > 0x7F800000u ? NAN : bits_to_float(result);
 }
@@ -65,7 +66,8 @@ MICROSCALE_CPU_DISPATCH void rowwise_rows(const float* band, int64_t rows, int64
     const int64_t row = row0 + r;
     const float* v = band + r * k;
     for (int64_t blk = 0; blk < k / kBlock; ++blk) {
-      const uint8_t s = mx_scale_byte(block_amax(v + blk * kBlock, 1), p.rule, p.emax, p.mantissa_bits, p.max_normal);
+      const uint8_t s =
+          mx_scale_byte(block_amax(v + blk * kBlock, 1), p.rule, p.emax, p.mantissa_bits, p.max_normal);
       scale[row * (k / kBlock) + blk] = s;
       encode_scaled<Codec>(v + blk * kBlock, mx_inverse_scale(s), kBlock, codes + blk * kBlock);
     }
@@ -91,7 +93,8 @@ MICROSCALE_CPU_DISPATCH void columnwise_band(const float* band, int64_t k, int64
 
 // One pass over the input: each band of rows is loaded once and feeds both directions.
 template <typename Codec, bool kPacked>
-void quantize_mx_with(const InputMatrix& x, const QuantizeOptions& o, const MxParams& p, QuantizedTensor& out) {
+void quantize_mx_with(const InputMatrix& x, const QuantizeOptions& o, const MxParams& p,
+                      QuantizedTensor& out) {
   const int64_t m = x.rows, k = x.cols;
   // Columnwise blocks need bands of 32 rows (M % 32 == 0 is checked); rowwise alone takes 16.
   const int64_t band_rows = o.columnwise ? kBlock : 16;
@@ -107,11 +110,13 @@ void quantize_mx_with(const InputMatrix& x, const QuantizeOptions& o, const MxPa
       load_rows(x, b * band_rows, rows, band.data());
       if (o.rowwise) {
         rowwise_rows<Codec, kPacked>(band.data(), rows, k, b * band_rows, p, codes.data(),
-                                     out.rowwise_data.data_as<uint8_t>(), out.rowwise_scale.data_as<uint8_t>());
+                                     out.rowwise_data.data_as<uint8_t>(),
+                                     out.rowwise_scale.data_as<uint8_t>());
       }
       if (o.columnwise) {
         columnwise_band<Codec, kPacked>(band.data(), k, b, p, inverse.data(), codes.data(),
-                                        out.columnwise_data.data_as<uint8_t>(), out.columnwise_scale.data_as<uint8_t>());
+                                        out.columnwise_data.data_as<uint8_t>(),
+                                        out.columnwise_scale.data_as<uint8_t>());
       }
     }
   }

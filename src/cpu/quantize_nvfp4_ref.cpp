@@ -48,8 +48,8 @@ float quantize_direction(const std::vector<float>& src, int64_t rows, int64_t co
       uint32_t random_words[4] = {0, 0, 0, 0};
       if (options.stochastic_rounding) {
         const uint64_t block_index = sr_first_block + static_cast<uint64_t>(r * (cols / kBlock) + b);
-        sr_block_bits(options.stochastic_rounding->seed, options.stochastic_rounding->offset,
-                      block_index, random_words);
+        sr_block_bits(options.stochastic_rounding->seed, options.stochastic_rounding->offset, block_index,
+                      random_words);
       }
       for (int i = 0; i < kBlock; ++i) {
         const float scaled = src[r * cols + b * kBlock + i] * encode_scale;
@@ -81,9 +81,9 @@ void quantize_nvfp4_ref(const InputMatrix& x, const QuantizeOptions& options, Qu
     for (int64_t r = 0; r < m; ++r) {
       for (int64_t c = 0; c < k; ++c) src[r * k + c] = x.at(r, c);
     }
-    out.rowwise_amax = quantize_direction(src, m, k, options, options.amax_rowwise, 0,
-                                          out.rowwise_data.data_as<uint8_t>(),
-                                          out.rowwise_scale.data_as<uint8_t>());
+    out.rowwise_amax =
+        quantize_direction(src, m, k, options, options.amax_rowwise, 0, out.rowwise_data.data_as<uint8_t>(),
+                           out.rowwise_scale.data_as<uint8_t>());
   }
   if (options.columnwise) {
     std::vector<float> src(static_cast<size_t>(k * m));  // (K, M) = X^T
@@ -101,9 +101,9 @@ void quantize_nvfp4_ref(const InputMatrix& x, const QuantizeOptions& options, Qu
       }
     }
     const auto first_block = static_cast<uint64_t>(m * k / kBlock);  // after the rowwise blocks
-    out.columnwise_amax = quantize_direction(src, k, m, options, options.amax_columnwise, first_block,
-                                             out.columnwise_data.data_as<uint8_t>(),
-                                             out.columnwise_scale.data_as<uint8_t>());
+    out.columnwise_amax =
+        quantize_direction(src, k, m, options, options.amax_columnwise, first_block,
+                           out.columnwise_data.data_as<uint8_t>(), out.columnwise_scale.data_as<uint8_t>());
   }
 }
 

@@ -26,7 +26,9 @@ template <typename T>
 struct Elem;
 template <>
 struct Elem<float> {
-  static __device__ __forceinline__ float load(const void* p, int64_t i) { return static_cast<const float*>(p)[i]; }
+  static __device__ __forceinline__ float load(const void* p, int64_t i) {
+    return static_cast<const float*>(p)[i];
+  }
 };
 struct Bf16 {};
 struct F16 {};
@@ -137,7 +139,8 @@ struct TileLoader {
     }
   }
 
-  __device__ __forceinline__ void commit(const DeviceMatrix& x, int64_t m0, int64_t k0, Stored<T>* tile) const {
+  __device__ __forceinline__ void commit(const DeviceMatrix& x, int64_t m0, int64_t k0,
+                                         Stored<T>* tile) const {
     if (vec) {
 #pragma unroll
       for (int j = 0; j < kPerThread; ++j) {
@@ -152,7 +155,8 @@ struct TileLoader {
         const bool inside = gr < x.rows && gc < x.cols;
         const int64_t e = inside ? gr * x.row_stride + gc * x.col_stride : 0;
         if constexpr (kBytes == 2) {
-          tile[r * LD + c] = inside ? static_cast<const uint16_t*>(x.data)[e] : uint16_t{0};  // +0 in bf16 and f16
+          tile[r * LD + c] =
+              inside ? static_cast<const uint16_t*>(x.data)[e] : uint16_t{0};  // +0 in bf16 and f16
         } else {
           tile[r * LD + c] = inside ? static_cast<const float*>(x.data)[e] : 0.0f;
         }
@@ -177,7 +181,8 @@ __device__ __forceinline__ void store_bytes(uint8_t* dst, const uint32_t (&words
       if ((a & 15) == 0) {
 #pragma unroll
         for (int i = 0; i < N; i += 4) {
-          *reinterpret_cast<uint4*>(dst + 4 * i) = make_uint4(words[i], words[i + 1], words[i + 2], words[i + 3]);
+          *reinterpret_cast<uint4*>(dst + 4 * i) =
+              make_uint4(words[i], words[i + 1], words[i + 2], words[i + 3]);
         }
         return;
       }
@@ -185,7 +190,8 @@ __device__ __forceinline__ void store_bytes(uint8_t* dst, const uint32_t (&words
     if constexpr (N % 2 == 0) {
       if ((a & 7) == 0) {
 #pragma unroll
-        for (int i = 0; i < N; i += 2) *reinterpret_cast<uint2*>(dst + 4 * i) = make_uint2(words[i], words[i + 1]);
+        for (int i = 0; i < N; i += 2)
+          *reinterpret_cast<uint2*>(dst + 4 * i) = make_uint2(words[i], words[i + 1]);
         return;
       }
     }
@@ -205,8 +211,6 @@ __device__ __forceinline__ void store_bytes(uint8_t* dst, const uint32_t (&words
 /// m must not be NaN (every caller starts from +0): then fmaxf (which returns the non-NaN operand)
 /// equals `a > m ? a : m` exactly, and compiles to one FMNMX with the |.| modifier instead of a
 /// compare and a select.
-__device__ __forceinline__ float max_abs_skip_nan(float m, float v) {
-  return fmaxf(m, fabsf(v));
-}
+__device__ __forceinline__ float max_abs_skip_nan(float m, float v) { return fmaxf(m, fabsf(v)); }
 
 }  // namespace microscale::cuda

@@ -52,7 +52,8 @@ __global__ void dequantize_kernel(const __grid_constant__ DequantParams p) {
       value = values[code] * (e4m3[s] * s_dec);
     } else {
       value = s == 0xFF ? bits_to_float(0x7FC00000u)
-                        : values[code] * (s == 0 ? bits_to_float(0x00400000u) : bits_to_float(static_cast<uint32_t>(s) << 23));
+                        : values[code] * (s == 0 ? bits_to_float(0x00400000u)
+                                                 : bits_to_float(static_cast<uint32_t>(s) << 23));
     }
     switch (p.out_dtype) {
       case DType::F32: static_cast<float*>(p.out)[i] = value; break;
@@ -66,18 +67,20 @@ void require_device(const TensorView& t, DType dtype, const std::vector<int64_t>
   if (t.device != Device::CUDA) throw Error(std::string(what) + " must be a CUDA tensor");
   if (t.dtype != dtype) throw Error(std::string(what) + " must be " + std::string(dtype_name(dtype)));
   if (!t.is_contiguous()) throw Error(std::string(what) + " must be contiguous");
-  if (t.shape != shape) throw Error(std::string(what) + " must be " + shape_string(shape) + ", got " + shape_string(t.shape));
+  if (t.shape != shape)
+    throw Error(std::string(what) + " must be " + shape_string(shape) + ", got " + shape_string(t.shape));
   if (t.data == nullptr) throw Error(std::string(what) + " has a null data pointer");
 }
 
 }  // namespace
 
-void dequantize(const QuantizedViews& q, const std::vector<int64_t>& shape, const QuantizeOptions& o, Usage usage,
-                const TensorView& output, void* stream) {
+void dequantize(const QuantizedViews& q, const std::vector<int64_t>& shape, const QuantizeOptions& o,
+                Usage usage, const TensorView& output, void* stream) {
   const QuantizedShapes s = quantized_shapes(shape, o);
   const bool rowwise = usage == Usage::Rowwise;
   if (rowwise ? !o.rowwise : !o.columnwise) {
-    throw Error(std::string("this quantized tensor has no ") + (rowwise ? "rowwise" : "columnwise") + " data");
+    throw Error(std::string("this quantized tensor has no ") + (rowwise ? "rowwise" : "columnwise") +
+                " data");
   }
   if (output.dtype == DType::U8) throw Error("dequantize output dtype must be f32, bf16 or f16");
   const bool nvfp4 = o.scheme == Scheme::NVFP4;
@@ -111,7 +114,8 @@ void dequantize(const QuantizedViews& q, const std::vector<int64_t>& shape, cons
   p.scale_cols = p.mx_columnwise ? (p.swizzled ? s.rows / p.block : s.cols) : cols / p.block;
   const int64_t total = rows * cols;
   const int64_t blocks = (total + 255) / 256;
-  dequantize_kernel<<<static_cast<unsigned>(blocks < 65535 ? blocks : 65535), 256, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  dequantize_kernel<<<static_cast<unsigned>(blocks < 65535 ? blocks : 65535), 256, 0,
+                      static_cast<cudaStream_t>(stream)>>>(p);
   MICROSCALE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -31,7 +31,8 @@ __global__ void compile_shared_math(uint8_t* out, float amax, uint64_t seed) {
   uint32_t words[4];
   sr_block_bits(seed, 0, threadIdx.x, words);
   const float s_enc = nvfp4_global_encode_scale(amax);
-  out[threadIdx.x] = mx_scale_byte(amax * s_enc, MxScaleRule::RCeil, 8, 3, 448.0f) ^ static_cast<uint8_t>(words[0]);
+  out[threadIdx.x] =
+      mx_scale_byte(amax * s_enc, MxScaleRule::RCeil, 8, 3, 448.0f) ^ static_cast<uint8_t>(words[0]);
 }
 
 }  // namespace microscale::cuda

@@ -28,8 +28,8 @@ MICROSCALE_HOST_DEVICE uint32_t e2m1_rn(float x) {
   const uint32_t u = float_bits(x);
   const uint32_t a = u & 0x7FFFFFFFu;
   uint32_t m = (a & 0x7F800000u) + (22u << 23);  // unsigned: Inf/NaN wrap above 2^24's bits
-  m = m < 0x4A800000u ? 0x4A800000u : m;          // 2^22
-  m = m > 0x4B800000u ? 0x4B800000u : m;          // 2^24
+  m = m < 0x4A800000u ? 0x4A800000u : m;         // 2^22
+  m = m > 0x4B800000u ? 0x4B800000u : m;         // 2^24
   const uint32_t r = float_bits(bits_to_float(a) + bits_to_float(m));
   uint32_t code = r - m + ((m - 0x4A800000u) >> 22);
   code = code > 7u ? 7u : code;

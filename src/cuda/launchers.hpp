@@ -21,12 +21,13 @@ struct OutputPointers {
 };
 
 /// NVFP4: writes amax[0..1] (override or computed; RHT amax through the transform).
-void launch_nvfp4_amax(const DeviceMatrix& x, DType dtype, const QuantizeOptions& o, float* amax, cudaStream_t stream);
+void launch_nvfp4_amax(const DeviceMatrix& x, DType dtype, const QuantizeOptions& o, float* amax,
+                       cudaStream_t stream);
 /// NVFP4: data and scales of both directions from one read of the input (amaxes already written).
-void launch_nvfp4_quantize(const DeviceMatrix& x, DType dtype, const QuantizeOptions& o, const OutputPointers& out,
-                           cudaStream_t stream);
+void launch_nvfp4_quantize(const DeviceMatrix& x, DType dtype, const QuantizeOptions& o,
+                           const OutputPointers& out, cudaStream_t stream);
 /// MX: data and scales of both directions from one read of the input.
-void launch_mx_quantize(const DeviceMatrix& x, DType dtype, const QuantizeOptions& o, const OutputPointers& out,
-                        cudaStream_t stream);
+void launch_mx_quantize(const DeviceMatrix& x, DType dtype, const QuantizeOptions& o,
+                        const OutputPointers& out, cudaStream_t stream);
 
 }  // namespace microscale::cuda

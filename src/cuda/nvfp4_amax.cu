@@ -2,10 +2,9 @@
 // here and again in the quantize kernel: recomputing is cheaper than caching it in memory).
 //
 // A thread owns a patch of 8 rows x 16 bytes (16 rows x 4 columns, 8-byte loads, for the RHT,
-// which transforms its 4 column chunks in registers); lanes run along K. Per-thread maxima reduce through warp
-// shuffles to one atomicMax per warp on the fp32 bits (all values >= 0, NaN skipped).
-// The loads are plain (L2-allocating): the quantize kernel walks the tensor backwards and finds
-// this pass's tail in L2.
+// which transforms its 4 column chunks in registers); lanes run along K. Per-thread maxima reduce through
+// warp shuffles to one atomicMax per warp on the fp32 bits (all values >= 0, NaN skipped). The loads are
+// plain (L2-allocating): the quantize kernel walks the tensor backwards and finds this pass's tail in L2.
 #include <cfloat>
 
 #include "cuda/common.cuh"
@@ -40,16 +39,18 @@ __device__ __forceinline__ float value_at(const uint32_t (&raw)[N], int c) {
   } else {
     const uint32_t w = raw[c / 2];
     const uint16_t h = static_cast<uint16_t>(c % 2 == 0 ? w : w >> 16);
-    if constexpr (std::is_same_v<T, Bf16>) return bf16_to_float(h);
-    else return half_to_float(h);
+    if constexpr (std::is_same_v<T, Bf16>)
+      return bf16_to_float(h);
+    else
+      return half_to_float(h);
   }
 }
 
 template <typename T, bool kRht>
 __global__ void __launch_bounds__(kThreads) nvfp4_amax_kernel(const AmaxParams p) {
   constexpr int kBytes = elem_bytes<T>();
-  constexpr int kRows = kRht ? 16 : 8;                   // the RHT needs whole 16-row chunks
-  constexpr int kCols = kRht ? 4 : 16 / kBytes;          // 8- or 16-byte loads along a row
+  constexpr int kRows = kRht ? 16 : 8;           // the RHT needs whole 16-row chunks
+  constexpr int kCols = kRht ? 4 : 16 / kBytes;  // 8- or 16-byte loads along a row
   constexpr int kWords = kCols * kBytes / 4;
   float abs_max = 0.0f, rht_max = 0.0f;
   for (int64_t patch = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; patch < p.patches;
@@ -75,12 +76,16 @@ __global__ void __launch_bounds__(kThreads) nvfp4_amax_kernel(const AmaxParams p
 #pragma unroll
         for (int c = 0; c < kCols; ++c) {
           const int64_t r = r0 + i, col = c0 + c;
-          const float f = (r < p.x.rows && col < p.x.cols) ? Elem<T>::load(p.x.data, r * p.x.row_stride + col * p.x.col_stride) : 0.0f;
+          const float f = (r < p.x.rows && col < p.x.cols)
+                              ? Elem<T>::load(p.x.data, r * p.x.row_stride + col * p.x.col_stride)
+                              : 0.0f;
           if constexpr (kBytes == 2) {
             // back to the 16-bit pattern (exact: the value came from one)
             const uint32_t bits16 = std::is_same_v<T, Bf16> ? (float_bits(f) >> 16) : float_to_half(f);
-            if (c % 2 == 0) raw[i][c / 2] = bits16;
-            else raw[i][c / 2] |= bits16 << 16;
+            if (c % 2 == 0)
+              raw[i][c / 2] = bits16;
+            else
+              raw[i][c / 2] |= bits16 << 16;
           } else {
             raw[i][c] = float_bits(f);
           }
@@ -120,7 +125,8 @@ __global__ void __launch_bounds__(kThreads) nvfp4_amax_kernel(const AmaxParams p
 
 }  // namespace
 
-void launch_nvfp4_amax(const DeviceMatrix& x, DType dtype, const QuantizeOptions& o, float* amax, cudaStream_t stream) {
+void launch_nvfp4_amax(const DeviceMatrix& x, DType dtype, const QuantizeOptions& o, float* amax,
+                       cudaStream_t stream) {
   const bool rht = o.columnwise && o.rht;
   AmaxParams p{};
   p.x = x;
@@ -129,7 +135,8 @@ void launch_nvfp4_amax(const DeviceMatrix& x, DType dtype, const QuantizeOptions
   p.abs_to_col = o.columnwise && !rht && !o.amax_columnwise;
   p.rht_to_col = o.columnwise && rht && !o.amax_columnwise;
   p.rht_mask = o.rht_sign_mask;
-  amax_init_kernel<<<1, 1, 0, stream>>>(amax, o.amax_rowwise.value_or(0.0f), o.amax_columnwise.value_or(0.0f));
+  amax_init_kernel<<<1, 1, 0, stream>>>(amax, o.amax_rowwise.value_or(0.0f),
+                                        o.amax_columnwise.value_or(0.0f));
   MICROSCALE_CUDA_CHECK(cudaGetLastError());
   if (!p.abs_to_row && !p.abs_to_col && !p.rht_to_col) return;
   const bool with_rht = p.rht_to_col;
@@ -145,8 +152,10 @@ void launch_nvfp4_amax(const DeviceMatrix& x, DType dtype, const QuantizeOptions
   const unsigned grid = static_cast<unsigned>(wanted < cap ? wanted : cap);
   switch (dtype) {
     case DType::BF16:
-      if (with_rht) nvfp4_amax_kernel<Bf16, true><<<grid, kThreads, 0, stream>>>(p);
-      else nvfp4_amax_kernel<Bf16, false><<<grid, kThreads, 0, stream>>>(p);
+      if (with_rht)
+        nvfp4_amax_kernel<Bf16, true><<<grid, kThreads, 0, stream>>>(p);
+      else
+        nvfp4_amax_kernel<Bf16, false><<<grid, kThreads, 0, stream>>>(p);
       break;
     case DType::F16: nvfp4_amax_kernel<F16, false><<<grid, kThreads, 0, stream>>>(p); break;
     default: nvfp4_amax_kernel<float, false><<<grid, kThreads, 0, stream>>>(p); break;

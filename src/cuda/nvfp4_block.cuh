@@ -36,8 +36,9 @@ __device__ __forceinline__ Nvfp4Global nvfp4_global(float amax) {
 /// Encodes the 16 values `v` of a block with amax `block_amax` into words[0..1] (8 bytes, even
 /// element in the low nibble); returns the E4M3 scale code. With `sr`, `random` holds the block's
 /// Philox words; otherwise round to nearest even.
-__device__ __forceinline__ uint32_t nvfp4_encode_block(const float (&v)[16], float block_amax, const Nvfp4Global& g,
-                                                       bool sr, const uint32_t (&random)[4], uint32_t (&words)[2]) {
+__device__ __forceinline__ uint32_t nvfp4_encode_block(const float (&v)[16], float block_amax,
+                                                       const Nvfp4Global& g, bool sr,
+                                                       const uint32_t (&random)[4], uint32_t (&words)[2]) {
   const uint32_t scale_code = E4M3Codec::encode_rn(fminf(block_amax * g.multiplier, FLT_MAX));
   const float encode_scale = nvfp4_block_encode_scale(e4m3_value(scale_code), g.s_dec);
   words[0] = words[1] = 0;

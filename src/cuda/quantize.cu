@@ -18,7 +18,8 @@ uint8_t* checked_output(const TensorView& t, const std::vector<int64_t>& shape, 
   if (t.dtype != DType::U8) throw Error(std::string("output ") + what + " must be u8");
   if (!t.is_contiguous()) throw Error(std::string("output ") + what + " must be contiguous");
   if (t.shape != shape) {
-    throw Error(std::string("output ") + what + " must be " + shape_string(shape) + ", got " + shape_string(t.shape));
+    throw Error(std::string("output ") + what + " must be " + shape_string(shape) + ", got " +
+                shape_string(t.shape));
   }
   if (t.data == nullptr) throw Error(std::string("output ") + what + " has a null data pointer");
   return static_cast<uint8_t*>(t.data);
@@ -32,7 +33,8 @@ DeviceMatrix device_matrix(const InputMatrix& x) {
   d.row_stride = x.row_stride;
   d.col_stride = x.col_stride;
   const int64_t bytes = static_cast<int64_t>(dtype_size(x.dtype));
-  d.vector_ok = x.col_stride == 1 && (reinterpret_cast<uintptr_t>(x.data) % 16) == 0 && (x.row_stride * bytes) % 16 == 0;
+  d.vector_ok = x.col_stride == 1 && (reinterpret_cast<uintptr_t>(x.data) % 16) == 0 &&
+                (x.row_stride * bytes) % 16 == 0;
   return d;
 }
 
@@ -44,7 +46,8 @@ void clear_padding(const TensorView& scale, int64_t rows, int64_t cols, cudaStre
 
 }  // namespace
 
-void quantize(const TensorView& input, const QuantizeOptions& o, const QuantizedViews& outputs, void* stream_ptr) {
+void quantize(const TensorView& input, const QuantizeOptions& o, const QuantizedViews& outputs,
+              void* stream_ptr) {
   const InputMatrix x = make_input_matrix(input, Device::CUDA);
   validate_quantize(x, o);
   const QuantizedShapes s = quantized_shapes(input.shape, o);
@@ -59,7 +62,8 @@ void quantize(const TensorView& input, const QuantizeOptions& o, const Quantized
     out.columnwise_scale = checked_output(outputs.columnwise_scale, s.columnwise_scale, "columnwise_scale");
   }
   const bool nvfp4 = o.scheme == Scheme::NVFP4;
-  if (nvfp4 && outputs.amax == nullptr) throw Error("nvfp4 needs a device amax buffer of 2 floats (outputs.amax)");
+  if (nvfp4 && outputs.amax == nullptr)
+    throw Error("nvfp4 needs a device amax buffer of 2 floats (outputs.amax)");
   out.amax = outputs.amax;
   const int block = block_size(o.scheme);
   if (o.scale_layout == ScaleLayout::Swizzled) {

@@ -66,7 +66,8 @@ __device__ __forceinline__ void pack_codes(const uint8_t (&codes)[32], uint32_t 
 #pragma unroll
     for (int w = 0; w < 8; ++w) {
       words[w] = static_cast<uint32_t>(codes[4 * w]) | (static_cast<uint32_t>(codes[4 * w + 1]) << 8) |
-                 (static_cast<uint32_t>(codes[4 * w + 2]) << 16) | (static_cast<uint32_t>(codes[4 * w + 3]) << 24);
+                 (static_cast<uint32_t>(codes[4 * w + 2]) << 16) |
+                 (static_cast<uint32_t>(codes[4 * w + 3]) << 24);
     }
   }
 }
@@ -78,7 +79,8 @@ inline constexpr bool kIsFp8 = std::is_same_v<Codec, E4M3Codec> || std::is_same_
 // values is 0xFF): FP8 then takes the hardware conversion (fast_codec.cuh), else encode_rn; E2M1
 // always takes e2m1_rn (equal to encode_rn on every input).
 template <typename Codec, bool kPacked>
-__device__ __forceinline__ void encode32(const float (&x)[32], bool finite, uint32_t (&words)[kPacked ? 4 : 8]) {
+__device__ __forceinline__ void encode32(const float (&x)[32], bool finite,
+                                         uint32_t (&words)[kPacked ? 4 : 8]) {
   static_assert(!kPacked || std::is_same_v<Codec, E2M1Codec>, "only E2M1 is packed");
   if constexpr (kPacked) {
 #pragma unroll
@@ -94,7 +96,8 @@ __device__ __forceinline__ void encode32(const float (&x)[32], bool finite, uint
       if (finite) {
 #pragma unroll
         for (int w = 0; w < 8; ++w) {
-          words[w] = fp8x4_rn<std::is_same_v<Codec, E5M2Codec>>(x[4 * w], x[4 * w + 1], x[4 * w + 2], x[4 * w + 3]);
+          words[w] =
+              fp8x4_rn<std::is_same_v<Codec, E5M2Codec>>(x[4 * w], x[4 * w + 1], x[4 * w + 2], x[4 * w + 3]);
         }
         return;
       }
@@ -117,13 +120,14 @@ struct MxStage {
   static constexpr int kRowBytes = kPacked ? kTK / 2 : kTK;  // code bytes of one tile row
   static constexpr int kBlockBytes = kRowBytes / 4;          // one 32-column block
   static constexpr int kPitch = kRowBytes + 16;
-  static constexpr int kBytes = 2 * kTM * kPitch;            // rowwise, then columnwise
+  static constexpr int kBytes = 2 * kTM * kPitch;  // rowwise, then columnwise
 };
 
 template <int N>
 __device__ __forceinline__ void stage_words(uint8_t* dst, const uint32_t (&w)[N]) {
 #pragma unroll
-  for (int i = 0; i < N; i += 4) *reinterpret_cast<uint4*>(dst + 4 * i) = make_uint4(w[i], w[i + 1], w[i + 2], w[i + 3]);
+  for (int i = 0; i < N; i += 4)
+    *reinterpret_cast<uint4*>(dst + 4 * i) = make_uint4(w[i], w[i + 1], w[i + 2], w[i + 3]);
 }
 
 template <int N>
@@ -217,10 +221,12 @@ __device__ __forceinline__ void mx_tile(const MxParams& p, const Stored<T>* tile
       const int r = idx / kChunksPerRow, c = idx % kChunksPerRow;
       const int64_t o = (m0 + r) * data_cols + byte0 + c * 16;
       if (p.rowwise) {
-        *reinterpret_cast<uint4*>(p.out.rowwise_data + o) = *reinterpret_cast<const uint4*>(stage_row + r * S::kPitch + c * 16);
+        *reinterpret_cast<uint4*>(p.out.rowwise_data + o) =
+            *reinterpret_cast<const uint4*>(stage_row + r * S::kPitch + c * 16);
       }
       if (p.columnwise) {
-        *reinterpret_cast<uint4*>(p.out.columnwise_data + o) = *reinterpret_cast<const uint4*>(stage_col + r * S::kPitch + c * 16);
+        *reinterpret_cast<uint4*>(p.out.columnwise_data + o) =
+            *reinterpret_cast<const uint4*>(stage_col + r * S::kPitch + c * 16);
       }
     }
     if (p.rowwise && t < kTM) {
@@ -270,9 +276,8 @@ __global__ void __launch_bounds__(kThreads) mx_quantize_kernel(const MxParams p)
 
 template <typename T>
 void launch_for_dtype(const MxParams& p, Scheme scheme, cudaStream_t stream) {
-#define MX_LAUNCH(CODEC, PACKED)                                                                           \
-  mx_quantize_kernel<T, CODEC, PACKED>                                                                       \
-      <<<static_cast<unsigned>(p.tiles), kThreads, 0, stream>>>(p)
+#define MX_LAUNCH(CODEC, PACKED) \
+  mx_quantize_kernel<T, CODEC, PACKED><<<static_cast<unsigned>(p.tiles), kThreads, 0, stream>>>(p)
   switch (scheme) {
     case Scheme::MXFP8_E4M3: MX_LAUNCH(E4M3Codec, false); break;
     case Scheme::MXFP8_E5M2: MX_LAUNCH(E5M2Codec, false); break;
@@ -296,8 +301,8 @@ MxScaleRule rule_of(ScaleMode mode) {
 
 }  // namespace
 
-void launch_mx_quantize(const DeviceMatrix& x, DType dtype, const QuantizeOptions& o, const OutputPointers& out,
-                        cudaStream_t stream) {
+void launch_mx_quantize(const DeviceMatrix& x, DType dtype, const QuantizeOptions& o,
+                        const OutputPointers& out, cudaStream_t stream) {
   const FormatInfo& f = format_info(element_format(o.scheme));
   MxParams p{};
   p.x = x;
@@ -313,8 +318,8 @@ void launch_mx_quantize(const DeviceMatrix& x, DType dtype, const QuantizeOption
   const int64_t data_cols = packed ? x.cols / 2 : x.cols;
   const auto a16 = [](const void* q) { return q == nullptr || reinterpret_cast<uintptr_t>(q) % 16 == 0; };
   p.aligned = data_cols % 16 == 0 && a16(out.rowwise_data) && a16(out.columnwise_data);
-  p.row_scale_words = reinterpret_cast<uintptr_t>(out.rowwise_scale) % 4 == 0 &&
-                      (p.swizzled || (x.cols / 32) % 4 == 0);
+  p.row_scale_words =
+      reinterpret_cast<uintptr_t>(out.rowwise_scale) % 4 == 0 && (p.swizzled || (x.cols / 32) % 4 == 0);
   p.tiles_k = (x.cols + kTK - 1) / kTK;
   p.tiles = p.tiles_k * ((x.rows + kTM - 1) / kTM);
   switch (dtype) {

@@ -38,8 +38,8 @@ __device__ __forceinline__ void philox_words(const Nvfp4Params& p, uint64_t bloc
 
 // Writes the 4 scale codes of blocks (r, c0 .. c0+3) of a [rows, cols] scale matrix; codes of
 // blocks past `cols` are 0 (the swizzled padding).
-__device__ __forceinline__ void store_scales4(uint8_t* scale, int64_t r, int64_t c0, int64_t cols, bool swizzled,
-                                              uint32_t packed) {
+__device__ __forceinline__ void store_scales4(uint8_t* scale, int64_t r, int64_t c0, int64_t cols,
+                                              bool swizzled, uint32_t packed) {
   const int64_t o = scale_offset(r, c0, cols, swizzled);
   if (swizzled || (c0 + 4 <= cols && (o & 3) == 0)) {
     *reinterpret_cast<uint32_t*>(scale + o) = packed;  // swizzled: 4 consecutive, 4-aligned bytes
@@ -52,8 +52,8 @@ __device__ __forceinline__ void store_scales4(uint8_t* scale, int64_t r, int64_t
 
 // Quantizes the tile at (m0, k0), already in shared memory.
 template <typename T>
-__device__ __forceinline__ void nvfp4_tile(const Nvfp4Params& p, const Stored<T>* tile, float* tile_amax, int64_t m0,
-                                           int64_t k0) {
+__device__ __forceinline__ void nvfp4_tile(const Nvfp4Params& p, const Stored<T>* tile, float* tile_amax,
+                                           int64_t m0, int64_t k0) {
   constexpr int kLd = kTilePitch<T, kTK>;
   const int64_t M = p.x.rows, K = p.x.cols;
   const int t = threadIdx.x;
@@ -158,8 +158,8 @@ __global__ void __launch_bounds__(kThreads) nvfp4_quantize_kernel(const Nvfp4Par
 
 }  // namespace
 
-void launch_nvfp4_quantize(const DeviceMatrix& x, DType dtype, const QuantizeOptions& o, const OutputPointers& out,
-                           cudaStream_t stream) {
+void launch_nvfp4_quantize(const DeviceMatrix& x, DType dtype, const QuantizeOptions& o,
+                           const OutputPointers& out, cudaStream_t stream) {
   Nvfp4Params p{};
   p.x = x;
   p.out = out;
@@ -183,9 +183,7 @@ void launch_nvfp4_quantize(const DeviceMatrix& x, DType dtype, const QuantizeOpt
     case DType::F16:
       nvfp4_quantize_kernel<F16><<<static_cast<unsigned>(p.tiles), kThreads, 0, stream>>>(p);
       break;
-    default:
-      nvfp4_quantize_kernel<float><<<static_cast<unsigned>(p.tiles), kThreads, 0, stream>>>(p);
-      break;
+    default: nvfp4_quantize_kernel<float><<<static_cast<unsigned>(p.tiles), kThreads, 0, stream>>>(p); break;
   }
   MICROSCALE_CUDA_CHECK(cudaGetLastError());
 }

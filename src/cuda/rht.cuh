@@ -54,7 +54,8 @@ __device__ __forceinline__ void rht16_inplace(float (&v)[16], uint16_t sign_mask
       double sum = 0.0;
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
-        const unsigned negative = ((static_cast<unsigned>(sign_mask) >> i) ^ static_cast<unsigned>(__popc(i & j))) & 1u;
+        const unsigned negative =
+            ((static_cast<unsigned>(sign_mask) >> i) ^ static_cast<unsigned>(__popc(i & j))) & 1u;
         const double coefficient = (negative ? -1.0 : 1.0) * 0.25;
         sum = sum + coefficient * static_cast<double>(v[i]);
       }

@@ -9,7 +9,8 @@
 namespace microscale::cuda {
 namespace {
 
-__global__ void swizzle_kernel(const uint8_t* compact, int64_t rows, int64_t cols, uint8_t* out, int64_t total) {
+__global__ void swizzle_kernel(const uint8_t* compact, int64_t rows, int64_t cols, uint8_t* out,
+                               int64_t total) {
   const int64_t tiles_per_row = (cols + 3) / 4;
   for (int64_t o = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; o < total;
        o += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -23,7 +24,8 @@ __global__ void swizzle_kernel(const uint8_t* compact, int64_t rows, int64_t col
 void require_device_u8(const TensorView& t, const char* what) {
   if (t.device != Device::CUDA) throw Error(std::string(what) + " must be a CUDA tensor");
   if (t.dtype != DType::U8) throw Error(std::string(what) + " must be u8");
-  if (t.ndim() != 2 || !t.is_contiguous()) throw Error(std::string(what) + " must be a contiguous 2-D tensor");
+  if (t.ndim() != 2 || !t.is_contiguous())
+    throw Error(std::string(what) + " must be a contiguous 2-D tensor");
   if (t.data == nullptr && t.numel() > 0) throw Error(std::string(what) + " has a null data pointer");
 }
 
@@ -41,8 +43,9 @@ void swizzle_scales(const TensorView& compact, const TensorView& swizzled, void*
   const int64_t total = swizzled.numel();
   if (total == 0) return;
   const int64_t blocks = (total + 255) / 256;
-  swizzle_kernel<<<static_cast<unsigned>(blocks < 65535 ? blocks : 65535), 256, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<const uint8_t*>(compact.data), rows, cols, static_cast<uint8_t*>(swizzled.data), total);
+  swizzle_kernel<<<static_cast<unsigned>(blocks < 65535 ? blocks : 65535), 256, 0,
+                   static_cast<cudaStream_t>(stream)>>>(static_cast<const uint8_t*>(compact.data), rows, cols,
+                                                        static_cast<uint8_t*>(swizzled.data), total);
   MICROSCALE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,5 +1,7 @@
 // Checkpoints: sharded reading, the streaming writer, layer rules, and the round trip of every
 // convention x format (write, read back, dequantize, compare with the library's bytes and values).
+#include "microscale/checkpoint.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,7 +10,6 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "microscale/checkpoint.hpp"
 #include "microscale/error.hpp"
 #include "test_data.hpp"
 
@@ -36,15 +37,17 @@ fs::path make_model(const std::string& name) {
   static const Tensor norm = random_tensor(DType::F32, {64}, Fill::Normal, 5);
   static const Tensor odd = random_tensor(DType::F32, {8, 40}, Fill::Normal, 6);
   const std::vector<int64_t> ids = {0, 1, 2, 3};
-  write_safetensors((dir / "model-00001-of-00002.safetensors").string(),
-                    {{"model.embed_tokens.weight", "F32", emb.shape(), emb.data(), emb.nbytes()},
-                     {"model.layers.0.self_attn.q_proj.weight", "BF16", q.shape(), q.data(), q.nbytes()},
-                     {"model.layers.0.input_layernorm.weight", "F32", norm.shape(), norm.data(), norm.nbytes()}});
-  write_safetensors((dir / "model-00002-of-00002.safetensors").string(),
-                    {{"model.layers.0.mlp.up_proj.weight", "F32", up.shape(), up.data(), up.nbytes()},
-                     {"model.layers.0.mlp.experts.gate_up_proj", "BF16", experts.shape(), experts.data(), experts.nbytes()},
-                     {"model.layers.0.mlp.odd.weight", "F32", odd.shape(), odd.data(), odd.nbytes()},
-                     {"position_ids", "I64", {4}, ids.data(), 32}});
+  write_safetensors(
+      (dir / "model-00001-of-00002.safetensors").string(),
+      {{"model.embed_tokens.weight", "F32", emb.shape(), emb.data(), emb.nbytes()},
+       {"model.layers.0.self_attn.q_proj.weight", "BF16", q.shape(), q.data(), q.nbytes()},
+       {"model.layers.0.input_layernorm.weight", "F32", norm.shape(), norm.data(), norm.nbytes()}});
+  write_safetensors(
+      (dir / "model-00002-of-00002.safetensors").string(),
+      {{"model.layers.0.mlp.up_proj.weight", "F32", up.shape(), up.data(), up.nbytes()},
+       {"model.layers.0.mlp.experts.gate_up_proj", "BF16", experts.shape(), experts.data(), experts.nbytes()},
+       {"model.layers.0.mlp.odd.weight", "F32", odd.shape(), odd.data(), odd.nbytes()},
+       {"position_ids", "I64", {4}, ids.data(), 32}});
   nlohmann::json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", nlohmann::json::object()}};
   for (const char* n : {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
                         "model.layers.0.input_layernorm.weight"}) {
@@ -136,7 +139,8 @@ TEST(Checkpoint, RoundTripEveryConvention) {
   const fs::path model = make_model("roundtrip_in");
   const Checkpoint original = Checkpoint::open(model.string());
   for (const Combo& combo : combos) {
-    const std::string what = std::string(checkpoint_format_name(combo.format)) + "/" + convention_name(combo.convention);
+    const std::string what =
+        std::string(checkpoint_format_name(combo.format)) + "/" + convention_name(combo.convention);
     SCOPED_TRACE(what);
     const fs::path out = fresh_dir(std::string("roundtrip_") + checkpoint_format_name(combo.format) + "_" +
                                    convention_name(combo.convention));
@@ -158,8 +162,8 @@ TEST(Checkpoint, RoundTripEveryConvention) {
 
     const Checkpoint q = Checkpoint::open(out.string());
     // Kept tensors are byte-identical.
-    for (const char* kept : {"model.embed_tokens.weight", "model.layers.0.input_layernorm.weight", "position_ids",
-                             "model.layers.0.mlp.odd.weight"}) {
+    for (const char* kept : {"model.embed_tokens.weight", "model.layers.0.input_layernorm.weight",
+                             "position_ids", "model.layers.0.mlp.odd.weight"}) {
       ASSERT_TRUE(q.contains(kept)) << kept;
       EXPECT_EQ(0, std::memcmp(q.at(kept).data, original.at(kept).data, original.at(kept).nbytes)) << kept;
     }
@@ -182,9 +186,10 @@ TEST(Checkpoint, RoundTripEveryConvention) {
         const float a = w.values.data_as<float>()[i], b = expected.data_as<float>()[i];
         // compressed-tensors NVFP4 stores the encode scale: scale / S_enc vs our scale * RN(1/S_enc)
         // differ by at most 2 ulps; every other convention reproduces our values exactly.
-        const float tolerance = combo.format == CheckpointFormat::NVFP4 && combo.convention == Convention::CompressedTensors
-                                    ? 3e-7f * std::fabs(b)
-                                    : 0.0f;
+        const float tolerance =
+            combo.format == CheckpointFormat::NVFP4 && combo.convention == Convention::CompressedTensors
+                ? 3e-7f * std::fabs(b)
+                : 0.0f;
         bad += !(std::fabs(a - b) <= tolerance);
       }
       EXPECT_EQ(bad, 0) << w.name;

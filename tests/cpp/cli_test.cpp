@@ -2,10 +2,9 @@
 // table, and clear messages with a non-zero exit for bad input.
 #include <gtest/gtest.h>
 
-#include <cstring>
-
 #include <array>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -56,9 +55,10 @@ TEST(Cli, QuantizeTensorsNvfp4) {
   EXPECT_NE(r.output.find("SQNR"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("layer.weight"), std::string::npos);
   const SafetensorsFile f = SafetensorsFile::open(out);
-  for (const char* name : {"layer.weight.rowwise_data", "layer.weight.rowwise_scale", "layer.weight.rowwise_amax",
-                           "layer.weight.columnwise_data", "layer.weight.columnwise_scale",
-                           "layer.weight.columnwise_amax", "layer.bias.rowwise_data", "ids"}) {
+  for (const char* name :
+       {"layer.weight.rowwise_data", "layer.weight.rowwise_scale", "layer.weight.rowwise_amax",
+        "layer.weight.columnwise_data", "layer.weight.columnwise_scale", "layer.weight.columnwise_amax",
+        "layer.bias.rowwise_data", "ids"}) {
     EXPECT_TRUE(f.contains(name)) << name;
   }
   // The bytes are the library's.
@@ -79,7 +79,8 @@ TEST(Cli, QuantizeTensorsNvfp4) {
 
 TEST(Cli, QuantizeTensorsMxRowwiseOnly) {
   const std::string in = make_input(), out = temp("out_mx.safetensors");
-  const Result r = run_cli("quantize-tensors " + in + " -o " + out + " --scheme mxfp4 --scale-mode floor --rowwise");
+  const Result r =
+      run_cli("quantize-tensors " + in + " -o " + out + " --scheme mxfp4 --scale-mode floor --rowwise");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const SafetensorsFile f = SafetensorsFile::open(out);
   EXPECT_TRUE(f.contains("layer.weight.rowwise_data"));
@@ -93,8 +94,10 @@ TEST(Cli, BadInputIsAMessageAndNonZeroExit) {
   const std::string in = make_input(), out = temp("bad.safetensors");
   const std::pair<std::string, std::string> cases[] = {
       {"quantize-tensors " + in + " -o " + out + " --scheme nvfp5", "unknown scheme"},
-      {"quantize-tensors " + in + " -o " + out + " --scheme mxfp8_e4m3 --scale-mode up", "unknown scale mode"},
-      {"quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --scale-mode floor", "--scale-mode applies"},
+      {"quantize-tensors " + in + " -o " + out + " --scheme mxfp8_e4m3 --scale-mode up",
+       "unknown scale mode"},
+      {"quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --scale-mode floor",
+       "--scale-mode applies"},
       {"quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --tile 8x8", "--tile must be"},
       {"quantize-tensors " + in + " -o " + out + " --scheme mxfp4 --sr-seed 3", "stochastic rounding"},
       {"quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --bogus", "bogus"},
@@ -152,9 +155,11 @@ std::string make_model_dir() {
 TEST(CliCheckpoint, QuantizeWritesModelReportAndJson) {
   const std::string in = make_model_dir(), out = temp("model_out"), report = temp("report.json");
   std::filesystem::remove_all(out);
-  const Result r = run_cli("quantize " + in + " -o " + out + " --format nvfp4 --convention compressed-tensors --report " + report);
+  const Result r = run_cli("quantize " + in + " -o " + out +
+                           " --format nvfp4 --convention compressed-tensors --report " + report);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("summary: nvfp4 (compressed-tensors), 1 of 2 tensors quantized"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("summary: nvfp4 (compressed-tensors), 1 of 2 tensors quantized"), std::string::npos)
+      << r.output;
   EXPECT_NE(r.output.find("1/2"), std::string::npos) << r.output;  // plain progress lines (not a terminal)
   const SafetensorsFile f = SafetensorsFile::open(out + "/model.safetensors");
   EXPECT_TRUE(f.contains("layers.0.proj.weight_packed"));

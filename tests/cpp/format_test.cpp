@@ -1,5 +1,7 @@
 // Formats: every code of every format decodes to its value; encode_rn / encode_sr on every grid
 // point, midpoint (tie) and neighbour, on overflow, Inf, NaN and -0; the fast codecs equal them.
+#include "microscale/format.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,7 +10,6 @@
 
 #include "cpu/encode_fast.hpp"
 #include "microscale/error.hpp"
-#include "microscale/format.hpp"
 #include "microscale/half.hpp"
 
 namespace microscale {
@@ -53,7 +54,8 @@ TEST(Format, EveryCodeDecodes) {
       if (f.specials == Specials::NanOnlyOnes && magnitude == (1u << (f.bits - 1)) - 1) {
         EXPECT_TRUE(std::isnan(v)) << f.name << " code " << code;
       } else if (f.specials == Specials::Ieee && (magnitude & exponent_ones) == exponent_ones) {
-        EXPECT_TRUE((magnitude == exponent_ones) ? std::isinf(v) : std::isnan(v)) << f.name << " code " << code;
+        EXPECT_TRUE((magnitude == exponent_ones) ? std::isinf(v) : std::isnan(v))
+            << f.name << " code " << code;
       } else {
         EXPECT_EQ(v, textbook_value(f, code)) << f.name << " code " << code;
         EXPECT_EQ(std::signbit(v), code >> (f.bits - 1) == 1) << f.name << " code " << code;

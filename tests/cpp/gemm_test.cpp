@@ -1,6 +1,8 @@
 // Block-scaled GEMM: exact-by-construction cases, the golden gemm_* products, random cases
 // against float64 on the same dequantized operands, all layouts/schemes/batches, the GPU MODE
 // NVFP4 interface, and clear errors for mismatched inputs.
+#include "microscale/gemm.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,7 +11,6 @@
 #include "core/operand_access.hpp"
 #include "golden.hpp"
 #include "microscale/error.hpp"
-#include "microscale/gemm.hpp"
 #include "microscale/layout.hpp"
 #include "microscale/safetensors.hpp"
 #include "test_data.hpp"
@@ -21,7 +22,8 @@ using testing_data::Fill;
 using testing_data::random_tensor;
 
 // float64 reference on the same dequantized operands: D = alpha * A B^T, alpha as gemm() forms it.
-std::vector<double> reference(const GemmOperand& a, const GemmOperand& b, double alpha, std::vector<double>* magnitude) {
+std::vector<double> reference(const GemmOperand& a, const GemmOperand& b, double alpha,
+                              std::vector<double>* magnitude) {
   const OperandReader ra(a), rb(b);
   const int64_t m = ra.rows(), n = rb.rows(), k = ra.k(), l_count = ra.batches();
   std::vector<double> d(static_cast<size_t>(l_count * m * n));
@@ -50,8 +52,8 @@ double alpha_of(const GemmOperand& a, const GemmOperand& b, float alpha = 1.0f) 
 
 // FP32 accumulation bound: |D - ref| <= K * 2^-23 * sum|a b| (a loose, standard bound; the
 // products themselves are exact).
-void expect_close(const Tensor& d, const std::vector<double>& ref, const std::vector<double>& magnitude, int64_t k,
-                  const std::string& what) {
+void expect_close(const Tensor& d, const std::vector<double>& ref, const std::vector<double>& magnitude,
+                  int64_t k, const std::string& what) {
   int64_t bad = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     const double got = d.data_as<float>()[i];
@@ -138,7 +140,8 @@ TEST(Gemm, GoldenProducts) {
       // golden = float64 product with a true division for alpha; ours rounds alpha to fp32
       // (TE's formula) and accumulates in fp32: K 2^-23 relative to sum |a b| plus alpha's ulps.
       const double bound = (512 * std::ldexp(1.0, -23) + 4 * std::ldexp(1.0, -24)) * magnitude[i] + 1e-30;
-      bad += !(std::fabs(d.data_as<float>()[i] - want[i]) <= bound + 4 * std::ldexp(1.0, -24) * std::fabs(want[i]));
+      bad += !(std::fabs(d.data_as<float>()[i] - want[i]) <=
+               bound + 4 * std::ldexp(1.0, -24) * std::fabs(want[i]));
     }
     EXPECT_EQ(bad, 0) << name;
   }
@@ -176,7 +179,8 @@ TEST(Gemm, RandomAgainstFloat64AllSchemesLayoutsAndBatches) {
       const Tensor d2 = gemm(a2, b2);
       EXPECT_EQ(d2.shape(), (std::vector<int64_t>{64, 96}));
       std::vector<double> mag2;
-      expect_close(d2, reference(a2, b2, alpha_of(a2, b2), &mag2), mag2, 32, std::string(scheme_name(scheme)) + " NN");
+      expect_close(d2, reference(a2, b2, alpha_of(a2, b2), &mag2), mag2, 32,
+                   std::string(scheme_name(scheme)) + " NN");
     }
   }
 }
@@ -186,7 +190,8 @@ TEST(Gemm, MixedDenseTimesQuantizedAndEpilogue) {
   const Tensor w = random_tensor(DType::F32, {24, 64}, Fill::Normal, 4);
   const QuantizedTensor wq = quantize(w.view(), QuantizeOptions{});
   const GemmOperand a = GemmOperand::from_dense(x.view()), b = GemmOperand::from(wq, Usage::Rowwise);
-  Tensor c = random_tensor(DType::F32, {16, 24}, Fill::Normal, 5), bias = random_tensor(DType::F32, {24}, Fill::Normal, 6);
+  Tensor c = random_tensor(DType::F32, {16, 24}, Fill::Normal, 5),
+         bias = random_tensor(DType::F32, {24}, Fill::Normal, 6);
   GemmProblem p;
   p.alpha = 0.5f;
   p.beta = 2.0f;
@@ -199,7 +204,8 @@ TEST(Gemm, MixedDenseTimesQuantizedAndEpilogue) {
   const std::vector<double> ref = reference(a, b, alpha, &mag);
   for (int64_t i = 0; i < 16 * 24; ++i) {
     const double want = ref[i] + 2.0 * c.data_as<float>()[i] + bias.data_as<float>()[i % 24];
-    EXPECT_NEAR(d.data_as<float>()[i], want, 64 * std::ldexp(1.0, -22) * (mag[i] + std::fabs(want)) + 1e-6) << i;
+    EXPECT_NEAR(d.data_as<float>()[i], want, 64 * std::ldexp(1.0, -22) * (mag[i] + std::fabs(want)) + 1e-6)
+        << i;
   }
   // bf16 / f16 outputs are the f32 result rounded once.
   for (DType out : {DType::BF16, DType::F16}) {
@@ -231,7 +237,8 @@ TEST(Gemm, GpuModeNvfp4Interface) {
     for (int64_t b = 0; b < l; ++b) {
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t c = 0; c < k / 16; ++c) {
-          swizzled[b * rows * k / 16 + swizzled_offset(r, c, k / 16)] = compact[(b * rows + r) * (k / 16) + c];
+          swizzled[b * rows * k / 16 + swizzled_offset(r, c, k / 16)] =
+              compact[(b * rows + r) * (k / 16) + c];
         }
       }
     }
@@ -245,8 +252,10 @@ TEST(Gemm, GpuModeNvfp4Interface) {
   a.data.strides = {k / 2, 1, m * k / 2};
   b.data = TensorView::from_buffer(b_bytes.data(), b_bytes.size(), DType::U8, {n, k / 2, l});
   b.data.strides = {k / 2, 1, n * k / 2};
-  a.scales = TensorView::from_buffer(sfa_perm.data(), sfa_perm.size(), DType::U8, {static_cast<int64_t>(sfa_perm.size())});
-  b.scales = TensorView::from_buffer(sfb_perm.data(), sfb_perm.size(), DType::U8, {static_cast<int64_t>(sfb_perm.size())});
+  a.scales = TensorView::from_buffer(sfa_perm.data(), sfa_perm.size(), DType::U8,
+                                     {static_cast<int64_t>(sfa_perm.size())});
+  b.scales = TensorView::from_buffer(sfb_perm.data(), sfb_perm.size(), DType::U8,
+                                     {static_cast<int64_t>(sfb_perm.size())});
   a.scale_layout = b.scale_layout = ScaleLayout::Swizzled;
   std::vector<uint16_t> c_buf(l * m * n, 0x7E00);  // garbage the kernel must overwrite
   TensorView c = TensorView::from_buffer(c_buf.data(), c_buf.size() * 2, DType::F16, {m, n, l});
@@ -268,7 +277,8 @@ TEST(Gemm, GpuModeNvfp4Interface) {
 TEST(Gemm, ClearErrors) {
   const Tensor x = random_tensor(DType::F32, {32, 64}, Fill::Normal, 1);
   const Tensor w = random_tensor(DType::F32, {32, 96}, Fill::Normal, 2);
-  const QuantizedTensor xq = quantize(x.view(), QuantizeOptions{}), wq = quantize(w.view(), QuantizeOptions{});
+  const QuantizedTensor xq = quantize(x.view(), QuantizeOptions{}),
+                        wq = quantize(w.view(), QuantizeOptions{});
   auto expect_error = [](auto fn, const std::string& text) {
     try {
       fn();
@@ -277,7 +287,8 @@ TEST(Gemm, ClearErrors) {
       EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
     }
   };
-  expect_error([&] { gemm(GemmOperand::from(xq, Usage::Rowwise), GemmOperand::from(wq, Usage::Rowwise)); }, "K differ");
+  expect_error([&] { gemm(GemmOperand::from(xq, Usage::Rowwise), GemmOperand::from(wq, Usage::Rowwise)); },
+               "K differ");
   expect_error([&] { GemmOperand::from(xq, Usage::Columnwise); }, "no columnwise");
   expect_error([&] { te_gemm_operands(xq, wq, "XY"); }, "layout must be");
   QuantizeOptions mx;
@@ -298,8 +309,9 @@ TEST(Gemm, ClearErrors) {
   const Tensor bias = random_tensor(DType::F32, {5}, Fill::Normal, 3);
   GemmProblem pb;
   pb.bias = bias.view();
-  expect_error([&] { gemm(GemmOperand::from(xq, Usage::Rowwise), GemmOperand::from(xq, Usage::Rowwise), pb); },
-               "bias must be");
+  expect_error(
+      [&] { gemm(GemmOperand::from(xq, Usage::Rowwise), GemmOperand::from(xq, Usage::Rowwise), pb); },
+      "bias must be");
   const Tensor u8(DType::U8, {4, 4});
   expect_error([&] { gemm(GemmOperand::from_dense(u8.view()), GemmOperand::from_dense(u8.view())); },
                "f32, bf16 or f16");

@@ -1,16 +1,16 @@
 // One test per case of ../shared/golden/INDEX.json (TransformerEngine's NVFP4QuantizerRef and
 // torchao's to_mx, run by their authors' code): every byte of data and scales and every amax must
 // match, on both the reference and the fast CPU path.
+#include "golden.hpp"
+
 #include <gtest/gtest.h>
 
-#include <cstring>
-
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cpu/rht.hpp"
-#include "golden.hpp"
 #include "microscale/half.hpp"
 #include "microscale/layout.hpp"
 #include "microscale/quantize.hpp"
@@ -73,15 +73,15 @@ int64_t first_mismatch(const std::vector<uint8_t>& a, const std::vector<uint8_t>
   return -1;
 }
 
-#define EXPECT_BYTES_EQ(ours, expected, what)                                                         \
-  do {                                                                                                \
-    const auto ours_ = (ours);                                                                        \
-    const auto expected_ = (expected);                                                                \
-    ASSERT_EQ(ours_.size(), expected_.size()) << what;                                                \
-    const int64_t at_ = first_mismatch(ours_, expected_);                                             \
-    EXPECT_EQ(at_, -1) << what << ": first mismatch at byte " << at_ << " (ours 0x" << std::hex       \
-                       << int(ours_[at_ < 0 ? 0 : at_]) << ", expected 0x" << int(expected_[at_ < 0 ? 0 : at_]) \
-                       << ")" << std::dec;                                                            \
+#define EXPECT_BYTES_EQ(ours, expected, what)                                                   \
+  do {                                                                                          \
+    const auto ours_ = (ours);                                                                  \
+    const auto expected_ = (expected);                                                          \
+    ASSERT_EQ(ours_.size(), expected_.size()) << what;                                          \
+    const int64_t at_ = first_mismatch(ours_, expected_);                                       \
+    EXPECT_EQ(at_, -1) << what << ": first mismatch at byte " << at_ << " (ours 0x" << std::hex \
+                       << int(ours_[at_ < 0 ? 0 : at_]) << ", expected 0x"                      \
+                       << int(expected_[at_ < 0 ? 0 : at_]) << ")" << std::dec;                 \
   } while (0)
 
 using QuantizeFn = QuantizedTensor (*)(const TensorView&, const QuantizeOptions&);
@@ -93,7 +93,9 @@ void check_nvfp4(const json& meta, const SafetensorsFile& file) {
   o.rowwise = o.columnwise = true;
   o.tile = meta["tile"] == "[16, 16]" ? Tile::k16x16 : Tile::k1x16;
   o.rht = meta["rht"] == "true";
-  if (o.rht) o.rht_sign_mask = static_cast<uint16_t>(std::stoul(meta["rht_sign_mask"].get<std::string>(), nullptr, 16));
+  if (o.rht)
+    o.rht_sign_mask =
+        static_cast<uint16_t>(std::stoul(meta["rht_sign_mask"].get<std::string>(), nullptr, 16));
   const TensorView input = file.view("input");
   for (const auto& [path, fn] : kPaths) {
     SCOPED_TRACE(path);
@@ -174,9 +176,12 @@ void check_element_table(const SafetensorsFile& file) {
       // The table replaced non-finite inputs by 0 for formats without Inf/NaN; ours map NaN to +max.
       if (!std::isfinite(x) && format_info(format).specials == Specials::None) continue;
       const uint8_t ours = encode_rn(format, x);
-      const bool both_nan = std::isnan(x) && std::isnan(decode(format, ours)) && std::isnan(decode(format, want[i]));
+      const bool both_nan =
+          std::isnan(x) && std::isnan(decode(format, ours)) && std::isnan(decode(format, want[i]));
       if (ours != want[i] && !both_nan) {
-        if (++mismatches <= 5) ADD_FAILURE() << name << " bf16 0x" << std::hex << i << ": ours 0x" << int(ours) << ", expected 0x" << int(want[i]);
+        if (++mismatches <= 5)
+          ADD_FAILURE() << name << " bf16 0x" << std::hex << i << ": ours 0x" << int(ours) << ", expected 0x"
+                        << int(want[i]);
       }
     }
     EXPECT_EQ(mismatches, 0) << name;

@@ -1,11 +1,12 @@
 // Swizzled scale layout: the closed-form offset against the reshape/permute definition, padding,
 // round trips on ragged shapes, and bad arguments.
+#include "microscale/layout.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 
 #include "microscale/error.hpp"
-#include "microscale/layout.hpp"
 
 namespace microscale {
 namespace {
@@ -21,7 +22,8 @@ int64_t offset_by_permute(int64_t r, int64_t c, int64_t cols) {
 TEST(Layout, OffsetMatchesDefinition) {
   for (int64_t cols : {1, 3, 4, 7, 33}) {
     for (int64_t r = 0; r < 300; ++r) {
-      for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(swizzled_offset(r, c, cols), offset_by_permute(r, c, cols));
+      for (int64_t c = 0; c < cols; ++c)
+        ASSERT_EQ(swizzled_offset(r, c, cols), offset_by_permute(r, c, cols));
     }
   }
 }
@@ -29,7 +31,8 @@ TEST(Layout, OffsetMatchesDefinition) {
 TEST(Layout, RoundTripAndZeroPadding) {
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {130, 7}, {256, 8}, {300, 33}, {5, 4}}) {
     Tensor compact(DType::U8, {rows, cols});
-    for (int64_t i = 0; i < rows * cols; ++i) compact.data_as<uint8_t>()[i] = static_cast<uint8_t>(1 + i % 251);
+    for (int64_t i = 0; i < rows * cols; ++i)
+      compact.data_as<uint8_t>()[i] = static_cast<uint8_t>(1 + i % 251);
     const Tensor s = swizzle_scales(compact.view());
     ASSERT_EQ(s.shape(), (std::vector<int64_t>{swizzled_rows(rows), swizzled_cols(cols)}));
     int64_t nonzero = 0;

@@ -2,6 +2,8 @@
 // dequantized operands (TE's module tests: SR off), SQNR against the unquantized products
 // (torchao's MXFP8 floors; NVFP4's measured and stated in tolerances below), main_grad
 // accumulation, the weight cache, autocast nesting and exceptions.
+#include "microscale/linear.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,7 +11,6 @@
 #include "core/operand_access.hpp"
 #include "microscale/error.hpp"
 #include "microscale/gemm.hpp"
-#include "microscale/linear.hpp"
 #include "microscale/recipe.hpp"
 #include "test_data.hpp"
 
@@ -41,7 +42,8 @@ double sqnr(const std::vector<double>& ref, const Tensor& t) {
 }
 
 // Unquantized products in float64 from f32 tensors: y = x W^T, dx = dy W, dW = dy^T x.
-std::vector<double> matmul(const Tensor& a, bool a_t, const Tensor& b, bool b_t, int64_t m, int64_t n, int64_t k) {
+std::vector<double> matmul(const Tensor& a, bool a_t, const Tensor& b, bool b_t, int64_t m, int64_t n,
+                           int64_t k) {
   std::vector<double> out(static_cast<size_t>(m * n));
   const float* pa = a.data_as<float>();
   const float* pb = b.data_as<float>();
@@ -63,7 +65,8 @@ struct LinearRun {
   Tensor y, dx, dw;
 };
 
-LinearRun run_linear(const Recipe& recipe, const Tensor& x, const Tensor& w, const Tensor& dy, uint64_t sr_seed = 5) {
+LinearRun run_linear(const Recipe& recipe, const Tensor& x, const Tensor& w, const Tensor& dy,
+                     uint64_t sr_seed = 5) {
   LinearSaved saved;
   LinearRun r;
   r.y = linear_forward(x.view(), w.view(), std::nullopt, recipe, &saved);
@@ -82,12 +85,14 @@ TEST(Recipe, OptionsPerRole) {
   EXPECT_TRUE(in.rht && !in.stochastic_rounding && in.tile == Tile::k1x16);
   EXPECT_TRUE(!wt.rht && !wt.stochastic_rounding && wt.tile == Tile::k16x16);
   EXPECT_TRUE(gr.rht && gr.stochastic_rounding && gr.stochastic_rounding->seed == 9);
-  const auto plain = *quantize_options(NVFP4BlockScaling({.disable_rht = true, .disable_stochastic_rounding = true,
-                                                          .disable_2d_quantization = true}),
-                                       TensorRole::GradOutput);
+  const auto plain = *quantize_options(
+      NVFP4BlockScaling(
+          {.disable_rht = true, .disable_stochastic_rounding = true, .disable_2d_quantization = true}),
+      TensorRole::GradOutput);
   EXPECT_TRUE(!plain.rht && !plain.stochastic_rounding);
   EXPECT_EQ(quantize_options(MXFP8BlockScaling{}, TensorRole::GradOutput)->scheme, Scheme::MXFP8_E4M3);
-  EXPECT_EQ(quantize_options(MXFP8BlockScaling(MXFP8BlockScaling::Fp8Format::HYBRID), TensorRole::GradOutput)->scheme,
+  EXPECT_EQ(quantize_options(MXFP8BlockScaling(MXFP8BlockScaling::Fp8Format::HYBRID), TensorRole::GradOutput)
+                ->scheme,
             Scheme::MXFP8_E5M2);
   EXPECT_EQ(quantize_options(MXFP8BlockScaling{}, TensorRole::Input)->scale_mode, ScaleMode::RCeil);
   EXPECT_FALSE(quantize_options(HighPrecision{}, TensorRole::Input).has_value());
@@ -129,8 +134,8 @@ TEST(Linear, GemmsMatchFloat64OnDequantizedOperands) {
   const Tensor x = random_tensor(DType::BF16, {2, 32, k}, Fill::Normal, 1);
   const Tensor w = random_tensor(DType::F32, {n, k}, Fill::Normal, 2);
   const Tensor dy = random_tensor(DType::BF16, {2, 32, n}, Fill::Normal, 3);
-  for (const Recipe& recipe : {Recipe{NVFP4BlockScaling({.disable_stochastic_rounding = true})},
-                               Recipe{MXFP8BlockScaling{}}}) {
+  for (const Recipe& recipe :
+       {Recipe{NVFP4BlockScaling({.disable_stochastic_rounding = true})}, Recipe{MXFP8BlockScaling{}}}) {
     LinearSaved saved;
     const Tensor y = linear_forward(x.view(), w.view(), std::nullopt, recipe, &saved);
     EXPECT_EQ(y.shape(), (std::vector<int64_t>{2, 32, n}));
@@ -174,16 +179,18 @@ TEST(Linear, SqnrAgainstUnquantizedProducts) {
   const Tensor w = random_tensor(DType::F32, {n, k}, Fill::Normal, 12);
   const Tensor dy = random_tensor(DType::F32, {m, n}, Fill::Normal, 13);
   const std::vector<double> y_ref = matmul(x, false, w, false, m, n, k);
-  const std::vector<double> dx_ref = matmul(dy, false, w, true, m, k, n);   // dy [m,n] W [n,k]
-  const std::vector<double> dw_ref = matmul(dy, true, x, true, n, k, m);    // dy^T [n,m] x [m,k]
-  const std::pair<Recipe, Floors> cases[] = {{MXFP8BlockScaling{}, kMxfp8Floors}, {NVFP4BlockScaling{}, kNvfp4Floors}};
+  const std::vector<double> dx_ref = matmul(dy, false, w, true, m, k, n);  // dy [m,n] W [n,k]
+  const std::vector<double> dw_ref = matmul(dy, true, x, true, n, k, m);   // dy^T [n,m] x [m,k]
+  const std::pair<Recipe, Floors> cases[] = {{MXFP8BlockScaling{}, kMxfp8Floors},
+                                             {NVFP4BlockScaling{}, kNvfp4Floors}};
   for (const auto& [recipe, floors] : cases) {
     const LinearRun r = run_linear(recipe, x, w, dy);
     const double s_y = sqnr(y_ref, r.y), s_dx = sqnr(dx_ref, r.dx), s_dw = sqnr(dw_ref, r.dw);
     EXPECT_GE(s_y, floors.output) << recipe_name(recipe);
     EXPECT_GE(s_dx, floors.grad_input) << recipe_name(recipe);
     EXPECT_GE(s_dw, floors.grad_weight) << recipe_name(recipe);
-    std::printf("%-6s SQNR dB: output %.2f, grad_input %.2f, grad_weight %.2f\n", recipe_name(recipe), s_y, s_dx, s_dw);
+    std::printf("%-6s SQNR dB: output %.2f, grad_input %.2f, grad_weight %.2f\n", recipe_name(recipe), s_y,
+                s_dx, s_dw);
   }
   // High precision is the fp32 product.
   const LinearRun hp = run_linear(HighPrecision{}, x, w, dy);

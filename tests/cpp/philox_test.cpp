@@ -1,7 +1,7 @@
 // Philox4x32-10 against the Random123 known-answer vectors (kat_vectors, philox4x32_10).
-#include <gtest/gtest.h>
-
 #include "microscale/philox.hpp"
+
+#include <gtest/gtest.h>
 
 namespace microscale {
 namespace {

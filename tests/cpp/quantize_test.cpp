@@ -1,12 +1,13 @@
 // quantize() (fast path) equals quantize_ref() bit for bit on random shapes, dtypes, strides,
 // ranks, fills and options; dequantize() inverts to within the format's error; layouts agree.
+#include "microscale/quantize.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "microscale/error.hpp"
 #include "microscale/layout.hpp"
-#include "microscale/quantize.hpp"
 #include "test_data.hpp"
 
 namespace microscale {
@@ -44,8 +45,9 @@ TEST(Quantize, FastEqualsReferenceMx) {
             o.scale_mode = mode;
             o.rowwise = o.columnwise = true;
             o.num_threads = 2;
-            const std::string what = std::string(scheme_name(scheme)) + " " + std::string(scale_mode_name(mode)) +
-                                     " " + std::string(dtype_name(dtype)) + " " + shape_string(shape);
+            const std::string what = std::string(scheme_name(scheme)) + " " +
+                                     std::string(scale_mode_name(mode)) + " " +
+                                     std::string(dtype_name(dtype)) + " " + shape_string(shape);
             expect_same(quantize(x.view(), o), quantize_ref(x.view(), o), what);
           }
         }
@@ -210,15 +212,15 @@ TEST(Quantize, MxSpecialValueSemantics) {
     EXPECT_EQ(d[64], 0x00);
     EXPECT_EQ(d[96], 0x40);  // 2^-126 * 2^127 = 2.0
     const Tensor deq = dequantize(q, Usage::Rowwise);
-    EXPECT_TRUE(std::isnan(deq.data_as<float>()[5]));        // whole NaN-scale block is NaN
+    EXPECT_TRUE(std::isnan(deq.data_as<float>()[5]));  // whole NaN-scale block is NaN
     EXPECT_EQ(deq.data_as<float>()[96], std::ldexp(1.0f, -126));
   }
 }
 
 TEST(Quantize, Nvfp4WorkedExample) {
   // numerics-te.md §1.5: amax 10, a block with amax 3 -> scale 128 (0x70), codes as listed.
-  const float block[16] = {-1.5f, 0.7f, 2.2f, -0.01f, 1.0f, 2.9f, 0.33f, -0.26f,
-                           1.76f, 0.5f, -2.5f, 1.26f, 0.1f, 3.0f, 0.0f, 0.0f};
+  const float block[16] = {-1.5f, 0.7f, 2.2f,  -0.01f, 1.0f, 2.9f, 0.33f, -0.26f,
+                           1.76f, 0.5f, -2.5f, 1.26f,  0.1f, 3.0f, 0.0f,  0.0f};
   Tensor x(DType::F32, {1, 32});
   for (int i = 0; i < 16; ++i) x.data_as<float>()[i] = block[i];
   for (int i = 16; i < 32; ++i) x.data_as<float>()[i] = i == 16 ? 10.0f : 0.0f;

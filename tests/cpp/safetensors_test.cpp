@@ -1,4 +1,6 @@
 // safetensors: round trips, and truncated or hostile files are clear errors, never crashes.
+#include "microscale/safetensors.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -8,7 +10,6 @@
 #include <random>
 
 #include "microscale/error.hpp"
-#include "microscale/safetensors.hpp"
 
 namespace microscale {
 namespace {
@@ -83,19 +84,19 @@ TEST(Safetensors, HostileHeaders) {
       "not json",
       "[1, 2, 3]",
       R"({"a": 5})",
-      R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 16]}})",          // past the end
-      R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})",           // size mismatch
-      R"({"a": {"dtype": "Q7", "shape": [2], "data_offsets": [0, 8]}})",            // unknown dtype
-      R"({"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}})",          // negative dim
-      R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}})",           // reversed
-      R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0]}})",              // one offset
-      R"({"a": {"dtype": "F32", "shape": 2, "data_offsets": [0, 8]}})",             // shape not array
-      R"({"a": {"shape": [2], "data_offsets": [0, 8]}})",                           // no dtype
-      R"({"a": {"dtype": "F32", "shape": [2.5], "data_offsets": [0, 8]}})",         // fractional dim
+      R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 16]}})",   // past the end
+      R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})",    // size mismatch
+      R"({"a": {"dtype": "Q7", "shape": [2], "data_offsets": [0, 8]}})",     // unknown dtype
+      R"({"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}})",   // negative dim
+      R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}})",    // reversed
+      R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0]}})",       // one offset
+      R"({"a": {"dtype": "F32", "shape": 2, "data_offsets": [0, 8]}})",      // shape not array
+      R"({"a": {"shape": [2], "data_offsets": [0, 8]}})",                    // no dtype
+      R"({"a": {"dtype": "F32", "shape": [2.5], "data_offsets": [0, 8]}})",  // fractional dim
       R"({"a": {"dtype": "F32", "shape": [4611686018427387904, 4], "data_offsets": [0, 8]}})",  // overflow
       R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-          "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",          // overlap
-      R"({"__metadata__": {"k": 1}})",                                              // non-string metadata
+          "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",                      // overlap
+      R"({"__metadata__": {"k": 1}})",  // non-string metadata
       R"({"__metadata__": [1]})",
   };
   for (const char* header : cases) {
@@ -109,9 +110,13 @@ TEST(Safetensors, HostileHeaders) {
   EXPECT_THROW(SafetensorsFile::from_bytes(bad), Error);
   EXPECT_NO_THROW(SafetensorsFile::from_bytes(make_file("{}", 0)));
   // Sub-byte dtypes: the header counts elements, which must fill whole bytes.
-  EXPECT_NO_THROW(SafetensorsFile::from_bytes(make_file(R"({"a": {"dtype": "F4", "shape": [2, 8], "data_offsets": [0, 8]}})", 8)));
-  EXPECT_NO_THROW(SafetensorsFile::from_bytes(make_file(R"({"a": {"dtype": "F6_E2M3", "shape": [4], "data_offsets": [0, 3]}})", 8)));
-  EXPECT_THROW(SafetensorsFile::from_bytes(make_file(R"({"a": {"dtype": "F4", "shape": [3], "data_offsets": [0, 2]}})", 8)), Error);
+  EXPECT_NO_THROW(SafetensorsFile::from_bytes(
+      make_file(R"({"a": {"dtype": "F4", "shape": [2, 8], "data_offsets": [0, 8]}})", 8)));
+  EXPECT_NO_THROW(SafetensorsFile::from_bytes(
+      make_file(R"({"a": {"dtype": "F6_E2M3", "shape": [4], "data_offsets": [0, 3]}})", 8)));
+  EXPECT_THROW(SafetensorsFile::from_bytes(
+                   make_file(R"({"a": {"dtype": "F4", "shape": [3], "data_offsets": [0, 2]}})", 8)),
+               Error);
   EXPECT_EQ(safetensors_nbytes("F8_E8M0", 5), 5u);
   EXPECT_THROW(safetensors_nbytes("F6_E3M2", 3), Error);
   // Viewing a dtype the quantizer cannot read.
@@ -128,7 +133,9 @@ TEST(Safetensors, FilesystemErrors) {
   EXPECT_THROW(SafetensorsFile::open(empty), Error);
   const std::vector<float> a(4);
   EXPECT_THROW(write_safetensors(temp_path("x.safetensors"), {{"a", "F32", {5}, a.data(), 16}}), Error);
-  EXPECT_THROW(write_safetensors(temp_path("x.safetensors"), {{"a", "F32", {4}, a.data(), 16}, {"a", "F32", {4}, a.data(), 16}}), Error);
+  EXPECT_THROW(write_safetensors(temp_path("x.safetensors"),
+                                 {{"a", "F32", {4}, a.data(), 16}, {"a", "F32", {4}, a.data(), 16}}),
+               Error);
   EXPECT_THROW(write_safetensors("/nonexistent_dir/x.safetensors", {}), Error);
 }
 
@@ -146,7 +153,8 @@ TEST(Safetensors, RandomMutationsNeverCrash) {
       const SafetensorsFile f = SafetensorsFile::from_bytes(bytes);
       for (const SafetensorsEntry& e : f.tensors()) {
         uint8_t sink = 0;
-        for (size_t j = 0; j < e.nbytes; ++j) sink = static_cast<uint8_t>(sink ^ static_cast<uint8_t>(e.data[j]));
+        for (size_t j = 0; j < e.nbytes; ++j)
+          sink = static_cast<uint8_t>(sink ^ static_cast<uint8_t>(e.data[j]));
         benchmark_sink(sink);  // every byte read is in bounds (checked under ASan)
       }
       ++parsed;

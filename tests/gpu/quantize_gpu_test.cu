@@ -11,10 +11,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <memory>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -33,13 +33,13 @@ namespace {
 
 int g_failures = 0, g_checks = 0;
 
-#define CK(call)                                                                                 \
-  do {                                                                                           \
-    cudaError_t e_ = (call);                                                                     \
-    if (e_ != cudaSuccess) {                                                                     \
+#define CK(call)                                                                                    \
+  do {                                                                                              \
+    cudaError_t e_ = (call);                                                                        \
+    if (e_ != cudaSuccess) {                                                                        \
       std::fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(2);                                                                              \
-    }                                                                                            \
+      std::exit(2);                                                                                 \
+    }                                                                                               \
   } while (0)
 
 struct DeviceBuffer {
@@ -75,8 +75,8 @@ bool same_bytes(const std::string& what, const std::vector<uint8_t>& got, const 
     if (got[i] != w[i]) {
       size_t bad = 0;
       for (size_t j = i; j < n; ++j) bad += got[j] != w[j];
-      std::printf("FAIL %s: %zu of %zu bytes differ, first at %zu (gpu 0x%02x, cpu 0x%02x)\n", what.c_str(), bad, n, i,
-                  got[i], w[i]);
+      std::printf("FAIL %s: %zu of %zu bytes differ, first at %zu (gpu 0x%02x, cpu 0x%02x)\n", what.c_str(),
+                  bad, n, i, got[i], w[i]);
       ++g_failures;
       return false;
     }
@@ -84,12 +84,14 @@ bool same_bytes(const std::string& what, const std::vector<uint8_t>& got, const 
   return true;
 }
 
-std::string describe(const QuantizeOptions& o, const std::vector<int64_t>& shape, DType dtype, const char* tag) {
+std::string describe(const QuantizeOptions& o, const std::vector<int64_t>& shape, DType dtype,
+                     const char* tag) {
   char buf[400];
-  std::snprintf(buf, sizeof buf, "%s %s %s %s row=%d col=%d mode=%s tile=%s rht=%d sr=%d ovr=%d layout=%s", tag,
-                std::string(scheme_name(o.scheme)).c_str(), shape_string(shape).c_str(), std::string(dtype_name(dtype)).c_str(),
-                o.rowwise, o.columnwise, std::string(scale_mode_name(o.scale_mode)).c_str(),
-                o.tile == Tile::k16x16 ? "16x16" : "1x16", o.rht, o.stochastic_rounding.has_value(),
+  std::snprintf(buf, sizeof buf, "%s %s %s %s row=%d col=%d mode=%s tile=%s rht=%d sr=%d ovr=%d layout=%s",
+                tag, std::string(scheme_name(o.scheme)).c_str(), shape_string(shape).c_str(),
+                std::string(dtype_name(dtype)).c_str(), o.rowwise, o.columnwise,
+                std::string(scale_mode_name(o.scale_mode)).c_str(), o.tile == Tile::k16x16 ? "16x16" : "1x16",
+                o.rht, o.stochastic_rounding.has_value(),
                 o.amax_rowwise.has_value() || o.amax_columnwise.has_value(),
                 o.scale_layout == ScaleLayout::Swizzled ? "swizzled" : "compact");
   return buf;
@@ -106,14 +108,19 @@ std::vector<float> random_values(int64_t n, std::mt19937_64& rng, bool specials,
     if (i % 16 == 0) block_scale = std::ldexp(1.0f, static_cast<int>(uni(rng) * 16) - 8);
     float x = normal(rng) * block_scale;
     const float u = uni(rng);
-    if (u < 0.01f) x = 0.0f;
-    else if (u < 0.015f) x = -0.0f;
+    if (u < 0.01f)
+      x = 0.0f;
+    else if (u < 0.015f)
+      x = -0.0f;
     if (wide && uni(rng) < 0.05f) x = std::ldexp(normal(rng), static_cast<int>(uni(rng) * 120) - 60);
     if (specials) {
       const float s = uni(rng);
-      if (s < 0.002f) x = NAN;
-      else if (s < 0.004f) x = INFINITY;
-      else if (s < 0.006f) x = -INFINITY;
+      if (s < 0.002f)
+        x = NAN;
+      else if (s < 0.004f)
+        x = INFINITY;
+      else if (s < 0.006f)
+        x = -INFINITY;
     }
     v[static_cast<size_t>(i)] = x;
   }
@@ -124,7 +131,8 @@ std::vector<float> random_values(int64_t n, std::mt19937_64& rng, bool specials,
 std::vector<uint8_t> encode_input(const std::vector<float>& v, DType dtype) {
   std::vector<uint8_t> out(v.size() * dtype_size(dtype));
   for (size_t i = 0; i < v.size(); ++i) {
-    if (dtype == DType::F32) std::memcpy(&out[i * 4], &v[i], 4);
+    if (dtype == DType::F32)
+      std::memcpy(&out[i * 4], &v[i], 4);
     else {
       const uint16_t h = dtype == DType::BF16 ? float_to_bf16(v[i]) : float_to_half(v[i]);
       std::memcpy(&out[i * 2], &h, 2);
@@ -172,7 +180,8 @@ DeviceQuantized run_device(const TensorView& input, const QuantizeOptions& o) {
 // Quantizes `values` (stored as dtype, viewed with `strides` over a buffer of `storage` elements)
 // on both backends and compares every output byte; optionally dequantize too.
 void compare_case(const std::vector<float>& storage_values, const std::vector<int64_t>& shape,
-                  const std::vector<int64_t>& strides, DType dtype, const QuantizeOptions& o, bool check_dequant) {
+                  const std::vector<int64_t>& strides, DType dtype, const QuantizeOptions& o,
+                  bool check_dequant) {
   const std::string what = describe(o, shape, dtype, strides.empty() ? "" : "strided");
   const std::vector<uint8_t> host = encode_input(storage_values, dtype);
   TensorView cpu_in;
@@ -202,19 +211,29 @@ void compare_case(const std::vector<float>& storage_values, const std::vector<in
   }
   bool ok = true;
   if (o.rowwise) {
-    ok &= same_bytes(what + " rowwise_data", to_host(q.views.rowwise_data.data, ref.rowwise_data.nbytes()), ref.rowwise_data.data(), ref.rowwise_data.nbytes());
-    ok &= same_bytes(what + " rowwise_scale", to_host(q.views.rowwise_scale.data, static_cast<size_t>(numel(q.shapes.rowwise_scale))), ref.rowwise_scale.data(), ref.rowwise_scale.nbytes());
+    ok &= same_bytes(what + " rowwise_data", to_host(q.views.rowwise_data.data, ref.rowwise_data.nbytes()),
+                     ref.rowwise_data.data(), ref.rowwise_data.nbytes());
+    ok &= same_bytes(what + " rowwise_scale",
+                     to_host(q.views.rowwise_scale.data, static_cast<size_t>(numel(q.shapes.rowwise_scale))),
+                     ref.rowwise_scale.data(), ref.rowwise_scale.nbytes());
   }
   if (o.columnwise) {
-    ok &= same_bytes(what + " columnwise_data", to_host(q.views.columnwise_data.data, ref.columnwise_data.nbytes()), ref.columnwise_data.data(), ref.columnwise_data.nbytes());
-    ok &= same_bytes(what + " columnwise_scale", to_host(q.views.columnwise_scale.data, static_cast<size_t>(numel(q.shapes.columnwise_scale))), ref.columnwise_scale.data(), ref.columnwise_scale.nbytes());
+    ok &= same_bytes(what + " columnwise_data",
+                     to_host(q.views.columnwise_data.data, ref.columnwise_data.nbytes()),
+                     ref.columnwise_data.data(), ref.columnwise_data.nbytes());
+    ok &= same_bytes(
+        what + " columnwise_scale",
+        to_host(q.views.columnwise_scale.data, static_cast<size_t>(numel(q.shapes.columnwise_scale))),
+        ref.columnwise_scale.data(), ref.columnwise_scale.nbytes());
   }
   if (o.scheme == Scheme::NVFP4) {
     const std::vector<uint8_t> amax = to_host(q.views.amax, 8);
     float a[2];
     std::memcpy(a, amax.data(), 8);
-    if (o.rowwise) ok &= same_bytes(what + " rowwise_amax", {amax.begin(), amax.begin() + 4}, &ref.rowwise_amax, 4);
-    if (o.columnwise) ok &= same_bytes(what + " columnwise_amax", {amax.begin() + 4, amax.end()}, &ref.columnwise_amax, 4);
+    if (o.rowwise)
+      ok &= same_bytes(what + " rowwise_amax", {amax.begin(), amax.begin() + 4}, &ref.rowwise_amax, 4);
+    if (o.columnwise)
+      ok &= same_bytes(what + " columnwise_amax", {amax.begin() + 4, amax.end()}, &ref.columnwise_amax, 4);
   }
   if (!ok || !check_dequant) return;
   for (Usage usage : {Usage::Rowwise, Usage::Columnwise}) {
@@ -226,14 +245,16 @@ void compare_case(const std::vector<float>& storage_values, const std::vector<in
       out.data = dout.p;
       out.dtype = out_dtype;
       const bool transposed = o.scheme == Scheme::NVFP4 && usage == Usage::Columnwise;
-      out.shape = transposed ? std::vector<int64_t>{q.shapes.cols, q.shapes.rows} : std::vector<int64_t>{q.shapes.rows, q.shapes.cols};
+      out.shape = transposed ? std::vector<int64_t>{q.shapes.cols, q.shapes.rows}
+                             : std::vector<int64_t>{q.shapes.rows, q.shapes.cols};
       out.device = Device::CUDA;
       cuda::dequantize(q.views, shape, o, usage, out, nullptr);
       CK(cudaDeviceSynchronize());
       std::vector<uint8_t> got = to_host(dout.p, want.nbytes());
       // NaN payloads may differ (the GPU's canonical NaN); compare NaN as NaN.
       const size_t es = dtype_size(out_dtype);
-      std::vector<uint8_t> expect(static_cast<const uint8_t*>(want.data()), static_cast<const uint8_t*>(want.data()) + want.nbytes());
+      std::vector<uint8_t> expect(static_cast<const uint8_t*>(want.data()),
+                                  static_cast<const uint8_t*>(want.data()) + want.nbytes());
       for (size_t i = 0; i < got.size() / es; ++i) {
         float g, w;
         if (out_dtype == DType::F32) {
@@ -248,7 +269,9 @@ void compare_case(const std::vector<float>& storage_values, const std::vector<in
         }
         if (std::isnan(g) && std::isnan(w)) std::memcpy(&got[i * es], &expect[i * es], es);
       }
-      same_bytes(what + (usage == Usage::Rowwise ? " dequant rowwise " : " dequant columnwise ") + std::string(dtype_name(out_dtype)), got, expect.data(), expect.size());
+      same_bytes(what + (usage == Usage::Rowwise ? " dequant rowwise " : " dequant columnwise ") +
+                     std::string(dtype_name(out_dtype)),
+                 got, expect.data(), expect.size());
     }
   }
 }
@@ -256,9 +279,9 @@ void compare_case(const std::vector<float>& storage_values, const std::vector<in
 void random_suite(bool quick) {
   std::mt19937_64 rng(12345);
   const std::vector<std::vector<int64_t>> shapes = {
-      {32, 32}, {16, 16}, {32, 64}, {64, 128}, {128, 128}, {96, 160}, {160, 96}, {224, 352},
-      {2, 48, 64},  // 3-D input
-      {320, 544}, {1024, 1056}, {33, 64},  {48, 96}, {16, 2048}, {2048, 32}};
+      {32, 32},   {16, 16},     {32, 64},    {64, 128}, {128, 128}, {96, 160},
+      {160, 96},  {224, 352},   {2, 48, 64},  // 3-D input
+      {320, 544}, {1024, 1056}, {33, 64},    {48, 96},  {16, 2048}, {2048, 32}};
   const std::vector<std::vector<int64_t>> big = {{1024, 1056}, {2048, 32}, {16, 2048}, {320, 544}};
   int cases = 0;
   for (const auto& shape : shapes) {
@@ -277,8 +300,12 @@ void random_suite(bool quick) {
         o.columnwise = variant != 6;
         o.tile = (variant == 1 || variant == 5) ? Tile::k16x16 : Tile::k1x16;
         o.rht = (variant == 2 || variant == 4 || variant == 7 || variant == 8) && dtype == DType::BF16;
-        if (variant == 3 || variant == 4 || variant == 5) o.stochastic_rounding = StochasticRounding{0x1234567890ABCDEFull + variant, 77};
-        if (variant == 8) { o.amax_rowwise = 3.5f; o.amax_columnwise = 11.0f; }
+        if (variant == 3 || variant == 4 || variant == 5)
+          o.stochastic_rounding = StochasticRounding{0x1234567890ABCDEFull + variant, 77};
+        if (variant == 8) {
+          o.amax_rowwise = 3.5f;
+          o.amax_columnwise = 11.0f;
+        }
         o.scale_layout = (variant % 2 == 1 || variant == 8) ? ScaleLayout::Swizzled : ScaleLayout::Compact;
         if (o.tile == Tile::k16x16 && (m % 16 || k % 16)) continue;
         if (o.rowwise && k % 16) continue;
@@ -288,7 +315,8 @@ void random_suite(bool quick) {
         ++cases;
       }
       // MX
-      for (Scheme scheme : {Scheme::MXFP8_E4M3, Scheme::MXFP8_E5M2, Scheme::MXFP6_E2M3, Scheme::MXFP6_E3M2, Scheme::MXFP4}) {
+      for (Scheme scheme :
+           {Scheme::MXFP8_E4M3, Scheme::MXFP8_E5M2, Scheme::MXFP6_E2M3, Scheme::MXFP6_E3M2, Scheme::MXFP4}) {
         for (ScaleMode mode : {ScaleMode::RCeil, ScaleMode::Floor, ScaleMode::Ceil, ScaleMode::Even}) {
           if (quick && mode != ScaleMode::RCeil && mode != ScaleMode::Floor) continue;
           QuantizeOptions o;
@@ -298,7 +326,8 @@ void random_suite(bool quick) {
           o.columnwise = m % 32 == 0;
           if (!o.rowwise && !o.columnwise) continue;
           if (scheme == Scheme::MXFP4 && k % 2) continue;
-          o.scale_layout = (static_cast<int>(mode) + static_cast<int>(scheme)) % 2 ? ScaleLayout::Swizzled : ScaleLayout::Compact;
+          o.scale_layout = (static_cast<int>(mode) + static_cast<int>(scheme)) % 2 ? ScaleLayout::Swizzled
+                                                                                   : ScaleLayout::Compact;
           if (quick && is_big) continue;
           compare_case(values, shape, {}, dtype, o, mode == ScaleMode::RCeil);
           ++cases;
@@ -336,11 +365,13 @@ void random_suite(bool quick) {
     t.scheme = Scheme::NVFP4;
     t.columnwise = true;
     t.rht = true;
-    compare_case(std::vector<float>(v.begin(), v.begin() + 64 * 48), {64, 48}, {1, 64}, DType::BF16, t, false);
+    compare_case(std::vector<float>(v.begin(), v.begin() + 64 * 48), {64, 48}, {1, 64}, DType::BF16, t,
+                 false);
     QuantizeOptions tm;
     tm.scheme = Scheme::MXFP4;
     tm.columnwise = true;
-    compare_case(std::vector<float>(v.begin(), v.begin() + 64 * 64), {64, 64}, {1, 64}, DType::F32, tm, false);
+    compare_case(std::vector<float>(v.begin(), v.begin() + 64 * 64), {64, 64}, {1, 64}, DType::F32, tm,
+                 false);
     cases += 8;
   }
   std::printf("random suite: %d cases\n", cases);
@@ -427,22 +458,41 @@ void golden_suite(const std::string& dir) {
       o.rowwise = o.columnwise = true;
       o.tile = meta["tile"] == "[16, 16]" ? Tile::k16x16 : Tile::k1x16;
       o.rht = meta["rht"] == "true";
-      if (o.rht) o.rht_sign_mask = static_cast<uint16_t>(std::stoul(meta["rht_sign_mask"].get<std::string>(), nullptr, 16));
+      if (o.rht)
+        o.rht_sign_mask =
+            static_cast<uint16_t>(std::stoul(meta["rht_sign_mask"].get<std::string>(), nullptr, 16));
       DeviceQuantized q = run_device(gin, o);
-      same_bytes("golden " + file + " rowwise_data", to_host(q.views.rowwise_data.data, numel(q.shapes.rowwise_data)), f.at("rowwise_data").data, f.at("rowwise_data").nbytes);
-      same_bytes("golden " + file + " rowwise_scale", to_host(q.views.rowwise_scale.data, numel(q.shapes.rowwise_scale)), f.at("rowwise_scale").data, f.at("rowwise_scale").nbytes);
-      same_bytes("golden " + file + " columnwise_data", to_host(q.views.columnwise_data.data, numel(q.shapes.columnwise_data)), f.at("columnwise_data").data, f.at("columnwise_data").nbytes);
-      same_bytes("golden " + file + " columnwise_scale", to_host(q.views.columnwise_scale.data, numel(q.shapes.columnwise_scale)), f.at("columnwise_scale").data, f.at("columnwise_scale").nbytes);
+      same_bytes("golden " + file + " rowwise_data",
+                 to_host(q.views.rowwise_data.data, numel(q.shapes.rowwise_data)), f.at("rowwise_data").data,
+                 f.at("rowwise_data").nbytes);
+      same_bytes("golden " + file + " rowwise_scale",
+                 to_host(q.views.rowwise_scale.data, numel(q.shapes.rowwise_scale)),
+                 f.at("rowwise_scale").data, f.at("rowwise_scale").nbytes);
+      same_bytes("golden " + file + " columnwise_data",
+                 to_host(q.views.columnwise_data.data, numel(q.shapes.columnwise_data)),
+                 f.at("columnwise_data").data, f.at("columnwise_data").nbytes);
+      same_bytes("golden " + file + " columnwise_scale",
+                 to_host(q.views.columnwise_scale.data, numel(q.shapes.columnwise_scale)),
+                 f.at("columnwise_scale").data, f.at("columnwise_scale").nbytes);
       const std::vector<uint8_t> amax = to_host(q.views.amax, 8);
-      same_bytes("golden " + file + " rowwise_amax", {amax.begin(), amax.begin() + 4}, f.at("rowwise_amax").data, 4);
-      same_bytes("golden " + file + " columnwise_amax", {amax.begin() + 4, amax.end()}, f.at("columnwise_amax").data, 4);
+      same_bytes("golden " + file + " rowwise_amax", {amax.begin(), amax.begin() + 4},
+                 f.at("rowwise_amax").data, 4);
+      same_bytes("golden " + file + " columnwise_amax", {amax.begin() + 4, amax.end()},
+                 f.at("columnwise_amax").data, 4);
     } else if (meta["kind"] == "mx_quantize") {
       const std::string el = meta["element"].get<std::string>();
-      o.scheme = parse_scheme(el == "e4m3" ? "mxfp8_e4m3" : el == "e5m2" ? "mxfp8_e5m2" : el == "e2m3" ? "mxfp6_e2m3" : el == "e3m2" ? "mxfp6_e3m2" : "mxfp4");
+      o.scheme = parse_scheme(el == "e4m3"   ? "mxfp8_e4m3"
+                              : el == "e5m2" ? "mxfp8_e5m2"
+                              : el == "e2m3" ? "mxfp6_e2m3"
+                              : el == "e3m2" ? "mxfp6_e3m2"
+                                             : "mxfp4");
       o.scale_mode = parse_scale_mode(meta["scale_mode"].get<std::string>());
       DeviceQuantized q = run_device(gin, o);
-      same_bytes("golden " + file + " data", to_host(q.views.rowwise_data.data, numel(q.shapes.rowwise_data)), f.at("data").data, f.at("data").nbytes);
-      same_bytes("golden " + file + " scale", to_host(q.views.rowwise_scale.data, numel(q.shapes.rowwise_scale)), f.at("scale").data, f.at("scale").nbytes);
+      same_bytes("golden " + file + " data", to_host(q.views.rowwise_data.data, numel(q.shapes.rowwise_data)),
+                 f.at("data").data, f.at("data").nbytes);
+      same_bytes("golden " + file + " scale",
+                 to_host(q.views.rowwise_scale.data, numel(q.shapes.rowwise_scale)), f.at("scale").data,
+                 f.at("scale").nbytes);
     } else {
       continue;
     }
@@ -457,8 +507,10 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string golden;
   for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--quick") quick = true;
-    else golden = argv[i];
+    if (std::string(argv[i]) == "--quick")
+      quick = true;
+    else
+      golden = argv[i];
   }
   if (cuda::device_count() == 0) {
     std::printf("no CUDA device\n");
