@@ -17,7 +17,7 @@ namespace microscale::tools {
 namespace {
 
 struct QuantizeArgs {
-  std::string input, output, format, convention, scale_mode = "rceil", report;
+  std::string input, output, format, convention, scale_mode = "rceil", report, calibration;
   std::vector<std::string> skip, only;
   bool no_default_skips = false, quiet = false;
   int threads = 0;
@@ -53,6 +53,7 @@ void run_quantize(const QuantizeArgs& a) {
   o.rules.skip.insert(o.rules.skip.end(), a.skip.begin(), a.skip.end());
   o.rules.only = a.only;
   o.num_threads = a.threads;
+  o.calibration = a.calibration;
   const bool terminal = isatty(fileno(stderr)) != 0;
   if (!a.quiet)
     o.progress = [terminal](size_t d, size_t t, const TensorReport& r) { show_progress(d, t, r, terminal); };
@@ -147,6 +148,11 @@ void add_quantize_command(CLI::App& app) {
   cmd->add_option("--scale-mode", a->scale_mode, "MX scale rule: rceil (default) | floor | ceil | even");
   cmd->add_option("--threads", a->threads, "CPU threads (default: all)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--report", a->report, "also write the report as JSON to this file");
+  cmd->add_option(
+         "--calibration", a->calibration,
+         "nvfp4: safetensors file with <module>.input_amax (or .input samples) per quantized Linear;\n"
+         "writes the activations' static scale (W4A4) instead of a weight-only checkpoint")
+      ->check(CLI::ExistingFile);
   cmd->add_flag("-q,--quiet", a->quiet, "no progress output");
   cmd->callback([a] { run_quantize(*a); });
 }

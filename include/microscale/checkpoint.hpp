@@ -14,8 +14,11 @@
 //   gpt-oss (OpenAI gpt-oss / transformers `quant_method: mxfp4`)
 //     mxfp4: <T>_blocks U8 [N, K/32, 16], <T>_scales U8 (E8M0) [N, K/32], for the tensor name T
 // FP4 codes are packed two per byte, element 2j in the low nibble, in every convention.
-// Weights are quantized weight-only (W4A16 / W8A16): no activation calibration is done, so no
-// input_scale is written; the configs say so.
+// NVFP4 activations also need a static global scale (W4A4): with a calibration file (the input
+// amax of each Linear, see ConvertOptions::calibration) ModelOpt gets p.input_scale F32 [] =
+// amax/2688 and compressed-tensors p.input_global_scale F32 [1] = 2688/amax, and the configs say
+// NVFP4 (W4A4); without one the checkpoint is weight-only (W4A16_NVFP4 / NVFP4A16). MX activations
+// need no calibration (their block scales are computed at run time).
 #pragma once
 
 #include <cstdint>
@@ -137,6 +140,10 @@ struct ConvertOptions {
   LayerRules rules;
   ScaleMode mx_scale_mode = ScaleMode::RCeil;
   int num_threads = 0;
+  /// NVFP4 only: a safetensors file with, for each quantized Linear `p` (weight `p.weight`), either
+  /// `p.input_amax` (F32, one value: the max |x| seen at its input) or `p.input` (F32/BF16/F16
+  /// activation samples, any shape, whose max |x| is taken). Every quantized Linear needs one.
+  std::string calibration;
   /// Called after each tensor: (index, count, report of that tensor).
   std::function<void(size_t, size_t, const TensorReport&)> progress;
 };

@@ -1,7 +1,10 @@
 // convert_checkpoint: plan every output tensor from shapes alone, write each shard's header,
 // then quantize and stream one tensor at a time (a checkpoint larger than memory converts).
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/scale_math.hpp"
@@ -75,21 +78,57 @@ std::string module_of(const std::string& weight_name) {
   return weight_name;
 }
 
-json quantization_config(const ConvertOptions& o, const std::vector<std::string>& ignored) {
+// Input amax of each quantized Linear (by module name) from the calibration file.
+std::map<std::string, float> calibration_amaxes(const std::string& path) {
+  const SafetensorsFile f = SafetensorsFile::open(path);
+  std::map<std::string, float> amax;
+  for (const SafetensorsEntry& e : f.tensors()) {
+    const auto take = [&](const std::string& suffix) {
+      return e.name.size() > suffix.size() &&
+                     e.name.compare(e.name.size() - suffix.size(), suffix.size(), suffix) == 0
+                 ? e.name.substr(0, e.name.size() - suffix.size())
+                 : std::string();
+    };
+    float value = 0.0f;
+    std::string module = take(".input_amax");
+    if (!module.empty()) {
+      if (e.dtype != "F32" || e.nbytes != 4)
+        throw Error("calibration tensor '" + e.name + "' must be one F32 value");
+      std::memcpy(&value, e.data, 4);
+    } else if (!(module = take(".input")).empty()) {
+      const Tensor x = to_f32_matrix(f.view(e.name));
+      for (int64_t i = 0; i < x.numel(); ++i) value = std::fmax(value, std::fabs(x.data_as<float>()[i]));
+    } else {
+      continue;
+    }
+    if (!std::isfinite(value) || value <= 0.0f) {
+      throw Error("calibration amax of '" + module + "' must be finite and > 0, got " +
+                  std::to_string(value));
+    }
+    amax[module] = value;
+  }
+  return amax;
+}
+
+json quantization_config(const ConvertOptions& o, const std::vector<std::string>& ignored, bool w4a4) {
   const bool fp4 = o.format != CheckpointFormat::MXFP8;
   const int group = block_of(o.format);
   json producer = {{"name", "microscale"}, {"version", "0.1.0"}};
   switch (o.convention) {
     case Convention::ModelOpt:
-      return {{"quant_method", "modelopt"},
-              {"quant_algo", o.format == CheckpointFormat::NVFP4 ? "W4A16_NVFP4" : "MXFP8"},
-              {"config_groups",
-               {{"group_0",
-                 {{"weights",
-                   {{"num_bits", fp4 ? 4 : 8}, {"type", "float"}, {"group_size", group}, {"dynamic", false}}},
-                  {"targets", {"Linear"}}}}}},
-              {"ignore", ignored},
-              {"producer", producer}};
+      return {
+          {"quant_method", "modelopt"},
+          {"quant_algo", o.format == CheckpointFormat::NVFP4 ? (w4a4 ? "NVFP4" : "W4A16_NVFP4") : "MXFP8"},
+          {"config_groups",
+           {{"group_0",
+             {{"weights",
+               {{"num_bits", fp4 ? 4 : 8}, {"type", "float"}, {"group_size", group}, {"dynamic", false}}},
+              {"input_activations",
+               w4a4 ? json{{"num_bits", 4}, {"type", "float"}, {"group_size", group}, {"dynamic", false}}
+                    : json(nullptr)},
+              {"targets", {"Linear"}}}}}},
+          {"ignore", ignored},
+          {"producer", producer}};
     case Convention::CompressedTensors:
       return {
           {"quant_method", "compressed-tensors"},
@@ -107,7 +146,13 @@ json quantization_config(const ConvertOptions& o, const std::vector<std::string>
                 {"symmetric", true},
                 {"dynamic", false},
                 {"scale_dtype", o.format == CheckpointFormat::NVFP4 ? "float8_e4m3fn" : "float8_e8m0fnu"}}},
-              {"input_activations", nullptr}}}}},
+              {"input_activations", w4a4 ? json{{"num_bits", 4},
+                                                {"type", "float"},
+                                                {"strategy", "tensor_group"},
+                                                {"group_size", group},
+                                                {"symmetric", true},
+                                                {"dynamic", "local"}}
+                                         : json(nullptr)}}}}},
           {"ignore", ignored},
           {"producer", producer}};
     case Convention::GptOss:
@@ -139,6 +184,12 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
   qo.scheme = scheme_of(o.format);
   qo.scale_mode = o.mx_scale_mode;
   qo.num_threads = o.num_threads;
+  const bool w4a4 = !o.calibration.empty();
+  if (w4a4 && o.format != CheckpointFormat::NVFP4) {
+    throw Error("--calibration applies to nvfp4 (MX activations need no static scale)");
+  }
+  const std::map<std::string, float> input_amax =
+      w4a4 ? calibration_amaxes(o.calibration) : std::map<std::string, float>{};
 
   // Plan: what each input tensor becomes.
   std::vector<TensorReport> reports(ckpt.tensors().size());
@@ -155,6 +206,15 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
     r.quantized = r.kept_because.empty();
     if (r.quantized) {
       outputs[i] = quantized_specs(e.name, e.shape, o.format, o.convention);
+      if (w4a4) {
+        if (!input_amax.count(module_of(e.name))) {
+          throw Error("the calibration file has no '" + module_of(e.name) +
+                      ".input_amax' (or .input) for the quantized '" + e.name + "'");
+        }
+        const bool ct = o.convention == Convention::CompressedTensors;
+        outputs[i].push_back({module_of(e.name) + (ct ? ".input_global_scale" : ".input_scale"), "F32",
+                              ct ? std::vector<int64_t>{1} : std::vector<int64_t>{}});
+      }
     } else {
       outputs[i] = {{e.name, e.dtype, e.shape}};
       if (e.shape.size() >= 2) ignored.push_back(module_of(e.name));
@@ -199,11 +259,18 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
         writer.write(specs[0].name, q.rowwise_data.data(), q.rowwise_data.nbytes());
         writer.write(specs[1].name, q.rowwise_scale.data(), q.rowwise_scale.nbytes());
         r.bytes_after = q.rowwise_data.nbytes() + q.rowwise_scale.nbytes();
-        if (specs.size() == 3) {  // NVFP4 global scale: ModelOpt's decode 1/S_enc, or CT's S_enc
+        if (specs.size() >= 3) {  // NVFP4 global scale: ModelOpt's decode 1/S_enc, or CT's S_enc
           const float s_enc = nvfp4_global_encode_scale(q.rowwise_amax);
           const float global = o.convention == Convention::CompressedTensors ? s_enc : 1.0f / s_enc;
           writer.write(specs[2].name, &global, sizeof global);
           r.bytes_after += sizeof global;
+        }
+        if (specs.size() == 4) {  // the activation's static scale, as the convention defines it
+          const float amax = input_amax.at(module_of(e.name));
+          const float input_scale =
+              o.convention == Convention::CompressedTensors ? 2688.0f / amax : amax / 2688.0f;
+          writer.write(specs[3].name, &input_scale, sizeof input_scale);
+          r.bytes_after += sizeof input_scale;
         }
       }
       total_size += r.bytes_after;
@@ -225,7 +292,7 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
       throw Error("config.json of the input is not valid JSON: " + std::string(e.what()));
     }
   }
-  config["quantization_config"] = quantization_config(o, ignored);
+  config["quantization_config"] = quantization_config(o, ignored, w4a4);
   write_text(fs::path(output_dir) / "config.json", config.dump(2));
   if (o.convention == Convention::ModelOpt) {
     json hf = {{"producer", {{"name", "microscale"}, {"version", "0.1.0"}}},

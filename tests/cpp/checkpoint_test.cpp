@@ -218,3 +218,61 @@ TEST(Checkpoint, ConventionErrors) {
 
 }  // namespace
 }  // namespace microscale
+
+namespace microscale {
+namespace {
+
+// NVFP4 W4A4: a calibration file gives each quantized Linear its activation scale.
+TEST(Checkpoint, CalibrationWritesInputScales) {
+  const fs::path model = make_model("calib_in");
+  const fs::path calib = fresh_dir("calib_file") / "calibration.safetensors";
+  const float amax_q = 5.0f, amax_experts = 3.0f;
+  const Tensor up_samples = random_tensor(DType::BF16, {4, 64}, Fill::Normal, 9);
+  float up_amax = 0.0f;
+  for (int64_t i = 0; i < up_samples.numel(); ++i) {
+    up_amax = std::fmax(up_amax, std::fabs(bf16_to_float(up_samples.data_as<uint16_t>()[i])));
+  }
+  write_safetensors(calib.string(),
+                    {{"model.layers.0.self_attn.q_proj.input_amax", "F32", {1}, &amax_q, 4},
+                     {"model.layers.0.mlp.experts.gate_up_proj.input_amax", "F32", {}, &amax_experts, 4},
+                     {"model.layers.0.mlp.up_proj.input", "BF16", up_samples.shape(), up_samples.data(),
+                      up_samples.nbytes()}});
+  for (Convention convention : {Convention::ModelOpt, Convention::CompressedTensors}) {
+    const fs::path out = fresh_dir(std::string("calib_out_") + convention_name(convention));
+    ConvertOptions o;
+    o.convention = convention;
+    o.calibration = calib.string();
+    convert_checkpoint(model.string(), out.string(), o);
+    const Checkpoint q = Checkpoint::open(out.string());
+    const bool ct = convention == Convention::CompressedTensors;
+    const std::string name =
+        std::string("model.layers.0.self_attn.q_proj") + (ct ? ".input_global_scale" : ".input_scale");
+    ASSERT_TRUE(q.contains(name)) << name;
+    float v;
+    std::memcpy(&v, q.at(name).data, 4);
+    EXPECT_EQ(v, ct ? 2688.0f / amax_q : amax_q / 2688.0f);
+    std::memcpy(
+        &v,
+        q.at(std::string("model.layers.0.mlp.up_proj") + (ct ? ".input_global_scale" : ".input_scale")).data,
+        4);
+    EXPECT_EQ(v, ct ? 2688.0f / up_amax : up_amax / 2688.0f);
+    const nlohmann::json config = nlohmann::json::parse(std::ifstream(out / "config.json"));
+    if (!ct) EXPECT_EQ(config["quantization_config"]["quant_algo"], "NVFP4");
+    EXPECT_FALSE(config["quantization_config"]["config_groups"]["group_0"]["input_activations"].is_null());
+    // Weights read back unchanged by the extra tensors.
+    EXPECT_EQ(read_quantized_weights(q).size(), 3u);
+  }
+  // A quantized Linear without calibration data, or calibration for MX, is an error.
+  const fs::path partial = fresh_dir("calib_partial") / "calibration.safetensors";
+  write_safetensors(partial.string(),
+                    {{"model.layers.0.self_attn.q_proj.input_amax", "F32", {1}, &amax_q, 4}});
+  ConvertOptions o;
+  o.calibration = partial.string();
+  EXPECT_THROW(convert_checkpoint(model.string(), fresh_dir("calib_bad").string(), o), Error);
+  o.calibration = calib.string();
+  o.format = CheckpointFormat::MXFP8;
+  EXPECT_THROW(convert_checkpoint(model.string(), fresh_dir("calib_bad2").string(), o), Error);
+}
+
+}  // namespace
+}  // namespace microscale
