@@ -7,19 +7,10 @@
 
 #include "core/input_matrix.hpp"
 #include "core/scale_math.hpp"
+#include "core/scale_rule.hpp"
 #include "microscale/quantize.hpp"
 
 namespace microscale::cpu {
-
-inline MxScaleRule mx_scale_rule(ScaleMode mode) {
-  switch (mode) {
-    case ScaleMode::Floor: return MxScaleRule::Floor;
-    case ScaleMode::Ceil: return MxScaleRule::Ceil;
-    case ScaleMode::Even: return MxScaleRule::Even;
-    case ScaleMode::RCeil: break;
-  }
-  return MxScaleRule::RCeil;
-}
 
 void quantize_nvfp4_ref(const InputMatrix& x, const QuantizeOptions& options, QuantizedTensor& out);
 void quantize_mx_ref(const InputMatrix& x, const QuantizeOptions& options, QuantizedTensor& out);

@@ -15,6 +15,7 @@
 #include <cmath>
 
 #include "core/element_codec.hpp"
+#include "core/scale_rule.hpp"
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/fast_codec.cuh"
@@ -289,16 +290,6 @@ void launch_for_dtype(const MxParams& p, Scheme scheme, cudaStream_t stream) {
 #undef MX_LAUNCH
 }
 
-MxScaleRule rule_of(ScaleMode mode) {
-  switch (mode) {
-    case ScaleMode::Floor: return MxScaleRule::Floor;
-    case ScaleMode::Ceil: return MxScaleRule::Ceil;
-    case ScaleMode::Even: return MxScaleRule::Even;
-    case ScaleMode::RCeil: break;
-  }
-  return MxScaleRule::RCeil;
-}
-
 }  // namespace
 
 void launch_mx_quantize(const DeviceMatrix& x, DType dtype, const QuantizeOptions& o,
@@ -310,7 +301,7 @@ void launch_mx_quantize(const DeviceMatrix& x, DType dtype, const QuantizeOption
   p.rowwise = o.rowwise;
   p.columnwise = o.columnwise;
   p.swizzled = o.scale_layout == ScaleLayout::Swizzled;
-  p.rule = rule_of(o.scale_mode);
+  p.rule = mx_scale_rule(o.scale_mode);
   p.emax = f.emax;
   p.mantissa_bits = f.mantissa_bits;
   p.max_normal = f.max_normal;
