@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "microscale/error.hpp"
+#include "temp_path.hpp"
 #include "test_data.hpp"
 
 namespace microscale {
@@ -21,7 +22,7 @@ using testing_data::Fill;
 using testing_data::random_tensor;
 
 fs::path fresh_dir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / ("microscale_ckpt_" + name);
+  const fs::path p = testing_paths::temp_path(name);
   fs::remove_all(p);
   fs::create_directories(p);
   return p;

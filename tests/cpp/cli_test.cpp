@@ -10,6 +10,7 @@
 
 #include "microscale/quantize.hpp"
 #include "microscale/safetensors.hpp"
+#include "temp_path.hpp"
 #include "test_data.hpp"
 
 namespace microscale {
@@ -33,9 +34,7 @@ Result run_cli(const std::string& args) {
   return r;
 }
 
-std::string temp(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("microscale_cli_" + name)).string();
-}
+std::string temp(const std::string& name) { return testing_paths::temp_path(name).string(); }
 
 std::string make_input() {
   const std::string path = temp("in.safetensors");
@@ -140,7 +139,7 @@ namespace {
 
 // `microscale quantize` / `inspect` / `bench` on a small model directory.
 std::string make_model_dir() {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "microscale_cli_model";
+  const std::filesystem::path dir = testing_paths::temp_path("model");
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   const Tensor w = testing_data::random_tensor(DType::BF16, {64, 128}, testing_data::Fill::Normal, 7);

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "microscale/error.hpp"
+#include "temp_path.hpp"
 
 namespace microscale {
 namespace {
@@ -20,9 +21,7 @@ void benchmark_sink(uint8_t value) {
   (void)sink;
 }
 
-std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("microscale_test_" + name)).string();
-}
+std::string temp_path(const std::string& name) { return testing_paths::temp_path(name).string(); }
 
 std::vector<std::byte> read_all(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
