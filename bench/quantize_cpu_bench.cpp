@@ -2,7 +2,8 @@
 //
 // Effective bandwidth = (bytes read + bytes written) / time, for a 4096x4096 bf16 input (32 MiB):
 // NVFP4 rowwise+columnwise with and without RHT, NVFP4 16x16 (both directions), MXFP8 E4M3
-// rowwise+columnwise; the fast path on 1 thread and on all threads, the reference path on 1.
+// rowwise+columnwise; the fast path (AVX-512 kernels where the CPU has them) on 1 thread and on all
+// threads, its portable kernels and the reference path on 1.
 // The baseline is memcpy of the input (read 32 MiB + write 32 MiB) on the same thread counts.
 // The table printed last gives each figure as a ratio to memcpy and to the reference path.
 //
@@ -11,6 +12,7 @@
 #include <omp.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
@@ -82,15 +84,25 @@ void BM_memcpy(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(2 * bytes));
 }
 
-void BM_quantize(benchmark::State& state, Case c, bool reference) {
+enum class Path { Fast, Portable, Reference };
+
+void BM_quantize(benchmark::State& state, Case c, Path path) {
   QuantizeOptions o = c.options;
   o.num_threads = static_cast<int>(state.range(0));
+  // The fast path's portable kernels instead of the AVX-512 ones (src/cpu/kernel_set.hpp).
+  if (path == Path::Portable) setenv("MICROSCALE_CPU_KERNELS", "portable", 1);
   int64_t moved = 0;
+  QuantizedTensor q;  // the fast paths write into the same buffers every iteration, as memcpy does
   for (auto _ : state) {
-    const QuantizedTensor q = reference ? quantize_ref(input().view(), o) : quantize(input().view(), o);
+    if (path == Path::Reference) {
+      q = quantize_ref(input().view(), o);
+    } else {
+      quantize_into(input().view(), o, q);
+    }
     moved = static_cast<int64_t>(input().nbytes()) + output_bytes(q);
     benchmark::DoNotOptimize(q.rowwise_data.data());
   }
+  unsetenv("MICROSCALE_CPU_KERNELS");
   state.SetBytesProcessed(state.iterations() * moved);
 }
 
@@ -120,12 +132,16 @@ int main(int argc, char** argv) {
   }
   for (const Case& c : cases()) {
     for (int threads : {1, all}) {
-      benchmark::RegisterBenchmark((std::string("fast/") + c.name).c_str(), BM_quantize, c, false)
+      benchmark::RegisterBenchmark((std::string("fast/") + c.name).c_str(), BM_quantize, c, Path::Fast)
           ->Arg(threads)
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
     }
-    benchmark::RegisterBenchmark((std::string("ref/") + c.name).c_str(), BM_quantize, c, true)
+    benchmark::RegisterBenchmark((std::string("portable/") + c.name).c_str(), BM_quantize, c, Path::Portable)
+        ->Arg(1)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark((std::string("ref/") + c.name).c_str(), BM_quantize, c, Path::Reference)
         ->Arg(1)
         ->Iterations(1)
         ->UseRealTime()
@@ -140,16 +156,20 @@ int main(int argc, char** argv) {
     return it == reporter.rates.end() ? 0.0 : it->second;
   };
   std::printf("\n4096x4096 bf16, effective GB/s = (bytes read + written) / time; %d hardware threads\n", all);
-  std::printf("%-20s %8s %10s %12s %12s\n", "case", "threads", "GB/s", "vs memcpy", "vs ref(1t)");
+  std::printf("%-20s %8s %10s %12s %12s %16s\n", "case", "threads", "GB/s", "vs memcpy", "vs ref(1t)",
+              "vs portable(1t)");
   for (const Case& c : cases()) {
     const double ref = rate(std::string("ref/") + c.name + "/1/iterations:1/real_time");
+    const double portable = rate(std::string("portable/") + c.name + "/1/real_time");
     for (int threads : {1, all}) {
       const std::string suffix = "/" + std::to_string(threads) + "/real_time";
       const double fast = rate(std::string("fast/") + c.name + suffix);
       const double copy = rate("memcpy" + suffix);
-      std::printf("%-20s %8d %10.2f %11.2fx %11.1fx\n", c.name, threads, fast / 1e9,
-                  copy > 0 ? fast / copy : 0.0, ref > 0 ? fast / ref : 0.0);
+      std::printf("%-20s %8d %10.2f %11.2fx %11.1fx %15.1fx\n", c.name, threads, fast / 1e9,
+                  copy > 0 ? fast / copy : 0.0, ref > 0 ? fast / ref : 0.0,
+                  portable > 0 ? fast / portable : 0.0);
     }
+    std::printf("%-20s %8d %10.2f   (portable kernels)\n", c.name, 1, portable / 1e9);
   }
   std::printf("%-20s %8d %10.2f\n", "memcpy", 1, rate("memcpy/1/real_time") / 1e9);
   std::printf("%-20s %8d %10.2f\n", "memcpy", all,

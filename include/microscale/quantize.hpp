@@ -127,6 +127,12 @@ ScaleMode parse_scale_mode(std::string_view name);
 /// @brief Quantizes with the fast CPU path (threads + SIMD); equal bit for bit to quantize_ref.
 QuantizedTensor quantize(const TensorView& input, const QuantizeOptions& options);
 
+/// @brief quantize() into `out`'s buffers where they fit: each data/scale tensor of `out` that is
+/// u8 of the needed shape is overwritten in place (every holder of it sees the new bytes), the
+/// others are allocated. The steady state of a training step, which quantizes same-shaped
+/// tensors again and again, then allocates nothing. On error `out` is left unchanged.
+void quantize_into(const TensorView& input, const QuantizeOptions& options, QuantizedTensor& out);
+
 /// @brief The reference path: plain single-threaded loops, written to be read.
 QuantizedTensor quantize_ref(const TensorView& input, const QuantizeOptions& options);
 

@@ -25,6 +25,8 @@ MICROSCALE_HOST_DEVICE uint32_t select(bool condition, uint32_t a, uint32_t b) {
 /// Compile-time description of a signed element format (a FormatInfo row as template arguments).
 template <int kBits, int kExponentBits, int kMantissaBits, int kBias, Specials kSpecials>
 struct ElementCodec {
+  static constexpr int kWidth = kBits;  // bits of a code, sign included
+  static constexpr Specials kSpecialValues = kSpecials;
   static constexpr int kShift = 23 - kMantissaBits;  // fp32 mantissa bits dropped
   static constexpr uint32_t kSignBit = 1u << (kBits - 1);
   static constexpr int kEmin = 1 - kBias;

@@ -93,7 +93,15 @@ void validate_quantize(const InputMatrix& x, const QuantizeOptions& o) {
 
 namespace {
 
-QuantizedTensor allocate(const TensorView& input, const InputMatrix& x, const QuantizeOptions& o) {
+// `reuse`'s tensor when it is a u8 tensor of `shape` (quantize_into), else a new zeroed one.
+Tensor output_tensor(const Tensor* reuse, const std::vector<int64_t>& shape) {
+  if (reuse != nullptr && reuse->defined() && reuse->dtype() == DType::U8 && reuse->shape() == shape)
+    return *reuse;
+  return Tensor(DType::U8, shape);
+}
+
+QuantizedTensor allocate(const TensorView& input, const InputMatrix& x, const QuantizeOptions& o,
+                         const QuantizedTensor* reuse) {
   QuantizedTensor q;
   q.scheme = o.scheme;
   q.tile = o.tile;
@@ -107,12 +115,12 @@ QuantizedTensor allocate(const TensorView& input, const InputMatrix& x, const Qu
   compact.scale_layout = ScaleLayout::Compact;
   const QuantizedShapes s = quantized_shapes(input.shape, compact);
   if (o.rowwise) {
-    q.rowwise_data = Tensor(DType::U8, s.rowwise_data);
-    q.rowwise_scale = Tensor(DType::U8, s.rowwise_scale);
+    q.rowwise_data = output_tensor(reuse ? &reuse->rowwise_data : nullptr, s.rowwise_data);
+    q.rowwise_scale = output_tensor(reuse ? &reuse->rowwise_scale : nullptr, s.rowwise_scale);
   }
   if (o.columnwise) {
-    q.columnwise_data = Tensor(DType::U8, s.columnwise_data);
-    q.columnwise_scale = Tensor(DType::U8, s.columnwise_scale);
+    q.columnwise_data = output_tensor(reuse ? &reuse->columnwise_data : nullptr, s.columnwise_data);
+    q.columnwise_scale = output_tensor(reuse ? &reuse->columnwise_scale : nullptr, s.columnwise_scale);
   }
   return q;
 }
@@ -146,10 +154,11 @@ void swizzle_outputs(QuantizedTensor& q) {
 
 using Kernel = void (*)(const InputMatrix&, const QuantizeOptions&, QuantizedTensor&);
 
-QuantizedTensor run(const TensorView& input, const QuantizeOptions& options, Kernel nvfp4, Kernel mx) {
+QuantizedTensor run(const TensorView& input, const QuantizeOptions& options, Kernel nvfp4, Kernel mx,
+                    const QuantizedTensor* reuse = nullptr) {
   const InputMatrix x = make_input_matrix(input);
   validate_quantize(x, options);
-  QuantizedTensor q = allocate(input, x, options);
+  QuantizedTensor q = allocate(input, x, options, reuse);
   (options.scheme == Scheme::NVFP4 ? nvfp4 : mx)(x, options, q);
   if (options.scale_layout == ScaleLayout::Swizzled) swizzle_outputs(q);
   return q;
@@ -260,6 +269,10 @@ ScaleMode parse_scale_mode(std::string_view name) {
 
 QuantizedTensor quantize(const TensorView& input, const QuantizeOptions& options) {
   return run(input, options, cpu::quantize_nvfp4, cpu::quantize_mx);
+}
+
+void quantize_into(const TensorView& input, const QuantizeOptions& options, QuantizedTensor& out) {
+  out = run(input, options, cpu::quantize_nvfp4, cpu::quantize_mx, &out);
 }
 
 QuantizedTensor quantize_ref(const TensorView& input, const QuantizeOptions& options) {

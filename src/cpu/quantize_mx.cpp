@@ -125,6 +125,7 @@ void quantize_mx_with(const InputMatrix& x, const QuantizeOptions& o, const MxPa
 }  // namespace
 
 void quantize_mx(const InputMatrix& x, const QuantizeOptions& o, QuantizedTensor& out) {
+  if (quantize_mx_avx512(x, o, out)) return;
   const FormatInfo& f = format_info(element_format(o.scheme));
   const MxParams p{mx_scale_rule(o.scale_mode), f.emax, f.mantissa_bits, f.max_normal};
   switch (o.scheme) {

@@ -229,6 +229,7 @@ void band_tile_amax(const float* band, int64_t k, float* tile_amax) {
 }  // namespace
 
 void quantize_nvfp4(const InputMatrix& x, const QuantizeOptions& o, QuantizedTensor& out) {
+  if (quantize_nvfp4_avx512(x, o, out)) return;
   const int64_t m = x.rows, k = x.cols;
   const int threads = thread_count(o.num_threads);
   const int64_t bands = (m + kBlock - 1) / kBlock;  // the last may be short (rowwise-only input)

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "microscale/error.hpp"
 #include "microscale/layout.hpp"
@@ -28,6 +29,17 @@ void expect_same(const QuantizedTensor& a, const QuantizedTensor& b, const std::
   }
 }
 
+// quantize() on each CPU kernel set (src/cpu/kernel_set.hpp: the AVX-512 kernels where the CPU
+// has them, and the portable ones) equals quantize_ref().
+void expect_fast_equals_ref(const TensorView& x, const QuantizeOptions& o, const std::string& what) {
+  const QuantizedTensor ref = quantize_ref(x, o);
+  for (const char* kernels : {"auto", "portable"}) {
+    setenv("MICROSCALE_CPU_KERNELS", kernels, 1);
+    expect_same(quantize(x, o), ref, what + " [" + kernels + " kernels]");
+  }
+  unsetenv("MICROSCALE_CPU_KERNELS");
+}
+
 const Scheme kAllSchemes[] = {Scheme::NVFP4,      Scheme::MXFP8_E4M3, Scheme::MXFP8_E5M2,
                               Scheme::MXFP6_E2M3, Scheme::MXFP6_E3M2, Scheme::MXFP4};
 
@@ -38,7 +50,7 @@ TEST(Quantize, FastEqualsReferenceMx) {
     for (ScaleMode mode : {ScaleMode::Floor, ScaleMode::Ceil, ScaleMode::Even, ScaleMode::RCeil}) {
       for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
         for (Fill fill : {Fill::Normal, Fill::Heavy, Fill::Specials}) {
-          for (auto shape : {std::vector<int64_t>{32, 64}, {96, 160}, {2, 3, 32, 32}, {64, 32}}) {
+          for (auto shape : {std::vector<int64_t>{32, 64}, {96, 160}, {2, 3, 32, 32}, {64, 32}, {64, 416}}) {
             const Tensor x = random_tensor(dtype, shape, fill, seed++);
             QuantizeOptions o;
             o.scheme = scheme;
@@ -48,7 +60,7 @@ TEST(Quantize, FastEqualsReferenceMx) {
             const std::string what = std::string(scheme_name(scheme)) + " " +
                                      std::string(scale_mode_name(mode)) + " " +
                                      std::string(dtype_name(dtype)) + " " + shape_string(shape);
-            expect_same(quantize(x.view(), o), quantize_ref(x.view(), o), what);
+            expect_fast_equals_ref(x.view(), o, what);
           }
         }
       }
@@ -60,7 +72,7 @@ TEST(Quantize, FastEqualsReferenceNvfp4) {
   uint32_t seed = 100;
   for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
     for (Fill fill : {Fill::Normal, Fill::Heavy, Fill::Specials}) {
-      for (auto shape : {std::vector<int64_t>{16, 16}, {48, 80}, {144, 32}, {2, 8, 64}}) {
+      for (auto shape : {std::vector<int64_t>{16, 16}, {48, 80}, {144, 32}, {2, 8, 64}, {272, 400}}) {
         for (Tile tile : {Tile::k1x16, Tile::k16x16}) {
           for (bool rht : {false, true}) {
             if (rht && (dtype != DType::BF16 || tile == Tile::k16x16)) continue;
@@ -76,7 +88,7 @@ TEST(Quantize, FastEqualsReferenceNvfp4) {
               const std::string what = std::string(dtype_name(dtype)) + " " + shape_string(shape) +
                                        (tile == Tile::k16x16 ? " 16x16" : " 1x16") + (rht ? " rht" : "") +
                                        (sr ? " sr" : "");
-              expect_same(quantize(x.view(), o), quantize_ref(x.view(), o), what);
+              expect_fast_equals_ref(x.view(), o, what);
             }
           }
         }
@@ -91,13 +103,41 @@ TEST(Quantize, RowwiseOnlyRaggedRowsAndAmaxOverride) {
   for (Scheme scheme : kAllSchemes) {
     QuantizeOptions o;
     o.scheme = scheme;
-    expect_same(quantize(x.view(), o), quantize_ref(x.view(), o), std::string(scheme_name(scheme)));
+    expect_fast_equals_ref(x.view(), o, std::string(scheme_name(scheme)));
   }
+  // More than one group of 128 rows, and rows whose last 64-byte line is partial.
+  const Tensor wide = random_tensor(DType::F32, {149, 272}, Fill::Specials, 8);
+  expect_fast_equals_ref(wide.view(), QuantizeOptions{}, "nvfp4 rowwise ragged wide");
+  QuantizeOptions tiles;
+  tiles.tile = Tile::k16x16;
+  const Tensor wide16 = random_tensor(DType::F32, {160, 272}, Fill::Specials, 9);
+  expect_fast_equals_ref(wide16.view(), tiles, "nvfp4 16x16 rowwise wide");
   QuantizeOptions o;
   o.amax_rowwise = 100.0f;  // e.g. the max over a tensor-parallel group
   const QuantizedTensor q = quantize(x.view(), o);
   EXPECT_EQ(q.rowwise_amax, 100.0f);
   expect_same(q, quantize_ref(x.view(), o), "override");
+}
+
+TEST(Quantize, IntoReusesMatchingBuffers) {
+  const Tensor a = random_tensor(DType::BF16, {64, 96}, Fill::Normal, 31);
+  const Tensor b = random_tensor(DType::BF16, {64, 96}, Fill::Heavy, 32);
+  for (Scheme scheme : {Scheme::NVFP4, Scheme::MXFP8_E4M3}) {
+    QuantizeOptions o;
+    o.scheme = scheme;
+    o.rowwise = o.columnwise = true;
+    QuantizedTensor q;
+    quantize_into(a.view(), o, q);  // allocates
+    expect_same(q, quantize(a.view(), o), "into, fresh");
+    const void* data = q.columnwise_data.data();
+    quantize_into(b.view(), o, q);  // same shapes: the same buffers, new bytes
+    EXPECT_EQ(q.columnwise_data.data(), data);
+    expect_same(q, quantize(b.view(), o), "into, reused");
+    const Tensor c = random_tensor(DType::BF16, {32, 96}, Fill::Normal, 33);
+    quantize_into(c.view(), o, q);  // other shapes: new buffers
+    EXPECT_NE(q.columnwise_data.data(), data);
+    expect_same(q, quantize(c.view(), o), "into, reshaped");
+  }
 }
 
 TEST(Quantize, NonContiguousInputEqualsContiguousCopy) {
@@ -117,6 +157,7 @@ TEST(Quantize, NonContiguousInputEqualsContiguousCopy) {
     const QuantizedTensor a = quantize(transposed, o);
     expect_same(a, quantize(copy.view(), o), "strided vs copy");
     expect_same(a, quantize_ref(transposed, o), "strided fast vs ref");
+    expect_fast_equals_ref(copy.view(), o, "contiguous copy");
   }
 }
 

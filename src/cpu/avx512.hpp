@@ -1,0 +1,119 @@
+// AVX-512 building blocks of the hand-vectorised CPU quantizers (quantize_nvfp4_avx512.cpp,
+// quantize_mx_avx512.cpp): loading a row tile as fp32, max reductions, packing.
+//
+// Every function carries MICROSCALE_AVX512 (a GCC/Clang target attribute, not a -m flag for the
+// whole file), so the rest of the library stays baseline x86-64 and these run only after
+// cpu_kernels() has seen AVX-512 F/BW/DQ/VL on the CPU at hand. Only AVX-512 F/BW/DQ/VL
+// (x86-64-v4, Skylake-SP and later, Zen 4) are used.
+//
+// The tile convention: a tile is 16 lanes wide (16 consecutive columns of the input); register i
+// of a tile holds row i. "Lane" below always means a column of the tile.
+#pragma once
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#define MICROSCALE_HAVE_AVX512_KERNELS 1
+
+#include <immintrin.h>
+
+// GCC 12 reports its own intrinsic headers' _mm512_undefined_*() placeholders as uninitialised
+// once inlined; the files including this header are the AVX-512 kernels only.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include <cstdint>
+
+#include "microscale/tensor.hpp"  // DType
+
+#define MICROSCALE_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
+#define MICROSCALE_AVX512_INLINE MICROSCALE_AVX512 __attribute__((always_inline)) inline
+
+namespace microscale::cpu::avx512 {
+
+/// 16 consecutive input elements at `p` widened exactly to fp32 (bf16: a shift; f16: vcvtph2ps,
+/// exact for every input including subnormals; f32: a plain load).
+template <DType kDType>
+MICROSCALE_AVX512_INLINE __m512 load16(const void* p) {
+  if constexpr (kDType == DType::BF16) {
+    const __m256i h = _mm256_loadu_si256(static_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else if constexpr (kDType == DType::F16) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i*>(p)));
+  } else {
+    return _mm512_loadu_ps(p);
+  }
+}
+
+/// Bytes per input element.
+template <DType kDType>
+constexpr int64_t element_bytes() {
+  return kDType == DType::F32 ? 4 : 2;
+}
+
+MICROSCALE_AVX512_INLINE __m512i abs_bits(__m512 v) {
+  return _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFFFFFF));
+}
+
+/// Transposing max reduction: lane L of the result = max over the 16 lanes of v[L], on unsigned
+/// integers (|x| bit patterns order as the values; NaN patterns sit above +Inf).
+/// NOTE: the tree leaves lane 4k + l holding the max of input 4l + k; feeding the inputs in that
+/// transposed order (w[4l + k] = v[4k + l]) costs nothing and puts lane L on v[L].
+MICROSCALE_AVX512_INLINE __m512i transpose_max16(const __m512i v[16]) {
+  __m512i w[16];
+  for (int k = 0; k < 4; ++k) {
+    for (int l = 0; l < 4; ++l) w[4 * l + k] = v[4 * k + l];
+  }
+  __m512i a[8], b[4], c[2];
+  for (int p = 0; p < 8; ++p) {  // 128-bit chunks: [w2p.q0|q1 max q2|q3, w2p+1 ...]
+    const __m512i lo = _mm512_shuffle_i32x4(w[2 * p], w[2 * p + 1], 0x44);
+    const __m512i hi = _mm512_shuffle_i32x4(w[2 * p], w[2 * p + 1], 0xEE);
+    a[p] = _mm512_max_epu32(lo, hi);
+  }
+  for (int p = 0; p < 4; ++p) {  // chunk k of b[p]: 4 partial maxes of w[4p + k]
+    const __m512i lo = _mm512_shuffle_i32x4(a[2 * p], a[2 * p + 1], 0x88);
+    const __m512i hi = _mm512_shuffle_i32x4(a[2 * p], a[2 * p + 1], 0xDD);
+    b[p] = _mm512_max_epu32(lo, hi);
+  }
+  for (int p = 0; p < 2; ++p) {  // chunk k of c[p]: 2 partials of w[8p + k], 2 of w[8p + 4 + k]
+    c[p] = _mm512_max_epu32(_mm512_unpacklo_epi64(b[2 * p], b[2 * p + 1]),
+                            _mm512_unpackhi_epi64(b[2 * p], b[2 * p + 1]));
+  }
+  const __m512 g = _mm512_castsi512_ps(c[0]), h = _mm512_castsi512_ps(c[1]);
+  return _mm512_max_epu32(_mm512_castps_si512(_mm512_shuffle_ps(g, h, 0x88)),
+                          _mm512_castps_si512(_mm512_shuffle_ps(g, h, 0xDD)));
+}
+
+/// Per-lane max over n registers (unsigned integers).
+MICROSCALE_AVX512_INLINE __m512i vertical_max(const __m512i* v, int n) {
+  __m512i m = v[0];
+  for (int i = 1; i < n; ++i) m = _mm512_max_epu32(m, v[i]);
+  return m;
+}
+
+/// Replaces NaN patterns of |x| bit vectors by 0, so that a max ignores NaN (as fmaxf).
+MICROSCALE_AVX512_INLINE __m512i drop_nan(__m512i abs) {
+  return _mm512_maskz_mov_epi32(_mm512_cmple_epu32_mask(abs, _mm512_set1_epi32(0x7F800000)), abs);
+}
+
+/// Stores the low byte of lanes 0..count-1 to dst[0], dst[stride], ..., dst[(count - 1) * stride].
+MICROSCALE_AVX512_INLINE void scatter_bytes(__m512i v, uint8_t* dst, int64_t stride, int count = 16) {
+  alignas(16) uint8_t bytes[16];
+  _mm_store_si128(reinterpret_cast<__m128i*>(bytes), _mm512_cvtepi32_epi8(v));
+  for (int i = 0; i < count; ++i) dst[i * stride] = bytes[i];
+}
+
+/// 16 FP4 codes of one row (lane j = element j) -> 8 bytes, element 2t in the low nibble of byte t.
+MICROSCALE_AVX512_INLINE void store_fp4_row(__m512i codes, uint8_t* dst) {
+  const __m512i pairs = _mm512_or_si512(codes, _mm512_srli_epi64(codes, 28));  // in each qword's low byte
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm512_cvtepi64_epi8(pairs));
+}
+
+/// Stores the low byte of each of the 16 lanes contiguously.
+MICROSCALE_AVX512_INLINE void store_bytes(__m512i v, uint8_t* dst) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(v));
+}
+
+}  // namespace microscale::cpu::avx512
+
+#endif

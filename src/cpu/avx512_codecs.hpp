@@ -1,0 +1,151 @@
+// AVX-512 element and scale encoders of the hand-vectorised CPU quantizers: 16 lanes at a time,
+// each lane equal bit for bit to the scalar codecs of core/element_codec.hpp and the scale
+// formulas of core/scale_math.hpp (tests/cpp/quantize_test.cpp runs both kernel sets against the
+// reference on random, special and boundary inputs).
+#pragma once
+
+#include "cpu/avx512.hpp"
+
+#ifdef MICROSCALE_HAVE_AVX512_KERNELS
+
+#include <cfloat>
+
+#include "core/element_codec.hpp"
+#include "core/scale_math.hpp"
+
+namespace microscale::cpu::avx512 {
+
+/// ElementCodec<...>::encode_rn on 16 lanes: the code of each lane in the low bits of an int32.
+/// The same steps as the scalar form, each select a mask blend.
+template <typename Codec>
+MICROSCALE_AVX512_INLINE __m512i encode_rn(__m512 x) {
+  constexpr int kShift = Codec::kShift;
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
+  // Normal range: round the mantissa to the format's width (ties to even), then rebias.
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, kShift), _mm512_set1_epi32(1));
+  const __m512i biased =
+      _mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32((1 << (kShift - 1)) - 1)), lsb);
+  const __m512i normal =
+      _mm512_sub_epi32(_mm512_srli_epi32(biased, kShift), _mm512_set1_epi32(Codec::kRebias));
+  // Subnormal range: an fp32 add rounds to the subnormal grid.
+  const __m512 magic = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(Codec::kMagicBits)));
+  const __m512i subnormal =
+      _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), magic)),
+                       _mm512_set1_epi32(static_cast<int>(Codec::kMagicBits)));
+  const __mmask16 is_subnormal = _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32(Codec::kMinNormalBits));
+  __m512i code = _mm512_mask_blend_epi32(is_subnormal, normal, subnormal);
+  code = _mm512_min_epu32(code, _mm512_set1_epi32(Codec::kMaxCode));
+  const __m512i inf = _mm512_set1_epi32(0x7F800000);
+  if constexpr (Codec::kInfCode != Codec::kMaxCode) {
+    code = _mm512_mask_mov_epi32(code, _mm512_cmpeq_epi32_mask(a, inf), _mm512_set1_epi32(Codec::kInfCode));
+  }
+  // Sign: bit 31 moved down to the format's sign bit.
+  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(u, 32 - Codec::kWidth),
+                                        _mm512_set1_epi32(static_cast<int>(Codec::kSignBit)));
+  const __m512i with_sign = _mm512_or_si512(code, sign);
+  const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(a, inf);
+  if constexpr (Codec::kSpecialValues == Specials::None) {  // no NaN code: +max, whatever the sign
+    return _mm512_mask_mov_epi32(with_sign, is_nan, _mm512_set1_epi32(Codec::kMaxCode));
+  } else {  // NaN keeps its sign: all-ones magnitude
+    return _mm512_mask_or_epi32(with_sign, is_nan, sign, _mm512_set1_epi32(Codec::kSignBit - 1));
+  }
+}
+
+/// NVFP4's element encoder: E2M1Codec::encode_rn(s), except that any zero (also -0) gives code 0
+/// (TE's reference). Cheaper than the generic form: clamp |s| to 6 (Inf and NaN too), add
+/// M = 2^(max(e, 0) + 22) so that the fp32 add rounds |s| to the E2M1 grid of its binade (step
+/// 0.5 below 2, 1 in [2, 4), 2 in [4, 6]); the sum's bits are M's plus the step count k, and
+/// k + 4 * (M's exponent mod 4) indexes a 16-entry table of codes.
+MICROSCALE_AVX512_INLINE __m512i nvfp4_encode_e2m1(__m512 s) {
+  // NOTE: min_ps returns its second operand for a NaN first one, so NaN -> 6 -> code 7 (no sign,
+  // as the scalar codec: E2M1 has no NaN and the hardware cvt gives +max).
+  const __m512 a = _mm512_min_ps(_mm512_abs_ps(s), _mm512_set1_ps(6.0f));
+  const __m512i exponent = _mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7F800000));
+  const __m512i m = _mm512_add_epi32(_mm512_max_epu32(exponent, _mm512_set1_epi32(0x3F800000)),
+                                     _mm512_set1_epi32(22 << 23));
+  const __m512i t = _mm512_castps_si512(_mm512_add_ps(a, _mm512_castsi512_ps(m)));
+  const __m512i index = _mm512_add_epi32(t, _mm512_srli_epi32(t, 21));  // low 4 bits used
+  // index: 4 + k for steps of 0.5 (k = 0..4), 8 + k for steps of 1 (k = 2..4), 12 + k for steps
+  // of 2 (k = 2, 3), all mod 16.
+  const __m512i table = _mm512_setr_epi32(0, 0, 0, 0, 0, 1, 2, 3, 4, 0, 4, 5, 6, 0, 6, 7);
+  const __m512i code = _mm512_permutexvar_epi32(index, table);
+  // Ordered compare: false for NaN and for -0, which stay unsigned.
+  const __mmask16 negative = _mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_LT_OQ);
+  return _mm512_mask_or_epi32(code, negative, code, _mm512_set1_epi32(0x8));
+}
+
+/// E4M3Codec::encode_rn for non-negative, finite, non-NaN inputs (NVFP4 block scales).
+MICROSCALE_AVX512_INLINE __m512i e4m3_encode_scale(__m512 x) {
+  return encode_rn<E4M3Codec>(x);  // the generic form; the special-value blends cost little here
+}
+
+/// e4m3_code_value on 16 lanes (codes 0x00..0x7E).
+MICROSCALE_AVX512_INLINE __m512 e4m3_value(__m512i code) {
+  const __m512i normal = _mm512_add_epi32(_mm512_slli_epi32(code, 20), _mm512_set1_epi32(120 << 23));
+  const __m512 subnormal = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(code, _mm512_set1_epi32(7))),
+                                         _mm512_set1_ps(0.001953125f));
+  const __mmask16 is_subnormal = _mm512_cmplt_epu32_mask(code, _mm512_set1_epi32(8));
+  return _mm512_mask_blend_ps(is_subnormal, _mm512_castsi512_ps(normal), subnormal);
+}
+
+/// NVFP4 block scales of 16 blocks from their amaxes (as |x| bits, NaN-free): the E4M3 scale codes
+/// and the fp32 encode scales, as the scalar chain of quantize_nvfp4.cpp.
+MICROSCALE_AVX512_INLINE __m512 nvfp4_block_scales(__m512i amax_bits, float multiplier, float s_dec,
+                                                   __m512i* scale_codes) {
+  const __m512 scaled = _mm512_min_ps(
+      _mm512_mul_ps(_mm512_castsi512_ps(amax_bits), _mm512_set1_ps(multiplier)), _mm512_set1_ps(FLT_MAX));
+  *scale_codes = e4m3_encode_scale(scaled);
+  const __m512 product = _mm512_mul_ps(e4m3_value(*scale_codes), _mm512_set1_ps(s_dec));
+  return _mm512_min_ps(_mm512_div_ps(_mm512_set1_ps(1.0f), product), _mm512_set1_ps(FLT_MAX));
+}
+
+/// mx_scale_byte on 16 lanes: amax given as |x| bits (NaN patterns when a block holds NaN).
+template <MxScaleRule kRule>
+MICROSCALE_AVX512_INLINE __m512i mx_scale_bytes(__m512i amax_bits, int emax, int mantissa_bits,
+                                                float max_normal) {
+  const __m512i inf = _mm512_set1_epi32(0x7F800000);
+  const __m512i ff = _mm512_set1_epi32(0xFF);
+  if constexpr (kRule == MxScaleRule::RCeil) {
+    const __m512 d = _mm512_mul_ps(_mm512_castsi512_ps(amax_bits), _mm512_set1_ps(1.0f / max_normal));
+    const __m512i u = _mm512_castps_si512(d);
+    const __m512i exponent = _mm512_and_si512(_mm512_srli_epi32(u, 23), ff);
+    const __m512i mantissa = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFF));
+    // exponent + (mantissa != 0); 254 + 1 gives 255 (NaN) as the scalar form.
+    __m512i byte = _mm512_mask_add_epi32(exponent, _mm512_test_epi32_mask(mantissa, mantissa), exponent,
+                                         _mm512_set1_epi32(1));
+    const __m512i sub = _mm512_maskz_mov_epi32(_mm512_cmpgt_epu32_mask(mantissa, _mm512_set1_epi32(0x400000)),
+                                               _mm512_set1_epi32(1));
+    byte = _mm512_mask_mov_epi32(byte, _mm512_cmpeq_epi32_mask(exponent, _mm512_setzero_si512()), sub);
+    return _mm512_mask_mov_epi32(byte, _mm512_cmpeq_epi32_mask(exponent, ff), ff);
+  } else {
+    __m512i u = amax_bits;
+    if constexpr (kRule == MxScaleRule::Even)
+      u = _mm512_add_epi32(u, _mm512_set1_epi32(1 << (22 - mantissa_bits)));
+    // NOTE: Even's add can only raise u, so one test after it also catches Inf/NaN amaxes.
+    const __mmask16 special = _mm512_cmpge_epu32_mask(u, inf);
+    __m512i unbiased = _mm512_sub_epi32(_mm512_srli_epi32(u, 23), _mm512_set1_epi32(127 + emax));
+    if constexpr (kRule == MxScaleRule::Ceil) {
+      const __m512i mantissa = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFF));
+      unbiased = _mm512_mask_add_epi32(unbiased, _mm512_test_epi32_mask(mantissa, mantissa), unbiased,
+                                       _mm512_set1_epi32(1));
+    }
+    unbiased = _mm512_min_epi32(_mm512_max_epi32(unbiased, _mm512_set1_epi32(-127)), _mm512_set1_epi32(128));
+    const __m512i byte = _mm512_add_epi32(unbiased, _mm512_set1_epi32(127));
+    return _mm512_mask_mov_epi32(byte, special, ff);
+  }
+}
+
+/// mx_inverse_scale on 16 lanes.
+MICROSCALE_AVX512_INLINE __m512 mx_inverse_scales(__m512i byte) {
+  __m512i v = _mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(254), byte), 23);
+  v = _mm512_mask_mov_epi32(v, _mm512_cmpeq_epi32_mask(byte, _mm512_set1_epi32(0xFE)),
+                            _mm512_set1_epi32(0x00400000));  // 2^-127, an fp32 subnormal
+  v = _mm512_mask_mov_epi32(v, _mm512_cmpeq_epi32_mask(byte, _mm512_set1_epi32(0xFF)),
+                            _mm512_set1_epi32(0x7FC00000));  // NaN
+  return _mm512_castsi512_ps(v);
+}
+
+}  // namespace microscale::cpu::avx512
+
+#endif

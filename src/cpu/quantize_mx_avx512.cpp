@@ -1,0 +1,346 @@
+// MX quantizer written with AVX-512 intrinsics: every MX scheme (FP8 E4M3/E5M2, FP6 E2M3/E3M2,
+// FP4 E2M1) and scale rule, rowwise and columnwise; equal bit for bit to quantize_mx_ref.cpp
+// (tests/cpp/quantize_test.cpp runs it on random, special and boundary inputs, golden_test.cpp on
+// the golden cases). Inputs with strided columns take the portable fast path.
+//
+// The unit of work is a chunk of one band of 32 input rows x 64 columns (four 16-lane tiles;
+// FP4: 128 columns, eight tiles), so that every output row of the chunk is one 64-byte line. The
+// last chunk of a band may be narrower (K is only a multiple of 32). Three steps:
+//   1. load:    each row's tiles are widened to fp32 once (load16) into a local buffer, and the
+//               |x| bit patterns feed both amaxes: per lane a vertical max over the 32 rows
+//               (columnwise), per row the max of its two tiles of each block (rowwise).
+//   2. scales:  columnwise, one register of 16 block amaxes per tile (scales: 16 contiguous
+//               bytes); rowwise, transpose_max16 turns 16 rows' partial maxes into one register
+//               of 16 row amaxes per block. The amaxes are unsigned maxes of |x| bits, so a NaN
+//               anywhere in a block gives a NaN pattern and scale 0xFF, as the reference
+//               (torch.amax propagates NaN).
+//   3. encode:  row by row from the buffer: each tile times its inverse scale (the row's, a
+//               broadcast; or the column's, a register), encoded, packed into the row's 64 bytes
+//               and written with a single full-width store.
+// Why: the outputs go to 64 rows (32 per direction) whose stride is usually a power of two.
+// Stores of 8-16 byte pieces into many such rows leave partial lines and conflict in L1 (the
+// NVFP4 kernel measured it); whole lines do not, and large outputs are streamed past the caches
+// (see quantize_with). The fp32 buffer keeps the reloads off the input rows, which share L1 sets
+// at such strides, and converts each input once; the input is prefetched in software.
+#include <algorithm>
+#include <cstring>
+
+#include "cpu/avx512.hpp"
+#include "cpu/avx512_codecs.hpp"
+#include "cpu/encode_fast.hpp"
+#include "cpu/kernel_set.hpp"
+#include "cpu/quantize_kernels.hpp"
+#include "cpu/row_loader.hpp"
+
+namespace microscale::cpu {
+
+#ifdef MICROSCALE_HAVE_AVX512_KERNELS
+namespace {
+
+using namespace avx512;
+
+constexpr int kBlock = 32;  // MX block; also the rows of a band
+constexpr int kLanes = 16;  // columns of a tile
+// Tiles of a full chunk: one 64-byte line of output per row (64 codes, or 128 FP4 codes).
+template <bool kPacked>
+constexpr int kChunkTiles = kPacked ? 8 : 4;
+constexpr int kMaxChunkCols = 128;
+constexpr int64_t kPrefetchCols = 128;              // input prefetch distance (measured: 64-256 alike)
+constexpr int64_t kStreamBytes = int64_t{8} << 20;  // outputs from this size on bypass the caches
+
+// One band of up to 32 input rows and everything it produces.
+struct Band {
+  const std::byte* src = nullptr;  // row 0 of the band
+  int64_t row_bytes = 0;           // input row stride in bytes
+  int rows = 0;                    // <= 32; short only for the last band of a rowwise-only input
+  int64_t k = 0;
+  // The element format's terms of mx_scale_bytes.
+  int emax = 0;
+  int mantissa_bits = 0;
+  float max_normal = 0.0f;
+  // Rowwise (row_data null: not requested): band row r at row_data + r * data_stride and
+  // row_scale + r * row_scale_stride (K/32 bytes).
+  uint8_t* row_data = nullptr;
+  uint8_t* row_scale = nullptr;
+  int64_t row_scale_stride = 0;
+  // Columnwise (col_data null: not requested): band row r at col_data + r * data_stride; the
+  // band's scales are one row of K bytes at col_scale.
+  uint8_t* col_data = nullptr;
+  uint8_t* col_scale = nullptr;
+  int64_t data_stride = 0;  // K, or K/2 for FP4 (both directions)
+  bool stream = false;      // full chunks' 64-byte lines bypass the caches (see quantize_with)
+};
+
+// The low bytes of the int32 lanes of c[0..n-1] (values 0..255; n = 2 or 4), in order: byte
+// 16t + j = c[t] lane j; with n = 2 the high 32 bytes are zero.
+template <int n>
+MICROSCALE_AVX512_INLINE __m512i pack_bytes(const __m512i* c) {
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i c2 = n == 4 ? c[2] : zero, c3 = n == 4 ? c[3] : zero;
+  // The packs work within 128-bit lanes: dword 4l + t of `b` holds c[t]'s elements 4l..4l+3;
+  // the permutation moves it to dword 4t + l. Saturation never applies (codes are 0..255).
+  const __m512i b = _mm512_packus_epi16(_mm512_packus_epi32(c[0], c[1]), _mm512_packus_epi32(c2, c3));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_epi32(order, b);
+}
+
+// 64 FP4 codes, one per byte -> 32 bytes, element 2t in the low nibble of byte t.
+MICROSCALE_AVX512_INLINE __m256i pack_nibbles(__m512i bytes) {
+  // 16-bit lane = even | odd << 8 (codes < 16): its low byte becomes even | odd << 4.
+  return _mm512_cvtepi16_epi8(_mm512_or_si512(bytes, _mm512_srli_epi16(bytes, 4)));
+}
+
+// Stores the codes c[0..kTiles-1] (lane j of c[t] = element 16t + j) of one output row: one
+// byte each, or for FP4 two per byte; one store either way (a whole line for a full chunk).
+template <bool kPacked, int kTiles>
+MICROSCALE_AVX512_INLINE void store_codes(const __m512i c[kTiles], uint8_t* dst, bool stream) {
+  if constexpr (kTiles == kChunkTiles<kPacked>) {
+    __m512i line;
+    if constexpr (kPacked) {
+      line = _mm512_inserti64x4(_mm512_castsi256_si512(pack_nibbles(pack_bytes<4>(c))),
+                                pack_nibbles(pack_bytes<4>(c + 4)), 1);
+    } else {
+      line = pack_bytes<4>(c);
+    }
+    if (stream) {
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(dst), line);
+    } else {
+      _mm512_storeu_si512(dst, line);
+    }
+  } else if constexpr (kPacked && kTiles == 4) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), pack_nibbles(pack_bytes<4>(c)));
+  } else if constexpr (kPacked) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm256_castsi256_si128(pack_nibbles(pack_bytes<2>(c))));
+  } else {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_castsi512_si256(pack_bytes<2>(c)));
+  }
+}
+
+// x * inverse, as the reference's scalar product. When both are NaN (x NaN makes its block's scale
+// 0xFF, the inverse NaN) x86 returns the first source's NaN, quieted: the reference, x first,
+// gets x's and keeps a negative NaN's sign in the FP8 codes. _mm512_mul_ps does not pin the order
+// (the compiler may swap a commutative product's operands, and did in the portable path), so NaN
+// lanes of x are set explicitly. kHasNan: some x of the chunk is NaN; else the product alone.
+template <bool kHasNan>
+MICROSCALE_AVX512_INLINE __m512 scaled(__m512 x, __m512 inverse) {
+  const __m512 p = _mm512_mul_ps(x, inverse);
+  if constexpr (!kHasNan) return p;
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  return _mm512_castsi512_ps(_mm512_mask_or_epi32(_mm512_castps_si512(p), nan, _mm512_castps_si512(x),
+                                                  _mm512_set1_epi32(0x00400000)));
+}
+
+// Step 3 of a chunk (below): the codes of every output row of the chunk, one row at a time, from
+// the fp32 chunk in `buffer` and the inverse scales: row_inverse[r][i] of band row i's block r,
+// col_inverse[t] of tile t's 16 column blocks.
+template <typename Codec, bool kPacked, int kTiles, bool kHasNan>
+MICROSCALE_AVX512_INLINE void encode_chunk(const Band& b, int64_t col, const float (*buffer)[kMaxChunkCols],
+                                           const float (*row_inverse)[kBlock], const __m512* col_inverse) {
+  const bool rowwise = b.row_data != nullptr, columnwise = b.col_data != nullptr;
+  const int64_t data_col = kPacked ? col / 2 : col;
+  const int rows = columnwise ? kBlock : b.rows;  // columnwise bands are always full
+  for (int i = 0; i < rows; ++i) {
+    __m512 v[kTiles];
+    for (int t = 0; t < kTiles; ++t) v[t] = _mm512_load_ps(buffer[i] + t * kLanes);
+    if (rowwise && i < b.rows) {
+      __m512i c[kTiles];
+      for (int r = 0; r < kTiles / 2; ++r) {
+        const __m512 inverse = _mm512_set1_ps(row_inverse[r][i]);
+        c[2 * r] = encode_rn<Codec>(scaled<kHasNan>(v[2 * r], inverse));
+        c[2 * r + 1] = encode_rn<Codec>(scaled<kHasNan>(v[2 * r + 1], inverse));
+      }
+      store_codes<kPacked, kTiles>(c, b.row_data + i * b.data_stride + data_col, b.stream);
+    }
+    if (columnwise) {
+      __m512i c[kTiles];
+      for (int t = 0; t < kTiles; ++t) c[t] = encode_rn<Codec>(scaled<kHasNan>(v[t], col_inverse[t]));
+      store_codes<kPacked, kTiles>(c, b.col_data + i * b.data_stride + data_col, b.stream);
+    }
+  }
+}
+
+// One chunk: band rows 0..b.rows-1, columns [col, col + 16 * kTiles). `buffer` is scratch.
+template <typename Codec, bool kPacked, MxScaleRule kRule, DType kDType, int kTiles>
+MICROSCALE_AVX512_INLINE void quantize_chunk(const Band& b, int64_t col, float (*buffer)[kMaxChunkCols]) {
+  constexpr int kRowBlocks = kTiles / 2;  // rowwise blocks per row of the chunk
+  constexpr int64_t kElementBytes = element_bytes<kDType>();
+  const bool rowwise = b.row_data != nullptr, columnwise = b.col_data != nullptr;
+
+  // 1. Load (rows past b.rows are zeros: they change no amax, and nothing of them is stored).
+  // NOTE: the hardware prefetchers do not follow 32 input rows at once (nor the 64 output rows
+  // beside them): without the software prefetch, half the time went to waiting on loads.
+  __m512i col_max[kTiles];
+  for (int t = 0; t < kTiles; ++t) col_max[t] = _mm512_setzero_si512();
+  __m512i row_max[kRowBlocks][kBlock];  // per row, the max of its block's two tiles (16 lanes)
+  const std::byte* src = b.src + col * kElementBytes;
+  const int64_t ahead = std::min(kPrefetchCols, b.k - col - kTiles * kLanes) * kElementBytes;
+  for (int i = 0; i < kBlock; ++i) {
+    if (i < b.rows && ahead > 0) {
+      for (int64_t l = 0; l < kTiles * kLanes * kElementBytes; l += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(src + i * b.row_bytes + ahead + l), _MM_HINT_T0);
+    }
+    __m512i a[kTiles];
+    for (int t = 0; t < kTiles; ++t) {
+      const __m512 v = i < b.rows ? load16<kDType>(src + i * b.row_bytes + t * kLanes * kElementBytes)
+                                  : _mm512_setzero_ps();
+      _mm512_store_ps(buffer[i] + t * kLanes, v);
+      a[t] = abs_bits(v);
+      col_max[t] = _mm512_max_epu32(col_max[t], a[t]);
+    }
+    for (int r = 0; r < kRowBlocks; ++r) row_max[r][i] = _mm512_max_epu32(a[2 * r], a[2 * r + 1]);
+  }
+
+  // Any NaN in the chunk (every element is under a column max): rare, costs one more step.
+  const bool has_nan =
+      _mm512_cmpgt_epu32_mask(vertical_max(col_max, kTiles), _mm512_set1_epi32(0x7F800000)) != 0;
+
+  // 2. Scales. Columnwise: 16 * kTiles contiguous bytes of the band's scale row.
+  __m512 col_inverse[kTiles];
+  if (columnwise) {
+    __m512i s[kTiles];
+    for (int t = 0; t < kTiles; ++t) {
+      s[t] = mx_scale_bytes<kRule>(col_max[t], b.emax, b.mantissa_bits, b.max_normal);
+      col_inverse[t] = mx_inverse_scales(s[t]);
+    }
+    if constexpr (kTiles == 2) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(b.col_scale + col),
+                          _mm512_castsi512_si256(pack_bytes<2>(s)));
+    } else {
+      for (int t = 0; t < kTiles; t += 4)
+        _mm512_storeu_si512(b.col_scale + col + t * kLanes, pack_bytes<4>(s + t));
+    }
+  }
+  // Rowwise: kRowBlocks bytes per row (K/32 apart: small stores, but 1/32 of the data bytes).
+  alignas(64) float row_inverse[kRowBlocks][kBlock];
+  if (rowwise) {
+    for (int h = 0; h * kLanes < b.rows; ++h) {  // 16 rows at a time: lane L = row 16h + L
+      __m512i s[kRowBlocks];
+      for (int r = 0; r < kRowBlocks; ++r) {
+        s[r] = mx_scale_bytes<kRule>(transpose_max16(row_max[r] + h * kLanes), b.emax, b.mantissa_bits,
+                                     b.max_normal);
+        _mm512_store_ps(row_inverse[r] + h * kLanes, mx_inverse_scales(s[r]));
+      }
+      const int n = std::min(kLanes, b.rows - h * kLanes);
+      uint8_t* dst = b.row_scale + h * kLanes * b.row_scale_stride + col / kBlock;
+      if constexpr (kRowBlocks == 1) {
+        scatter_bytes(s[0], dst, b.row_scale_stride, n);
+      } else {
+        // Lane L: row L's kRowBlocks bytes in memory order.
+        __m512i packed = s[0];
+        for (int r = 1; r < kRowBlocks; ++r) packed = _mm512_or_si512(packed, _mm512_slli_epi32(s[r], 8 * r));
+        alignas(64) uint32_t bytes[kLanes];
+        _mm512_store_si512(bytes, packed);
+        for (int i = 0; i < n; ++i) std::memcpy(dst + i * b.row_scale_stride, &bytes[i], kRowBlocks);
+      }
+    }
+  }
+
+  // 3. Encode.
+  if (has_nan) {
+    encode_chunk<Codec, kPacked, kTiles, true>(b, col, buffer, row_inverse, col_inverse);
+  } else {
+    encode_chunk<Codec, kPacked, kTiles, false>(b, col, buffer, row_inverse, col_inverse);
+  }
+}
+
+template <typename Codec, bool kPacked, MxScaleRule kRule, DType kDType>
+MICROSCALE_AVX512 void quantize_band(const Band& b) {
+  constexpr int kTiles = kChunkTiles<kPacked>;
+  alignas(64) float buffer[kBlock][kMaxChunkCols];  // the chunk as fp32 [32, 16 * kTiles]
+  int64_t col = 0;
+  for (; col + kTiles * kLanes <= b.k; col += kTiles * kLanes)
+    quantize_chunk<Codec, kPacked, kRule, kDType, kTiles>(b, col, buffer);
+  // The rest (K is a multiple of 32): FP4 one chunk of 64 columns, then one of 32.
+  if constexpr (kPacked) {
+    if (col + 4 * kLanes <= b.k) {
+      quantize_chunk<Codec, kPacked, kRule, kDType, 4>(b, col, buffer);
+      col += 4 * kLanes;
+    }
+  }
+  if (col < b.k) quantize_chunk<Codec, kPacked, kRule, kDType, 2>(b, col, buffer);
+  if (b.stream) _mm_sfence();  // streamed stores are weakly ordered: publish them before returning
+}
+
+template <typename Codec, bool kPacked, MxScaleRule kRule, DType kDType>
+void quantize_with(const InputMatrix& x, const QuantizeOptions& o, QuantizedTensor& out) {
+  const FormatInfo& f = format_info(element_format(o.scheme));
+  const int64_t m = x.rows, k = x.cols;
+  const int64_t bands = (m + kBlock - 1) / kBlock;  // columnwise: M % 32 == 0 is checked
+  const int64_t row_bytes = x.row_stride * element_bytes<kDType>();
+
+  Band base;
+  base.row_bytes = row_bytes;
+  base.k = k;
+  base.emax = f.emax;
+  base.mantissa_bits = f.mantissa_bits;
+  base.max_normal = f.max_normal;
+  base.data_stride = kPacked ? k / 2 : k;
+  base.row_scale_stride = k / kBlock;
+  // Large outputs are written with streaming stores: they cannot stay in the caches anyway, and a
+  // streamed whole line skips the read for ownership that a plain store costs (measured: 15.5 ->
+  // 13.5 ms at 4096 x 4096 bf16, MXFP8 both directions). Needs every full chunk's lines aligned;
+  // small outputs stay cached for whoever reads them next.
+  auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data()) % 64 == 0; };
+  const int64_t data_bytes = (int64_t{o.rowwise} + int64_t{o.columnwise}) * m * base.data_stride;
+  base.stream = k % (kChunkTiles<kPacked> * kLanes) == 0 && data_bytes >= kStreamBytes &&
+                (!o.rowwise || aligned(out.rowwise_data)) && (!o.columnwise || aligned(out.columnwise_data));
+#pragma omp parallel for num_threads(thread_count(o.num_threads)) schedule(static)
+  for (int64_t i = 0; i < bands; ++i) {
+    Band b = base;
+    b.src = static_cast<const std::byte*>(x.data) + i * kBlock * row_bytes;
+    b.rows = static_cast<int>(std::min<int64_t>(kBlock, m - i * kBlock));
+    if (o.rowwise) {
+      b.row_data = out.rowwise_data.data_as<uint8_t>() + i * kBlock * b.data_stride;         // (M, K[/2])
+      b.row_scale = out.rowwise_scale.data_as<uint8_t>() + i * kBlock * b.row_scale_stride;  // (M, K/32)
+    }
+    if (o.columnwise) {
+      b.col_data = out.columnwise_data.data_as<uint8_t>() + i * kBlock * b.data_stride;  // (M, K[/2])
+      b.col_scale = out.columnwise_scale.data_as<uint8_t>() + i * k;                     // (M/32, K)
+    }
+    quantize_band<Codec, kPacked, kRule, kDType>(b);
+  }
+}
+
+template <typename Codec, bool kPacked, DType kDType>
+void quantize_with_rule(const InputMatrix& x, const QuantizeOptions& o, QuantizedTensor& out) {
+  switch (mx_scale_rule(o.scale_mode)) {
+    case MxScaleRule::Floor: return quantize_with<Codec, kPacked, MxScaleRule::Floor, kDType>(x, o, out);
+    case MxScaleRule::Ceil: return quantize_with<Codec, kPacked, MxScaleRule::Ceil, kDType>(x, o, out);
+    case MxScaleRule::Even: return quantize_with<Codec, kPacked, MxScaleRule::Even, kDType>(x, o, out);
+    case MxScaleRule::RCeil: return quantize_with<Codec, kPacked, MxScaleRule::RCeil, kDType>(x, o, out);
+  }
+}
+
+// False for NVFP4 (not an MX scheme), having written nothing.
+template <DType kDType>
+bool quantize_with_scheme(const InputMatrix& x, const QuantizeOptions& o, QuantizedTensor& out) {
+  switch (o.scheme) {
+    case Scheme::MXFP8_E4M3: quantize_with_rule<E4M3Codec, false, kDType>(x, o, out); return true;
+    case Scheme::MXFP8_E5M2: quantize_with_rule<E5M2Codec, false, kDType>(x, o, out); return true;
+    case Scheme::MXFP6_E2M3: quantize_with_rule<E2M3Codec, false, kDType>(x, o, out); return true;
+    case Scheme::MXFP6_E3M2: quantize_with_rule<E3M2Codec, false, kDType>(x, o, out); return true;
+    case Scheme::MXFP4: quantize_with_rule<E2M1Codec, true, kDType>(x, o, out); return true;
+    case Scheme::NVFP4: break;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool quantize_mx_avx512(const InputMatrix& x, const QuantizeOptions& o, QuantizedTensor& out) {
+  if (kernel_set() != KernelSet::Avx512 || !x.contiguous_rows()) return false;
+  switch (x.dtype) {
+    case DType::BF16: return quantize_with_scheme<DType::BF16>(x, o, out);
+    case DType::F16: return quantize_with_scheme<DType::F16>(x, o, out);
+    case DType::F32: return quantize_with_scheme<DType::F32>(x, o, out);
+    default: return false;
+  }
+}
+
+#else
+
+bool quantize_mx_avx512(const InputMatrix&, const QuantizeOptions&, QuantizedTensor&) { return false; }
+
+#endif
+
+}  // namespace microscale::cpu

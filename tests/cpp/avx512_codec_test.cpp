@@ -1,0 +1,203 @@
+// The AVX-512 encoders (src/cpu/avx512_codecs.hpp) lane by lane against the scalar codecs and
+// scale formulas they replace: every bf16 pattern, every grid point and midpoint of each format
+// with its fp32 neighbours, random fp32 patterns; all E4M3 scale codes, all E8M0 bytes; the
+// transposing max tree against a scalar max. Skipped on CPUs without AVX-512.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "cpu/avx512_codecs.hpp"
+#include "microscale/format.hpp"
+
+#ifdef MICROSCALE_HAVE_AVX512_KERNELS
+
+namespace microscale {
+namespace {
+
+using namespace cpu::avx512;
+
+bool cpu_has_avx512() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+}
+
+// Inputs that probe every rounding decision: all bf16 patterns, each format's grid points and
+// midpoints (scaled by powers of two) with their fp32 neighbours, and random fp32 patterns.
+std::vector<float> probe_inputs() {
+  std::vector<float> v;
+  for (uint32_t h = 0; h < 65536; ++h) v.push_back(bits_to_float(h << 16));
+  for (Format f : {Format::E2M1, Format::E2M3, Format::E3M2, Format::E4M3, Format::E5M2}) {
+    const int codes = 1 << (format_info(f).bits - 1);
+    for (int c = 0; c + 1 < codes; ++c) {
+      const float lo = decode(f, static_cast<uint8_t>(c)), hi = decode(f, static_cast<uint8_t>(c + 1));
+      if (!std::isfinite(lo) || !std::isfinite(hi)) continue;
+      for (float p : {lo, hi, 0.5f * (lo + hi)}) {
+        for (int e = -3; e <= 3; ++e) {
+          const float s = std::ldexp(p, e);
+          for (float q : {s, std::nextafter(s, 0.0f), std::nextafter(s, INFINITY)}) {
+            v.push_back(q);
+            v.push_back(-q);
+          }
+        }
+      }
+    }
+  }
+  std::mt19937 rng(5);
+  for (int i = 0; i < (1 << 20); ++i) v.push_back(bits_to_float(rng()));
+  while (v.size() % 16 != 0) v.push_back(0.0f);
+  return v;
+}
+
+template <typename Codec>
+MICROSCALE_AVX512 void encode_all(const std::vector<float>& in, std::vector<uint32_t>& out) {
+  for (size_t i = 0; i < in.size(); i += 16) {
+    _mm512_storeu_si512(&out[i], encode_rn<Codec>(_mm512_loadu_ps(&in[i])));
+  }
+}
+
+MICROSCALE_AVX512 void encode_nvfp4_all(const std::vector<float>& in, std::vector<uint32_t>& out) {
+  for (size_t i = 0; i < in.size(); i += 16) {
+    _mm512_storeu_si512(&out[i], nvfp4_encode_e2m1(_mm512_loadu_ps(&in[i])));
+  }
+}
+
+template <typename Codec>
+void expect_codec(const std::vector<float>& in, const char* name) {
+  std::vector<uint32_t> out(in.size());
+  encode_all<Codec>(in, out);
+  int failures = 0;
+  for (size_t i = 0; i < in.size() && failures < 10; ++i) {
+    const uint32_t expected = Codec::encode_rn(in[i]);
+    if (out[i] != expected) {
+      ++failures;
+      ADD_FAILURE() << name << " x=" << in[i] << " (0x" << std::hex << float_bits(in[i]) << ") got 0x"
+                    << out[i] << " want 0x" << expected;
+    }
+  }
+}
+
+TEST(Avx512Codec, ElementEncodersEqualScalar) {
+  if (!cpu_has_avx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  const std::vector<float> in = probe_inputs();
+  expect_codec<E2M1Codec>(in, "E2M1");
+  expect_codec<E2M3Codec>(in, "E2M3");
+  expect_codec<E3M2Codec>(in, "E3M2");
+  expect_codec<E4M3Codec>(in, "E4M3");
+  expect_codec<E5M2Codec>(in, "E5M2");
+}
+
+TEST(Avx512Codec, Nvfp4ElementEncoderEqualsScalar) {
+  if (!cpu_has_avx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  const std::vector<float> in = probe_inputs();
+  std::vector<uint32_t> out(in.size());
+  encode_nvfp4_all(in, out);
+  int failures = 0;
+  for (size_t i = 0; i < in.size() && failures < 10; ++i) {
+    const uint32_t expected = in[i] == 0.0f ? 0u : E2M1Codec::encode_rn(in[i]);  // any zero -> 0
+    if (out[i] != expected) {
+      ++failures;
+      ADD_FAILURE() << "x=" << in[i] << " got " << out[i] << " want " << expected;
+    }
+  }
+}
+
+MICROSCALE_AVX512 void scale_lanes(const float* amax, float multiplier, float s_dec, uint32_t* codes,
+                                   float* enc) {
+  __m512i c;
+  _mm512_storeu_ps(enc, nvfp4_block_scales(_mm512_loadu_si512(amax), multiplier, s_dec, &c));
+  _mm512_storeu_si512(codes, c);
+}
+
+TEST(Avx512Codec, Nvfp4BlockScalesEqualScalar) {
+  if (!cpu_has_avx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  std::mt19937 rng(9);
+  for (float global_amax : {1.0f, 3.7f, 1e-30f, 6e4f, 3e38f, 0.0f, INFINITY}) {
+    const float s_enc = nvfp4_global_encode_scale(global_amax);
+    const float multiplier = nvfp4_block_scale_multiplier(s_enc), s_dec = 1.0f / s_enc;
+    for (int trial = 0; trial < 4096; ++trial) {
+      alignas(64) float amax[16], enc[16];
+      alignas(64) uint32_t codes[16];
+      for (float& a : amax) {
+        a = trial < 2048
+                ? std::ldexp(static_cast<float>(rng() % 4096) / 4096.0f, static_cast<int>(rng() % 40) - 20)
+                : bits_to_float(rng() % 0x7F800001u);  // any finite or +Inf
+        a = std::fabs(a) * (global_amax > 0.0f && std::isfinite(global_amax) ? global_amax : 1.0f);
+      }
+      scale_lanes(amax, multiplier, s_dec, codes, enc);
+      for (int i = 0; i < 16; ++i) {
+        const uint8_t code = E4M3Codec::encode_rn(std::fmin(amax[i] * multiplier, FLT_MAX));
+        ASSERT_EQ(codes[i], code) << amax[i];
+        ASSERT_EQ(float_bits(enc[i]), float_bits(nvfp4_block_encode_scale(e4m3_code_value(code), s_dec)))
+            << amax[i];
+      }
+    }
+  }
+}
+
+template <MxScaleRule kRule>
+MICROSCALE_AVX512 void mx_bytes(const uint32_t* amax_bits, int emax, int mantissa_bits, float max_normal,
+                                uint32_t* bytes, float* inverse) {
+  const __m512i b = mx_scale_bytes<kRule>(_mm512_loadu_si512(amax_bits), emax, mantissa_bits, max_normal);
+  _mm512_storeu_si512(bytes, b);
+  _mm512_storeu_ps(inverse, mx_inverse_scales(b));
+}
+
+template <MxScaleRule kRule>
+void expect_mx_rule() {
+  for (Format f : {Format::E2M1, Format::E2M3, Format::E3M2, Format::E4M3, Format::E5M2}) {
+    const FormatInfo& info = format_info(f);
+    // Every bf16 magnitude (NaN patterns included), then random fp32 magnitudes.
+    std::vector<uint32_t> amax;
+    for (uint32_t h = 0; h < 32768; ++h) amax.push_back(h << 16);
+    std::mt19937 rng(3);
+    for (int i = 0; i < 65536; ++i) amax.push_back(rng() & 0x7FFFFFFFu);
+    std::vector<uint32_t> bytes(amax.size());
+    std::vector<float> inverse(amax.size());
+    for (size_t i = 0; i < amax.size(); i += 16) {
+      mx_bytes<kRule>(&amax[i], info.emax, info.mantissa_bits, info.max_normal, &bytes[i], &inverse[i]);
+    }
+    for (size_t i = 0; i < amax.size(); ++i) {
+      const uint8_t expected =
+          mx_scale_byte(bits_to_float(amax[i]), kRule, info.emax, info.mantissa_bits, info.max_normal);
+      ASSERT_EQ(bytes[i], expected) << format_info(f).name << " amax bits 0x" << std::hex << amax[i];
+      ASSERT_EQ(float_bits(inverse[i]), float_bits(mx_inverse_scale(expected)));
+    }
+  }
+}
+
+TEST(Avx512Codec, MxScaleBytesEqualScalar) {
+  if (!cpu_has_avx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  expect_mx_rule<MxScaleRule::Floor>();
+  expect_mx_rule<MxScaleRule::Ceil>();
+  expect_mx_rule<MxScaleRule::Even>();
+  expect_mx_rule<MxScaleRule::RCeil>();
+}
+
+MICROSCALE_AVX512 void transpose_max(const uint32_t* in, uint32_t* out) {
+  __m512i v[16];
+  for (int i = 0; i < 16; ++i) v[i] = _mm512_loadu_si512(in + 16 * i);
+  _mm512_storeu_si512(out, transpose_max16(v));
+}
+
+TEST(Avx512Codec, TransposeMaxIsPerRegisterMax) {
+  if (!cpu_has_avx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  std::mt19937 rng(4);
+  for (int trial = 0; trial < 1000; ++trial) {
+    uint32_t in[256], out[16];
+    for (uint32_t& x : in) x = rng() >> (rng() % 32);
+    transpose_max(in, out);
+    for (int r = 0; r < 16; ++r) {
+      uint32_t m = 0;
+      for (int l = 0; l < 16; ++l) m = std::max(m, in[16 * r + l]);
+      ASSERT_EQ(out[r], m) << "register " << r;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace microscale
+
+#endif
