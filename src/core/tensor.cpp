@@ -1,8 +1,8 @@
 // TensorView / Tensor basics and their argument checks.
 #include "microscale/tensor.hpp"
 
-#include <limits>
 #include <cstdint>
+#include <limits>
 
 #include "microscale/error.hpp"
 
