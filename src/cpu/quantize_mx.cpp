@@ -39,12 +39,12 @@ float block_amax(const float* v, int64_t stride) {
 // codes[c] of n elements v[c] * inverse[c] (per-element scale) ...
 template <typename Codec>
 void encode_scaled(const float* v, const float* inverse, int64_t n, uint8_t* codes) {
-  for (int64_t c = 0; c < n; ++c) codes[c] = Codec::encode_rn(v[c] * inverse[c]);
+  for (int64_t c = 0; c < n; ++c) codes[c] = Codec::encode_rn(mx_scaled_element(v[c], inverse[c]));
 }
 // ... or v[c] * inverse (one scale for the run).
 template <typename Codec>
 void encode_scaled(const float* v, float inverse, int64_t n, uint8_t* codes) {
-  for (int64_t c = 0; c < n; ++c) codes[c] = Codec::encode_rn(v[c] * inverse);
+  for (int64_t c = 0; c < n; ++c) codes[c] = Codec::encode_rn(mx_scaled_element(v[c], inverse));
 }
 
 // Stores n codes: one per byte, or two per byte (even element in the low nibble) when packed.

@@ -26,7 +26,7 @@ uint8_t quantize_block(const FormatInfo& f, Format format, MxScaleRule rule, Loa
   }
   const uint8_t scale = mx_scale_byte(amax, rule, f.emax, f.mantissa_bits, f.max_normal);
   const float inverse = mx_inverse_scale(scale);
-  for (int i = 0; i < kBlock; ++i) store(i, encode_rn(format, load(i) * inverse));
+  for (int i = 0; i < kBlock; ++i) store(i, encode_rn(format, mx_scaled_element(load(i), inverse)));
   return scale;
 }
 

@@ -30,6 +30,8 @@ inline Tensor random_tensor(DType dtype, std::vector<int64_t> shape, Fill fill, 
       if (pick == 3) v = 1e-40f;  // fp32 subnormal
       if (pick == 4) v = 0.0f;
       if (pick == 5) v = 60000.0f;
+      if (pick == 6) v = -NAN;
+      if (pick == 7) v = -INFINITY;
     }
     switch (dtype) {
       case DType::F32: t.data_as<float>()[i] = v; break;
