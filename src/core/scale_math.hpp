@@ -75,10 +75,10 @@ MICROSCALE_HOST_DEVICE uint8_t mx_scale_byte(float amax, MxScaleRule rule, int e
   return static_cast<uint8_t>(unbiased + 127);
 }
 
-/// An MX element times its block's inverse scale. A NaN element stays itself (sign included, as
-/// x86's product of two NaNs returns the first): stated here, since a compiler may swap the
-/// operands of a product and the NaN of a block holding one is NaN too.
-inline float mx_scaled_element(float x, float inverse) { return x != x ? x : x * inverse; }
+/// An MX element times its block's inverse scale. A NaN element stays itself, sign included (x86's
+/// product of two NaNs returns the first; a GPU returns a canonical +NaN): stated here, since a
+/// compiler may swap a product's operands and the inverse of a block holding a NaN is NaN too.
+MICROSCALE_HOST_DEVICE float mx_scaled_element(float x, float inverse) { return x != x ? x : x * inverse; }
 
 /// fp32 2^(127 - byte): the multiplier applied to a block's elements; NaN for byte 0xFF.
 MICROSCALE_HOST_DEVICE float mx_inverse_scale(uint8_t byte) {

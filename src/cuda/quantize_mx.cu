@@ -187,7 +187,7 @@ __device__ __forceinline__ void mx_tile(const MxParams& p, const Stored<T>* tile
       const float inverse = mx_inverse_scale(s);
       float x[32];
 #pragma unroll
-      for (int i = 0; i < 32; ++i) x[i] = v[i] * inverse;
+      for (int i = 0; i < 32; ++i) x[i] = mx_scaled_element(v[i], inverse);
       uint32_t words[kWords];
       encode32<Codec, kPacked>(x, s != 0xFF, words);
       stage_words(my_row, words);
@@ -199,10 +199,10 @@ __device__ __forceinline__ void mx_tile(const MxParams& p, const Stored<T>* tile
 #pragma unroll
       for (int q = 0; q < 32; q += 4) {
         const float4 inv = *reinterpret_cast<const float4*>(&column_inverse[warp * 32 + q]);
-        x[q] = v[q] * inv.x;
-        x[q + 1] = v[q + 1] * inv.y;
-        x[q + 2] = v[q + 2] * inv.z;
-        x[q + 3] = v[q + 3] * inv.w;
+        x[q] = mx_scaled_element(v[q], inv.x);
+        x[q + 1] = mx_scaled_element(v[q + 1], inv.y);
+        x[q + 2] = mx_scaled_element(v[q + 2], inv.z);
+        x[q + 3] = mx_scaled_element(v[q + 3], inv.w);
       }
       uint32_t words[kWords];
       encode32<Codec, kPacked>(x, columns_finite, words);

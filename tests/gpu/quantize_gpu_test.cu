@@ -121,6 +121,8 @@ std::vector<float> random_values(int64_t n, std::mt19937_64& rng, bool specials,
         x = INFINITY;
       else if (s < 0.006f)
         x = -INFINITY;
+      else if (s < 0.008f)
+        x = -NAN;  // a NaN keeps its sign in FP8 codes (mx_scaled_element)
     }
     v[static_cast<size_t>(i)] = x;
   }
