@@ -24,12 +24,31 @@
 
 #include <cstdint>
 
-#include "microscale/tensor.hpp"  // DType
+#include "microscale/tensor.hpp"  // DType, Tensor
 
 #define MICROSCALE_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
 #define MICROSCALE_AVX512_INLINE MICROSCALE_AVX512 __attribute__((always_inline)) inline
 
 namespace microscale::cpu::avx512 {
+
+// Shared by both kernels (measured on each, see their files): the input is prefetched in software
+// this many columns ahead (the hardware prefetchers do not follow 16-32 rows read side by side),
+// and outputs from kStreamBytes on are written with streaming stores of whole 64-byte lines (they
+// cannot stay cached anyway, and a streamed whole line skips the read for ownership).
+constexpr int64_t kPrefetchCols = 128;
+constexpr int64_t kStreamBytes = int64_t{8} << 20;
+
+/// Whether `t`'s data starts on a 64-byte line (streaming stores need it).
+inline bool line_aligned(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data()) % 64 == 0; }
+
+/// Writes one whole 64-byte output line: a streaming store (dst aligned) or a plain one.
+MICROSCALE_AVX512_INLINE void store_line(uint8_t* dst, __m512i line, bool stream) {
+  if (stream) {
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst), line);
+  } else {
+    _mm512_storeu_si512(dst, line);
+  }
+}
 
 /// 16 consecutive input elements at `p` widened exactly to fp32 (bf16: a shift; f16: vcvtph2ps,
 /// exact for every input including subnormals; f32: a plain load).

@@ -75,11 +75,6 @@ MICROSCALE_AVX512_INLINE __m512i nvfp4_encode_e2m1(__m512 s) {
   return _mm512_mask_or_epi32(code, negative, code, _mm512_set1_epi32(0x8));
 }
 
-/// E4M3Codec::encode_rn for non-negative, finite, non-NaN inputs (NVFP4 block scales).
-MICROSCALE_AVX512_INLINE __m512i e4m3_encode_scale(__m512 x) {
-  return encode_rn<E4M3Codec>(x);  // the generic form; the special-value blends cost little here
-}
-
 /// e4m3_code_value on 16 lanes (codes 0x00..0x7E).
 MICROSCALE_AVX512_INLINE __m512 e4m3_value(__m512i code) {
   const __m512i normal = _mm512_add_epi32(_mm512_slli_epi32(code, 20), _mm512_set1_epi32(120 << 23));
@@ -95,7 +90,7 @@ MICROSCALE_AVX512_INLINE __m512 nvfp4_block_scales(__m512i amax_bits, float mult
                                                    __m512i* scale_codes) {
   const __m512 scaled = _mm512_min_ps(
       _mm512_mul_ps(_mm512_castsi512_ps(amax_bits), _mm512_set1_ps(multiplier)), _mm512_set1_ps(FLT_MAX));
-  *scale_codes = e4m3_encode_scale(scaled);
+  *scale_codes = encode_rn<E4M3Codec>(scaled);
   const __m512 product = _mm512_mul_ps(e4m3_value(*scale_codes), _mm512_set1_ps(s_dec));
   return _mm512_min_ps(_mm512_div_ps(_mm512_set1_ps(1.0f), product), _mm512_set1_ps(FLT_MAX));
 }

@@ -6,7 +6,6 @@
 #include "cpu/avx512.hpp"
 
 namespace microscale::cpu {
-namespace {
 
 bool cpu_has_avx512() {
 #ifdef MICROSCALE_HAVE_AVX512_KERNELS
@@ -19,15 +18,11 @@ bool cpu_has_avx512() {
 #endif
 }
 
-}  // namespace
-
 KernelSet kernel_set() {
   static const bool has_avx512 = cpu_has_avx512();
   const char* forced = std::getenv("MICROSCALE_CPU_KERNELS");
   if (forced != nullptr && std::strcmp(forced, "portable") == 0) return KernelSet::Portable;
   return has_avx512 ? KernelSet::Avx512 : KernelSet::Portable;
 }
-
-const char* kernel_set_name(KernelSet set) { return set == KernelSet::Avx512 ? "avx512" : "portable"; }
 
 }  // namespace microscale::cpu

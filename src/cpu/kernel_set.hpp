@@ -10,10 +10,10 @@ namespace microscale::cpu {
 
 enum class KernelSet { Avx512, Portable };
 
+/// Whether this CPU (and its OS) runs the AVX-512 kernels, whatever the environment says.
+bool cpu_has_avx512();
+
 /// The kernel set for this call (see above).
 KernelSet kernel_set();
-
-/// "avx512" or "portable".
-const char* kernel_set_name(KernelSet set);
 
 }  // namespace microscale::cpu

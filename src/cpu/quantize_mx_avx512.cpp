@@ -45,8 +45,6 @@ constexpr int kLanes = 16;  // columns of a tile
 template <bool kPacked>
 constexpr int kChunkTiles = kPacked ? 8 : 4;
 constexpr int kMaxChunkCols = 128;
-constexpr int64_t kPrefetchCols = 128;              // input prefetch distance (measured: 64-256 alike)
-constexpr int64_t kStreamBytes = int64_t{8} << 20;  // outputs from this size on bypass the caches
 
 // One band of up to 32 input rows and everything it produces.
 struct Band {
@@ -102,11 +100,7 @@ MICROSCALE_AVX512_INLINE void store_codes(const __m512i c[kTiles], uint8_t* dst,
     } else {
       line = pack_bytes<4>(c);
     }
-    if (stream) {
-      _mm512_stream_si512(reinterpret_cast<__m512i*>(dst), line);
-    } else {
-      _mm512_storeu_si512(dst, line);
-    }
+    store_line(dst, line, stream);
   } else if constexpr (kPacked && kTiles == 4) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), pack_nibbles(pack_bytes<4>(c)));
   } else if constexpr (kPacked) {
@@ -116,11 +110,9 @@ MICROSCALE_AVX512_INLINE void store_codes(const __m512i c[kTiles], uint8_t* dst,
   }
 }
 
-// x * inverse, as the reference's scalar product. When both are NaN (x NaN makes its block's scale
-// 0xFF, the inverse NaN) x86 returns the first source's NaN, quieted: the reference, x first,
-// gets x's and keeps a negative NaN's sign in the FP8 codes. _mm512_mul_ps does not pin the order
-// (the compiler may swap a commutative product's operands, and did in the portable path), so NaN
-// lanes of x are set explicitly. kHasNan: some x of the chunk is NaN; else the product alone.
+// mx_scaled_element on 16 lanes: x * inverse, except that a NaN x stays a NaN of its own sign
+// (here quieted, which no code depends on). kHasNan: some x of the chunk is NaN; else the product
+// alone.
 template <bool kHasNan>
 MICROSCALE_AVX512_INLINE __m512 scaled(__m512 x, __m512 inverse) {
   const __m512 p = _mm512_mul_ps(x, inverse);
@@ -280,10 +272,10 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, QuantizedTens
   // streamed whole line skips the read for ownership that a plain store costs (measured: 15.5 ->
   // 13.5 ms at 4096 x 4096 bf16, MXFP8 both directions). Needs every full chunk's lines aligned;
   // small outputs stay cached for whoever reads them next.
-  auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data()) % 64 == 0; };
   const int64_t data_bytes = (int64_t{o.rowwise} + int64_t{o.columnwise}) * m * base.data_stride;
   base.stream = k % (kChunkTiles<kPacked> * kLanes) == 0 && data_bytes >= kStreamBytes &&
-                (!o.rowwise || aligned(out.rowwise_data)) && (!o.columnwise || aligned(out.columnwise_data));
+                (!o.rowwise || line_aligned(out.rowwise_data)) &&
+                (!o.columnwise || line_aligned(out.columnwise_data));
 #pragma omp parallel for num_threads(thread_count(o.num_threads)) schedule(static)
   for (int64_t i = 0; i < bands; ++i) {
     Band b = base;

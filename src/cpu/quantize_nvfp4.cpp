@@ -150,22 +150,8 @@ MICROSCALE_CPU_DISPATCH void transpose_band(const float* band, int64_t k, float*
   }
 }
 
-struct RhtTables {
-  std::array<double, 256> coefficient;  // [i * 16 + j] = s_i (-1)^popcount(i&j) / 4, as the reference
-  std::array<double, 16> sign;          // s_i
-};
-
-RhtTables rht_tables(uint16_t mask) {
-  RhtTables t{};
-  for (int i = 0; i < 16; ++i) {
-    t.sign[i] = rht_sign(mask, i, 0);
-    for (int j = 0; j < 16; ++j) t.coefficient[i * 16 + j] = rht_sign(mask, i, j) * 0.25;
-  }
-  return t;
-}
-
 // tile[c * 16 + j] = RHT of column c's 16 values of the band, rounded as rht16 does.
-MICROSCALE_CPU_DISPATCH void rht_band(const float* band, int64_t k, const RhtTables& t, float* tile) {
+MICROSCALE_CPU_DISPATCH void rht_band(const float* band, int64_t k, const RhtCoefficients& t, float* tile) {
   constexpr int64_t kChunk = 64;
   double z[kBlock][kChunk];
   uint32_t exact[kChunk];
@@ -186,7 +172,7 @@ MICROSCALE_CPU_DISPATCH void rht_band(const float* band, int64_t k, const RhtTab
         special[c] |= (e == 0u || e == 255u) & nonzero;
         emax[c] = select(nonzero && e > emax[c], e, emax[c]);
         emin[c] = select(nonzero && e < emin[c], e, emin[c]);
-        z[i][c] = t.sign[i] * static_cast<double>(x[c]);
+        z[i][c] = t[i * 16] * static_cast<double>(x[c]);  // s_i / 4 * x, exact
       }
     }
     for (int64_t c = 0; c < w; ++c)
@@ -205,13 +191,9 @@ MICROSCALE_CPU_DISPATCH void rht_band(const float* band, int64_t k, const RhtTab
     for (int64_t c = 0; c < w; ++c) {
       float* out = tile + (c0 + c) * kBlock;
       if (exact[c]) {
-        for (int j = 0; j < kBlock; ++j) out[j] = rht_output_to_bf16_value(z[j][c] * 0.25);
+        for (int j = 0; j < kBlock; ++j) out[j] = rht_output_to_bf16_value(z[j][c]);
       } else {  // the reference order
-        for (int j = 0; j < kBlock; ++j) {
-          double sum = 0.0;
-          for (int i = 0; i < kBlock; ++i) sum += t.coefficient[i * 16 + j] * band[i * k + c0 + c];
-          out[j] = rht_output_to_bf16_value(sum);
-        }
+        for (int j = 0; j < kBlock; ++j) out[j] = rht_output_reference_order(t, band + c0 + c, k, j);
       }
     }
   }
@@ -235,7 +217,7 @@ void quantize_nvfp4(const InputMatrix& x, const QuantizeOptions& o, QuantizedTen
   const int64_t bands = (m + kBlock - 1) / kBlock;  // the last may be short (rowwise-only input)
   const bool rht = o.columnwise && o.rht;
   const bool tile_2d = o.tile == Tile::k16x16;
-  const RhtTables tables = rht_tables(o.rht_sign_mask);
+  const RhtCoefficients tables = rht_coefficients(o.rht_sign_mask);
 
   // Pass 1: amaxes (max|x| for rowwise, and columnwise without RHT; max|RHT(X^T)| with it).
   const bool need_amax = (o.rowwise && !o.amax_rowwise) || (o.columnwise && !o.amax_columnwise);

@@ -14,7 +14,6 @@
 //               (two halves of 8 lanes), exact where the reference's sum is (see rht_tile).
 // Pass 1 computes the global amaxes (both directions' when the RHT is on); pass 2 quantizes.
 #include <algorithm>
-#include <array>
 #include <cstring>
 #include <vector>
 
@@ -45,22 +44,6 @@ DirectionScales direction_scales(float amax) {
   return {nvfp4_block_scale_multiplier(s_enc), 1.0f / s_enc};
 }
 
-// The 16-point RHT's constants: z_i = x_i * sign_quarter[i] before the butterfly; coefficient
-// [i * 16 + j] for the reference-order fallback.
-struct RhtConstants {
-  std::array<double, 16> sign_quarter;
-  std::array<double, 256> coefficient;
-};
-
-RhtConstants rht_constants(uint16_t mask) {
-  RhtConstants c{};
-  for (int i = 0; i < 16; ++i) {
-    c.sign_quarter[i] = rht_sign(mask, i, 0) * 0.25;
-    for (int j = 0; j < 16; ++j) c.coefficient[i * 16 + j] = rht_sign(mask, i, j) * 0.25;
-  }
-  return c;
-}
-
 // A group of up to 128 input rows (8 bands of 16) and everything it produces. Groups are the
 // unit of threading; see quantize_group for why 128.
 struct Group {
@@ -69,7 +52,7 @@ struct Group {
   int rows = 0;                    // <= 128; M % 16 rows in the last band of a rowwise-only input
   int64_t k = 0;
   bool tile_2d = false;
-  const RhtConstants* rht = nullptr;  // columnwise through the RHT when set
+  const RhtCoefficients* rht = nullptr;  // columnwise through the RHT when set
   // Rowwise (row_data null: not requested): group row r at row_data + r * row_data_stride (K/2
   // bytes) and row_scale + r * row_scale_stride (K/16 bytes).
   uint8_t* row_data = nullptr;
@@ -92,19 +75,6 @@ struct Group {
 constexpr int kGroupBands = 8;  // 8 bands x 8 bytes: one 64-byte line of each columnwise row
 constexpr int kLineTiles = 8;   // 8 tiles x 8 bytes: one 64-byte line of each rowwise row
 constexpr int kGroupRows = kGroupBands * kBlock;
-constexpr int64_t kPrefetchCols = 128;              // input prefetch distance in columns
-constexpr int64_t kStreamBytes = int64_t{8} << 20;  // outputs from this size on bypass the caches
-
-// Writes one whole 64-byte output line (aligned when `stream`).
-MICROSCALE_AVX512_INLINE void store_line(uint8_t* dst, const uint8_t* line, bool stream) {
-  const __m512i v = _mm512_loadu_si512(line);
-  if (stream) {
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst), v);
-  } else {
-    _mm512_storeu_si512(dst, v);
-  }
-}
-
 // Outputs staged until their 64-byte lines are complete: the rowwise ones of the current band
 // (fixed size), the columnwise ones of the whole group (K lines: per-thread heap buffers).
 struct RowStage {
@@ -172,7 +142,8 @@ MICROSCALE_AVX512_INLINE __m512 round_to_bf16(__m512 f) {
 // every partial sum is a multiple of 2^(emin - 9) below 2^(emax + 3): exact in fp32, so the
 // butterfly runs in fp32 (half the lanes' cost, no conversions) and needs no truncation. Other
 // columns (rare: NaN, Inf, subnormals, huge spreads) are summed in the reference order.
-MICROSCALE_AVX512 void rht_tile(const __m512 x[16], const TileAbs& t, const RhtConstants& c, __m512 y[16]) {
+MICROSCALE_AVX512 void rht_tile(const __m512 x[16], const TileAbs& t, const RhtCoefficients& c,
+                                __m512 y[16]) {
   __m512i min_nonzero = _mm512_set1_epi32(-1), low_bits = _mm512_setzero_si512();
   for (int i = 0; i < kBlock; ++i) {
     min_nonzero =
@@ -189,7 +160,7 @@ MICROSCALE_AVX512 void rht_tile(const __m512 x[16], const TileAbs& t, const RhtC
                                    _mm512_testn_epi32_mask(low_bits, _mm512_set1_epi32(0xFFFF));
   if (exact_in_float == 0xFFFF) {
     for (int i = 0; i < kBlock; ++i)
-      y[i] = _mm512_mul_ps(x[i], _mm512_set1_ps(static_cast<float>(c.sign_quarter[i])));
+      y[i] = _mm512_mul_ps(x[i], _mm512_set1_ps(static_cast<float>(c[i * 16])));
     fwht16(y);
     for (int j = 0; j < kBlock; ++j) y[j] = round_to_bf16(y[j]);
     return;
@@ -200,7 +171,7 @@ MICROSCALE_AVX512 void rht_tile(const __m512 x[16], const TileAbs& t, const RhtC
     for (int i = 0; i < kBlock; ++i) {
       const __m256 part = h == 0 ? _mm512_castps512_ps256(x[i])
                                  : _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x[i]), 1));
-      z[i] = _mm512_mul_pd(_mm512_cvtps_pd(part), _mm512_set1_pd(c.sign_quarter[i]));  // exact
+      z[i] = _mm512_mul_pd(_mm512_cvtps_pd(part), _mm512_set1_pd(c[i * 16]));  // exact
     }
     fwht16(z);
     for (int j = 0; j < kBlock; ++j)
@@ -217,11 +188,7 @@ MICROSCALE_AVX512 void rht_tile(const __m512 x[16], const TileAbs& t, const RhtC
     }
     for (int lane = 0; lane < kBlock; ++lane) {
       if ((exact_in_double >> lane) & 1) continue;
-      for (int j = 0; j < kBlock; ++j) {
-        double sum = 0.0;
-        for (int i = 0; i < kBlock; ++i) sum += c.coefficient[i * 16 + j] * xs[i][lane];
-        ys[j][lane] = rht_output_to_bf16_value(sum);
-      }
+      for (int j = 0; j < kBlock; ++j) ys[j][lane] = rht_output_reference_order(c, &xs[0][lane], 16, j);
     }
     for (int j = 0; j < kBlock; ++j) y[j] = _mm512_load_ps(ys[j]);
   }
@@ -302,7 +269,7 @@ MICROSCALE_AVX512 void quantize_group(const Group& g, ColumnStage cs) {
             uint8_t* data = g.row_data + r * g.row_data_stride + line_col / 2;
             uint8_t* scale = g.row_scale + r * g.row_scale_stride + line_col / kBlock;
             if (tiles == kLineTiles) {
-              store_line(data, stage.data[i], g.row_stream);
+              store_line(data, _mm512_load_si512(stage.data[i]), g.row_stream);
               std::memcpy(scale, stage.scale[i], kLineTiles);
             } else {
               std::memcpy(data, stage.data[i], tiles * 8);
@@ -335,7 +302,7 @@ MICROSCALE_AVX512 void quantize_group(const Group& g, ColumnStage cs) {
       uint8_t* data = g.col_data + c * g.col_data_stride;
       uint8_t* scale = g.col_scale + c * g.col_scale_stride;
       if (bands == kGroupBands) {
-        store_line(data, cs.data + c * (kGroupBands * 8), g.col_stream);
+        store_line(data, _mm512_loadu_si512(cs.data + c * (kGroupBands * 8)), g.col_stream);
         std::memcpy(scale, cs.scale + c * kGroupBands, kGroupBands);
       } else {
         std::memcpy(data, cs.data + c * (kGroupBands * 8), bands * 8);
@@ -383,14 +350,14 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, QuantizedTens
   const int threads = thread_count(o.num_threads);
   const int64_t groups = (m + kGroupRows - 1) / kGroupRows;
   const bool rht = o.columnwise && o.rht;
-  const RhtConstants constants = rht_constants(o.rht_sign_mask);
+  const RhtCoefficients coefficients = rht_coefficients(o.rht_sign_mask);
   const int64_t row_bytes = x.row_stride * element_bytes<kDType>();
 
   Group base;
   base.row_bytes = row_bytes;
   base.k = k;
   base.tile_2d = o.tile == Tile::k16x16;
-  base.rht = rht ? &constants : nullptr;
+  base.rht = rht ? &coefficients : nullptr;
   auto group = [&](int64_t index) {
     Group g = base;
     g.src = static_cast<const std::byte*>(x.data) + index * kGroupRows * row_bytes;
@@ -428,10 +395,9 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, QuantizedTens
   // Large outputs are written with streaming stores: they cannot stay in the caches anyway, and a
   // streamed whole line skips the read for ownership of a plain store (measured: 4096 x 4096 bf16
   // rowwise, 9.5 -> 7 ms). Needs the lines aligned; small outputs stay cached for their reader.
-  auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data()) % 64 == 0; };
   const bool big = (int64_t{o.rowwise} + int64_t{o.columnwise}) * m * (k / 2) >= kStreamBytes;
-  base.row_stream = big && o.rowwise && k % (2 * 64) == 0 && aligned(out.rowwise_data);
-  base.col_stream = big && o.columnwise && m % (2 * 64) == 0 && aligned(out.columnwise_data);
+  base.row_stream = big && o.rowwise && k % (2 * 64) == 0 && line_aligned(out.rowwise_data);
+  base.col_stream = big && o.columnwise && m % (2 * 64) == 0 && line_aligned(out.columnwise_data);
 #pragma omp parallel num_threads(threads)
   {
     std::vector<uint8_t> stage_data(o.columnwise ? static_cast<size_t>(k) * kGroupBands * 8 : 0);

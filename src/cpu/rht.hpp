@@ -10,6 +10,7 @@
 // truncates, behaves this way. Every backend calls these functions.
 #pragma once
 
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -39,13 +40,30 @@ inline float rht_output_to_bf16_value(double exact_sum) {
   return bf16_to_float(float_to_bf16(truncate_to_f32(exact_sum)));
 }
 
+/// The 16x16 matrix as the reference applies it: [i * 16 + j] = s_i (-1)^popcount(i & j) / 4.
+/// Column j = 0 is s_i / 4, the input signs a butterfly applies before its stages.
+using RhtCoefficients = std::array<double, 256>;
+
+inline RhtCoefficients rht_coefficients(uint16_t sign_mask) {
+  RhtCoefficients c{};
+  for (int i = 0; i < 16; ++i) {
+    for (int j = 0; j < 16; ++j) c[i * 16 + j] = rht_sign(sign_mask, i, j) * 0.25;
+  }
+  return c;
+}
+
+/// Output j of the RHT of x[0], x[stride], ..., x[15 * stride], summed in double in i order (the
+/// reference's order) and rounded as TE's reference output (see above).
+inline float rht_output_reference_order(const RhtCoefficients& c, const float* x, int64_t stride, int j) {
+  double sum = 0.0;
+  for (int i = 0; i < 16; ++i) sum += c[i * 16 + j] * x[i * stride];
+  return rht_output_to_bf16_value(sum);
+}
+
 /// y = RHT(x) for one 16-vector, each output rounded to bf16 and returned as its exact fp32 value.
 inline void rht16(const float x[16], uint16_t sign_mask, float y[16]) {
-  for (int j = 0; j < 16; ++j) {
-    double sum = 0.0;
-    for (int i = 0; i < 16; ++i) sum += rht_sign(sign_mask, i, j) * 0.25 * x[i];
-    y[j] = rht_output_to_bf16_value(sum);
-  }
+  const RhtCoefficients c = rht_coefficients(sign_mask);
+  for (int j = 0; j < 16; ++j) y[j] = rht_output_reference_order(c, x, 1, j);
 }
 
 }  // namespace microscale

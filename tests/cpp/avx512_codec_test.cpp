@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cpu/avx512_codecs.hpp"
+#include "cpu/kernel_set.hpp"
 #include "microscale/format.hpp"
 
 #ifdef MICROSCALE_HAVE_AVX512_KERNELS
@@ -17,12 +18,7 @@ namespace microscale {
 namespace {
 
 using namespace cpu::avx512;
-
-bool cpu_has_avx512() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-}
+using cpu::cpu_has_avx512;
 
 // Inputs that probe every rounding decision: all bf16 patterns, each format's grid points and
 // midpoints (scaled by powers of two) with their fp32 neighbours, and random fp32 patterns.
