@@ -103,6 +103,34 @@ MICROSCALE_AVX512_INLINE __m512i transpose_max16(const __m512i v[16]) {
                           _mm512_castps_si512(_mm512_shuffle_ps(g, h, 0xDD)));
 }
 
+/// The same on packed 16-bit lanes, two 16-lane blocks per register: v[i] holds row i of a 16 x 32
+/// unit (|x| bits of bf16 or f16 columns 0..31; block b = columns 16b..16b+15). out[h], lane d
+/// (fp32 bits: the 16-bit max shifted up) is the max of row 8h + 2(d % 4) + d / 8 over block
+/// (d / 4) % 2 (transpose_max16x2_lane gives the lane of a row and block).
+/// NOTE: four levels, each halving the registers and the lanes per block: 128-bit chunks, 64-bit
+/// halves, 32-bit pairs, then the two 16-bit halves of each 32-bit lane.
+MICROSCALE_AVX512_INLINE void transpose_max16x2(const __m512i v[16], __m512i out[2]) {
+  __m512i a[8], b[4];
+  for (int p = 0; p < 8; ++p) {  // per 128-bit chunk: 8 partials of one (row, block)
+    const __m512i lo = _mm512_shuffle_i32x4(v[2 * p], v[2 * p + 1], 0x88);
+    const __m512i hi = _mm512_shuffle_i32x4(v[2 * p], v[2 * p + 1], 0xDD);
+    a[p] = _mm512_max_epu16(lo, hi);
+  }
+  for (int p = 0; p < 4; ++p) {  // per 64 bits: 4 partials
+    b[p] = _mm512_max_epu16(_mm512_unpacklo_epi64(a[2 * p], a[2 * p + 1]),
+                            _mm512_unpackhi_epi64(a[2 * p], a[2 * p + 1]));
+  }
+  for (int h = 0; h < 2; ++h) {  // per 32 bits: 2 partials, then 1
+    const __m512 x = _mm512_castsi512_ps(b[2 * h]), y = _mm512_castsi512_ps(b[2 * h + 1]);
+    const __m512i c = _mm512_max_epu16(_mm512_castps_si512(_mm512_shuffle_ps(x, y, 0x88)),
+                                       _mm512_castps_si512(_mm512_shuffle_ps(x, y, 0xDD)));
+    out[h] = _mm512_slli_epi32(_mm512_max_epu16(c, _mm512_srli_epi32(c, 16)), 16);
+  }
+}
+
+/// The lane of transpose_max16x2's out[row / 8] holding (row, block).
+constexpr int transpose_max16x2_lane(int row, int block) { return 8 * (row % 2) + 4 * block + (row % 8) / 2; }
+
 /// Per-lane max over n registers (unsigned integers).
 MICROSCALE_AVX512_INLINE __m512i vertical_max(const __m512i* v, int n) {
   __m512i m = v[0];

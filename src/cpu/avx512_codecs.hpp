@@ -52,24 +52,34 @@ MICROSCALE_AVX512_INLINE __m512i encode_rn(__m512 x) {
   }
 }
 
+/// NVFP4's E2M1 magnitudes as table indices (see nvfp4_e2m1_table). With a = min(|s|, 6) and
+/// E = 2^max(floor(log2 a), 0) (1, 2 or 4), the fp32 add a + M, M = E * (2^22 + 8) - 8 (2^22,
+/// 2^23 + 8 or 2^24 + 24, each an even number of steps of the binade's E2M1 grid), rounds a to
+/// that grid (step E / 2, ties to even as encode_rn) and leaves in the sum's low 4 bits 2a (0..4)
+/// below 2, 8 + a (10..12) in [2, 4], 12 + a / 2 (14, 15) in [4, 6]: distinct for every code.
+/// kNanFree: s holds no NaN, and |s| clamped to 6 is one vrangeps (it would keep a signalling NaN);
+/// otherwise a NaN lane reads as 6 (code 7, as the scalar codec: E2M1 has no NaN).
+template <bool kNanFree>
+MICROSCALE_AVX512_INLINE __m512i nvfp4_e2m1_index(__m512 s) {
+  const __m512 six = _mm512_set1_ps(6.0f);
+  // NOTE: min_ps returns its second operand for a NaN first one.
+  const __m512 a = kNanFree ? _mm512_range_ps(s, six, 0x0A) : _mm512_min_ps(_mm512_abs_ps(s), six);
+  const __m512 e = _mm512_and_ps(_mm512_max_ps(a, _mm512_set1_ps(1.0f)),
+                                 _mm512_castsi512_ps(_mm512_set1_epi32(0x7F800000)));
+  const __m512 m = _mm512_fmadd_ps(e, _mm512_set1_ps(4194312.0f), _mm512_set1_ps(-8.0f));  // exact
+  return _mm512_castps_si512(_mm512_add_ps(a, m));
+}
+
+/// The E2M1 code of each nvfp4_e2m1_index value (low 4 bits), shifted left by `shift` bits (so
+/// that codes land in their nibble of a packed output word).
+MICROSCALE_AVX512_INLINE __m512i nvfp4_e2m1_table(int shift) {
+  return _mm512_slli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 0, 0, 0, 0, 0, 4, 5, 6, 0, 6, 7), shift);
+}
+
 /// NVFP4's element encoder: E2M1Codec::encode_rn(s), except that any zero (also -0) gives code 0
-/// (TE's reference). Cheaper than the generic form: clamp |s| to 6 (Inf and NaN too), add
-/// M = 2^(max(e, 0) + 22) so that the fp32 add rounds |s| to the E2M1 grid of its binade (step
-/// 0.5 below 2, 1 in [2, 4), 2 in [4, 6]); the sum's bits are M's plus the step count k, and
-/// k + 4 * (M's exponent mod 4) indexes a 16-entry table of codes.
+/// (TE's reference).
 MICROSCALE_AVX512_INLINE __m512i nvfp4_encode_e2m1(__m512 s) {
-  // NOTE: min_ps returns its second operand for a NaN first one, so NaN -> 6 -> code 7 (no sign,
-  // as the scalar codec: E2M1 has no NaN and the hardware cvt gives +max).
-  const __m512 a = _mm512_min_ps(_mm512_abs_ps(s), _mm512_set1_ps(6.0f));
-  const __m512i exponent = _mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7F800000));
-  const __m512i m = _mm512_add_epi32(_mm512_max_epu32(exponent, _mm512_set1_epi32(0x3F800000)),
-                                     _mm512_set1_epi32(22 << 23));
-  const __m512i t = _mm512_castps_si512(_mm512_add_ps(a, _mm512_castsi512_ps(m)));
-  const __m512i index = _mm512_add_epi32(t, _mm512_srli_epi32(t, 21));  // low 4 bits used
-  // index: 4 + k for steps of 0.5 (k = 0..4), 8 + k for steps of 1 (k = 2..4), 12 + k for steps
-  // of 2 (k = 2, 3), all mod 16.
-  const __m512i table = _mm512_setr_epi32(0, 0, 0, 0, 0, 1, 2, 3, 4, 0, 4, 5, 6, 0, 6, 7);
-  const __m512i code = _mm512_permutexvar_epi32(index, table);
+  const __m512i code = _mm512_permutexvar_epi32(nvfp4_e2m1_index<false>(s), nvfp4_e2m1_table(0));
   // Ordered compare: false for NaN and for -0, which stay unsigned.
   const __mmask16 negative = _mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_LT_OQ);
   return _mm512_mask_or_epi32(code, negative, code, _mm512_set1_epi32(0x8));

@@ -23,6 +23,7 @@
 #include "cpu/quantize_kernels.hpp"
 #include "cpu/rht.hpp"
 #include "cpu/row_loader.hpp"
+#include "microscale/half.hpp"
 
 namespace microscale::cpu {
 
@@ -81,9 +82,11 @@ struct RowStage {
   alignas(64) uint8_t data[kBlock][kLineTiles * 8];  // [band row][tile of the line, 8 bytes]
   alignas(64) uint8_t scale[kBlock][kLineTiles];     // [band row][tile of the line]
 };
+// Band-major, so that a tile or unit writes whole lines (its columns are consecutive); the flush
+// transposes (flush_column_lines).
 struct ColumnStage {
-  uint8_t* data;   // [K][kGroupBands * 8]: columnwise row c, band b at data[c * 64 + 8b]
-  uint8_t* scale;  // [K][kGroupBands]
+  uint8_t* data;   // [kGroupBands][K][8]: band b's 8 bytes of columnwise row c at data + (b * K + c) * 8
+  uint8_t* scale;  // [kGroupBands][K]: band b's scale of columnwise row c at scale + b * K + c
 };
 
 // The tile at `col` of a band of `rows` (<= 16) rows from `src`; missing rows read as zeros.
@@ -201,24 +204,370 @@ MICROSCALE_AVX512_INLINE __m512i rht_col_max(const __m512 y[16]) {
   return m;
 }
 
-// Codes c[i] of element i of 16 column blocks (lane j = columnwise row j) -> 8 bytes per column
-// block at dst + j * stride, element 2t in the low nibble of byte t.
-MICROSCALE_AVX512_INLINE void store_fp4_columns(const __m512i c[16], uint8_t* dst, int64_t stride) {
+// Codes c[i] of element i of 16 column blocks (lane j = columnwise row j) -> their 8 bytes each,
+// element 2t in the low nibble of byte t, to dst (128 bytes, columnwise row j at dst + 8j).
+MICROSCALE_AVX512_INLINE void store_fp4_columns(const __m512i c[16], uint8_t* dst) {
   __m512i lo = c[0], hi = c[8];
   for (int i = 1; i < 8; ++i) {
     lo = _mm512_or_si512(lo, _mm512_slli_epi32(c[i], 4 * i));
     hi = _mm512_or_si512(hi, _mm512_slli_epi32(c[8 + i], 4 * i));
   }
-  // Column j's 8 bytes are lo[j], hi[j]: interleaving pairs them into qwords.
-  alignas(64) uint64_t words[16];
-  _mm512_store_si512(words, _mm512_unpacklo_epi32(lo, hi));      // columns 0 1 4 5 8 9 12 13
-  _mm512_store_si512(words + 8, _mm512_unpackhi_epi32(lo, hi));  // columns 2 3 6 7 10 11 14 15
-  constexpr int kColumn[16] = {0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15};
-  for (int w = 0; w < 16; ++w) std::memcpy(dst + kColumn[w] * stride, &words[w], 8);
+  // Column j's 8 bytes are lo[j], hi[j]: interleaving pairs them into qwords, per 128-bit chunk k
+  // columns 4k, 4k + 1 (unpacklo) and 4k + 2, 4k + 3 (unpackhi).
+  const __m512i a = _mm512_unpacklo_epi32(lo, hi), b = _mm512_unpackhi_epi32(lo, hi);
+  _mm512_storeu_si512(dst, _mm512_permutex2var_epi64(a, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), b));
+  _mm512_storeu_si512(dst + 64,
+                      _mm512_permutex2var_epi64(a, _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), b));
 }
 
 MICROSCALE_AVX512_INLINE __m512i broadcast_max(__m512i v) {
   return _mm512_set1_epi32(static_cast<int>(_mm512_reduce_max_epu32(v)));
+}
+
+// One tile of pass 2 (see quantize_group): rowwise codes and scales into the band's stage at tile
+// `line_tile` of its line, columnwise ones into the group's stage.
+template <DType kDType>
+MICROSCALE_AVX512_INLINE void quantize_tile(const Group& g, const std::byte* src, int rows, int64_t col,
+                                            int band, RowStage& stage, ColumnStage cs) {
+  const int line_tile = static_cast<int>(col / kBlock) % kLineTiles;
+  __m512 x[16];
+  load_tile<kDType>(src, g.row_bytes, rows, col, x);
+  TileAbs t;
+  tile_abs(x, t);
+  if (g.row_data != nullptr) {
+    const __m512i amax = g.tile_2d ? broadcast_max(t.col_max) : transpose_max16(t.a);
+    __m512i scale_codes;
+    const __m512 enc = nvfp4_block_scales(amax, g.row.multiplier, g.row.s_dec, &scale_codes);
+    scatter_bytes(scale_codes, &stage.scale[0][line_tile], kLineTiles, rows);
+    alignas(64) float row_enc[16];
+    _mm512_store_ps(row_enc, enc);
+    for (int i = 0; i < rows; ++i) {
+      const __m512i codes = nvfp4_encode_e2m1(_mm512_mul_ps(x[i], _mm512_set1_ps(row_enc[i])));
+      store_fp4_row(codes, &stage.data[i][line_tile * 8]);
+    }
+  }
+  if (g.col_data != nullptr) {
+    __m512 y[16];
+    const __m512* values = x;
+    __m512i amax = t.col_max;
+    if (g.rht != nullptr) {
+      rht_tile(x, t, *g.rht, y);
+      values = y;
+      amax = rht_col_max(y);
+    }
+    if (g.tile_2d) amax = broadcast_max(amax);
+    __m512i scale_codes;
+    const __m512 enc = nvfp4_block_scales(amax, g.col.multiplier, g.col.s_dec, &scale_codes);
+    store_bytes(scale_codes, cs.scale + band * g.k + col);
+    __m512i codes[16];
+    for (int i = 0; i < kBlock; ++i) codes[i] = nvfp4_encode_e2m1(_mm512_mul_ps(values[i], enc));
+    store_fp4_columns(codes, cs.data + (band * g.k + col) * 8);
+  }
+}
+
+// ---- bf16 units: 16 rows x 32 columns (two tiles side by side) ----
+//
+// A 512-bit load of a bf16 row gives 32 columns; its 32-bit lane j holds column 2j (low half) and
+// 2j + 1 (high half), so a shift gives the "even" columns as fp32 and a mask the "odd" ones: no
+// conversion instructions, and the two share each lane's block. Amaxes come from the packed 16-bit
+// |x| (32 lanes per operation). Codes are looked up already shifted to their nibble of the packed
+// output (nvfp4_e2m1_table), so packing is a few ORs: rowwise, the codes of 4 rows fill one
+// register (byte q of lane j = row q, columns 2j and 2j + 1); columnwise, rows 0-7 and 8-15 of a
+// column fill the two 32-bit halves of its 8 output bytes.
+
+constexpr int kUnitColumns = 32;
+
+// Lanes of a transpose_max16x2 output holding row r's two blocks, 8 lanes each: the rowwise
+// scale of every even/odd lane of row r (r = 0..7 and 8..15 share an index).
+MICROSCALE_AVX512_INLINE __m512i row_scale_index(int r) {
+  alignas(64) int32_t index[16];
+  for (int j = 0; j < 16; ++j) index[j] = transpose_max16x2_lane(r, j / 8);
+  return _mm512_load_si512(index);
+}
+
+// Rows 8h..8h+7 of a transpose_max16x2 output in row order: lane 2r + b holds (8h + r, b).
+MICROSCALE_AVX512_INLINE __m512i rows_in_order(__m512i tree) {
+  return _mm512_permutexvar_epi32(
+      _mm512_setr_epi32(
+          transpose_max16x2_lane(0, 0), transpose_max16x2_lane(0, 1), transpose_max16x2_lane(1, 0),
+          transpose_max16x2_lane(1, 1), transpose_max16x2_lane(2, 0), transpose_max16x2_lane(2, 1),
+          transpose_max16x2_lane(3, 0), transpose_max16x2_lane(3, 1), transpose_max16x2_lane(4, 0),
+          transpose_max16x2_lane(4, 1), transpose_max16x2_lane(5, 0), transpose_max16x2_lane(5, 1),
+          transpose_max16x2_lane(6, 0), transpose_max16x2_lane(6, 1), transpose_max16x2_lane(7, 0),
+          transpose_max16x2_lane(7, 1)),
+      tree);
+}
+
+// Codes of p (NaN-free) shifted left by `shift`, the sign bit set where `negative`.
+MICROSCALE_AVX512_INLINE __m512i shifted_codes(__m512 p, __mmask16 negative, int shift) {
+  const __m512i code = _mm512_permutexvar_epi32(nvfp4_e2m1_index<true>(p), nvfp4_e2m1_table(shift));
+  return _mm512_mask_or_epi32(code, negative, code, _mm512_set1_epi32(0x8 << shift));
+}
+
+MICROSCALE_AVX512_INLINE __mmask16 is_negative(__m512 v) {
+  return _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ);  // false for -0
+}
+
+// 4 rows' packed codes (byte q of lane j: row q, columns 2j and 2j + 1) -> each row's 16 bytes,
+// to its row of the stage at byte `offset`.
+MICROSCALE_AVX512_INLINE void store_row_quad(__m512i packed, RowStage& stage, int first_row, int offset) {
+  // Transpose the 4x4 bytes of each 128-bit chunk, then the 4x4 32-bit words across chunks.
+  const __m512i bytes = _mm512_shuffle_epi8(
+      packed, _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15)));
+  const __m512i rows = _mm512_permutexvar_epi32(
+      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), bytes);
+  _mm_store_si128(reinterpret_cast<__m128i*>(&stage.data[first_row][offset]), _mm512_castsi512_si128(rows));
+  _mm_store_si128(reinterpret_cast<__m128i*>(&stage.data[first_row + 1][offset]),
+                  _mm512_extracti32x4_epi32(rows, 1));
+  _mm_store_si128(reinterpret_cast<__m128i*>(&stage.data[first_row + 2][offset]),
+                  _mm512_extracti32x4_epi32(rows, 2));
+  _mm_store_si128(reinterpret_cast<__m128i*>(&stage.data[first_row + 3][offset]),
+                  _mm512_extracti32x4_epi32(rows, 3));
+}
+
+// The scales of a unit, per direction: rowwise in transpose_max16x2 order (row_scale[h] for rows
+// 8h..8h+7), columnwise per even and odd lane.
+struct UnitScales {
+  __m512 row_scale[2];
+  __m512 col_even, col_odd;
+};
+
+// The element loop of a unit: each row loaded once (from L1: the amax step read it), both
+// directions encoded. kSharedSign: no product underflows to -0, so a lane's sign is its input's,
+// one compare for both directions.
+template <bool kRows, bool kCols, bool kSharedSign>
+MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, const UnitScales& s,
+                                          RowStage& stage, int line_tile, __m512i col_words[4]) {
+  __m512i row_packed = _mm512_setzero_si512();
+  __m512i col_packed[2][2];  // [rows 0-7 / 8-15][even / odd lanes]
+  for (int i = 0; i < kBlock; ++i) {
+    const __m512i raw = _mm512_loadu_si512(src + i * g.row_bytes);
+    const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
+    const __m512 odd =
+        _mm512_castsi512_ps(_mm512_and_si512(raw, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+    __mmask16 even_negative = 0, odd_negative = 0;
+    if constexpr (kSharedSign) {
+      even_negative = is_negative(even);
+      odd_negative = is_negative(odd);
+    }
+    if constexpr (kRows) {
+      const __m512 scale = _mm512_permutexvar_ps(row_scale_index(i % 8), s.row_scale[i / 8]);
+      const __m512 pe = _mm512_mul_ps(even, scale), po = _mm512_mul_ps(odd, scale);
+      const int shift = 8 * (i % 4);  // byte i % 4 of each lane; odd columns in its high nibble
+      const __m512i ce = shifted_codes(pe, kSharedSign ? even_negative : is_negative(pe), shift);
+      const __m512i co = shifted_codes(po, kSharedSign ? odd_negative : is_negative(po), shift + 4);
+      row_packed = _mm512_ternarylogic_epi32(row_packed, ce, co, 0xFE);  // a | b | c
+      if (i % 4 == 3) {
+        store_row_quad(row_packed, stage, i - 3, line_tile * 8);
+        row_packed = _mm512_setzero_si512();
+      }
+    }
+    if constexpr (kCols) {
+      const __m512 pe = _mm512_mul_ps(even, s.col_even), po = _mm512_mul_ps(odd, s.col_odd);
+      const int shift = 4 * (i % 8);  // element i of the column block: nibble i % 8 of word i / 8
+      const __m512i ce = shifted_codes(pe, kSharedSign ? even_negative : is_negative(pe), shift);
+      const __m512i co = shifted_codes(po, kSharedSign ? odd_negative : is_negative(po), shift);
+      if (i % 8 == 0) {
+        col_packed[i / 8][0] = ce;
+        col_packed[i / 8][1] = co;
+      } else {
+        col_packed[i / 8][0] = _mm512_or_si512(col_packed[i / 8][0], ce);
+        col_packed[i / 8][1] = _mm512_or_si512(col_packed[i / 8][1], co);
+      }
+    }
+  }
+  if constexpr (kCols) {
+    // Column 2j + p's 8 bytes: word j of col_packed[0][p] (rows 0-7), then of col_packed[1][p].
+    // Interleaving even and odd columns, then rows 0-7 and 8-15, leaves in 128-bit chunk l of
+    // col_words[w] the qwords of columns 8l + 2w and 8l + 2w + 1.
+    const __m512i lo_a = _mm512_unpacklo_epi32(col_packed[0][0], col_packed[0][1]);  // 8l + 0..3
+    const __m512i lo_b = _mm512_unpackhi_epi32(col_packed[0][0], col_packed[0][1]);  // 8l + 4..7
+    const __m512i hi_a = _mm512_unpacklo_epi32(col_packed[1][0], col_packed[1][1]);
+    const __m512i hi_b = _mm512_unpackhi_epi32(col_packed[1][0], col_packed[1][1]);
+    col_words[0] = _mm512_unpacklo_epi32(lo_a, hi_a);
+    col_words[1] = _mm512_unpackhi_epi32(lo_a, hi_a);
+    col_words[2] = _mm512_unpacklo_epi32(lo_b, hi_b);
+    col_words[3] = _mm512_unpackhi_epi32(lo_b, hi_b);
+  }
+}
+
+// Within each 8-lane half (a tile's even or odd columns), every lane set to the half's max.
+MICROSCALE_AVX512_INLINE __m512i half_max(__m512i v) {
+  v = _mm512_max_epu32(v, _mm512_shuffle_i32x4(v, v, _MM_SHUFFLE(2, 3, 0, 1)));
+  v = _mm512_max_epu32(v, _mm512_shuffle_epi32(v, _MM_PERM_BADC));
+  return _mm512_max_epu32(v, _mm512_shuffle_epi32(v, _MM_PERM_CDAB));
+}
+
+// Pass 2 on the unit at `col` of a full band (16 rows at src). Returns false, having written
+// nothing, when the unit holds a NaN (quantize_tile handles it).
+template <bool kRows, bool kCols>
+MICROSCALE_AVX512 bool quantize_unit_bf16(const Group& g, const std::byte* src, int64_t col, int band,
+                                          RowStage& stage, ColumnStage cs) {
+  src += col * 2;
+  __m512i a[16];
+  __m512i col_max = _mm512_setzero_si512();
+  for (int i = 0; i < kBlock; ++i) {
+    a[i] = _mm512_and_si512(_mm512_loadu_si512(src + i * g.row_bytes), _mm512_set1_epi16(0x7FFF));
+    col_max = _mm512_max_epu16(col_max, a[i]);
+  }
+  if (_mm512_cmpgt_epu16_mask(col_max, _mm512_set1_epi16(0x7F80)) != 0) return false;
+  const __m512i even_max = _mm512_slli_epi32(col_max, 16);
+  const __m512i odd_max = _mm512_and_si512(col_max, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  // 16x16: the tile's max in each lane (lanes 0-7: columns 0-15, lanes 8-15: columns 16-31).
+  const __m512i tile_max = g.tile_2d ? half_max(_mm512_max_epu32(even_max, odd_max)) : _mm512_setzero_si512();
+  const int line_tile = static_cast<int>(col / kBlock) % kLineTiles;
+
+  UnitScales s;
+  __mmask16 tiny = 0;  // scales so small that a product may underflow to -0 (sign lost)
+  const __m512 min_shared = _mm512_set1_ps(0x1p-16f);  // bf16 |x| >= 2^-133: the product >= 2^-149
+  if constexpr (kRows) {
+    __m512i amax[2], codes[2];
+    if (g.tile_2d) {  // tile_max laid out as the tree's lanes: block (d / 4) % 2
+      amax[0] = amax[1] = _mm512_permutexvar_epi32(
+          _mm512_setr_epi32(0, 0, 0, 0, 8, 8, 8, 8, 0, 0, 0, 0, 8, 8, 8, 8), tile_max);
+    } else {
+      transpose_max16x2(a, amax);
+    }
+    alignas(16) uint8_t bytes[2][16];
+    for (int h = 0; h < 2; ++h) {
+      s.row_scale[h] = nvfp4_block_scales(amax[h], g.row.multiplier, g.row.s_dec, &codes[h]);
+      tiny |= _mm512_cmp_ps_mask(s.row_scale[h], min_shared, _CMP_LT_OQ);
+      _mm_store_si128(reinterpret_cast<__m128i*>(bytes[h]), _mm512_cvtepi32_epi8(rows_in_order(codes[h])));
+    }
+    for (int r = 0; r < kBlock; ++r) std::memcpy(&stage.scale[r][line_tile], &bytes[r / 8][2 * (r % 8)], 2);
+  }
+  if constexpr (kCols) {
+    __m512i even_codes, odd_codes;
+    if (g.tile_2d) {
+      s.col_even = s.col_odd = nvfp4_block_scales(tile_max, g.col.multiplier, g.col.s_dec, &even_codes);
+      odd_codes = even_codes;
+    } else {
+      s.col_even = nvfp4_block_scales(even_max, g.col.multiplier, g.col.s_dec, &even_codes);
+      s.col_odd = nvfp4_block_scales(odd_max, g.col.multiplier, g.col.s_dec, &odd_codes);
+    }
+    tiny |= _mm512_cmp_ps_mask(s.col_even, min_shared, _CMP_LT_OQ) |
+            _mm512_cmp_ps_mask(s.col_odd, min_shared, _CMP_LT_OQ);
+    const __m128i e = _mm512_cvtepi32_epi8(even_codes), o = _mm512_cvtepi32_epi8(odd_codes);
+    uint8_t* scale = cs.scale + band * g.k + col;  // 32 bytes in column order
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(scale), _mm_unpacklo_epi8(e, o));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(scale + 16), _mm_unpackhi_epi8(e, o));
+  }
+
+  __m512i col_words[4];
+  if (tiny == 0) {
+    encode_unit<kRows, kCols, true>(g, src, s, stage, line_tile, col_words);
+  } else {
+    encode_unit<kRows, kCols, false>(g, src, s, stage, line_tile, col_words);
+  }
+  if constexpr (kCols) {  // 32 columns x 8 bytes, in column order
+    // col_words[w], 128-bit chunk l: columns 8l + 2w, 8l + 2w + 1; a 4x4 transpose of the chunks.
+    const __m512i x0 = _mm512_shuffle_i64x2(col_words[0], col_words[1], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512i x1 = _mm512_shuffle_i64x2(col_words[0], col_words[1], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512i y0 = _mm512_shuffle_i64x2(col_words[2], col_words[3], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512i y1 = _mm512_shuffle_i64x2(col_words[2], col_words[3], _MM_SHUFFLE(3, 2, 3, 2));
+    uint8_t* data = cs.data + (band * g.k + col) * 8;
+    _mm512_storeu_si512(data, _mm512_shuffle_i64x2(x0, y0, _MM_SHUFFLE(2, 0, 2, 0)));
+    _mm512_storeu_si512(data + 64, _mm512_shuffle_i64x2(x0, y0, _MM_SHUFFLE(3, 1, 3, 1)));
+    _mm512_storeu_si512(data + 128, _mm512_shuffle_i64x2(x1, y1, _MM_SHUFFLE(2, 0, 2, 0)));
+    _mm512_storeu_si512(data + 192, _mm512_shuffle_i64x2(x1, y1, _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  return true;
+}
+
+// The band's staged rowwise line that ends at tile `last_tile` (its tiles 0..last_tile filled):
+// one 64-byte store per row when whole.
+MICROSCALE_AVX512_INLINE void flush_row_line(const Group& g, const RowStage& stage, int band, int rows,
+                                             int64_t line_col, int tiles) {
+  for (int i = 0; i < rows; ++i) {
+    const int64_t r = band * kBlock + i;
+    uint8_t* data = g.row_data + r * g.row_data_stride + line_col / 2;
+    uint8_t* scale = g.row_scale + r * g.row_scale_stride + line_col / kBlock;
+    if (tiles == kLineTiles) {
+      store_line(data, _mm512_load_si512(stage.data[i]), g.row_stream);
+      std::memcpy(scale, stage.scale[i], kLineTiles);
+    } else {
+      std::memcpy(data, stage.data[i], tiles * 8);
+      std::memcpy(scale, stage.scale[i], tiles);
+    }
+  }
+}
+
+// 8 registers of 8 qwords -> their transpose (v[j] lane b = old v[b] lane j).
+MICROSCALE_AVX512_INLINE void transpose8x8_epi64(__m512i v[8]) {
+  __m512i t[8], u[8];
+  for (int p = 0; p < 4; ++p) {
+    t[2 * p] = _mm512_unpacklo_epi64(v[2 * p], v[2 * p + 1]);      // chunk k: v2p[2k], v2p+1[2k]
+    t[2 * p + 1] = _mm512_unpackhi_epi64(v[2 * p], v[2 * p + 1]);  // ... [2k + 1]
+  }
+  for (int q = 0; q < 2; ++q) {
+    for (int h = 0; h < 2; ++h) {  // lanes 2k + h of rows 4q..4q+3: chunks (0, 2), then (1, 3)
+      u[4 * q + h] = _mm512_shuffle_i64x2(t[4 * q + h], t[4 * q + 2 + h], _MM_SHUFFLE(2, 0, 2, 0));
+      u[4 * q + 2 + h] = _mm512_shuffle_i64x2(t[4 * q + h], t[4 * q + 2 + h], _MM_SHUFFLE(3, 1, 3, 1));
+    }
+  }
+  // u[4q + m], by chunk: rows (4q, 4q + 1) of lanes m and m + 4, then rows (4q + 2, 4q + 3).
+  for (int m = 0; m < 4; ++m) {
+    v[m] = _mm512_shuffle_i64x2(u[m], u[4 + m], _MM_SHUFFLE(2, 0, 2, 0));
+    v[m + 4] = _mm512_shuffle_i64x2(u[m], u[4 + m], _MM_SHUFFLE(3, 1, 3, 1));
+  }
+}
+
+// The group's columnwise lines from the band-major stage: 8 bytes of each of `bands` bands per
+// columnwise row (one whole 64-byte line when bands == 8), and its `bands` scale bytes.
+MICROSCALE_AVX512 void flush_column_lines(const Group& g, ColumnStage cs, int bands) {
+  for (int64_t c0 = 0; c0 < g.k; c0 += 8) {
+    __m512i v[8];
+    for (int b = 0; b < kGroupBands; ++b) {
+      v[b] = b < bands ? _mm512_loadu_si512(cs.data + (b * g.k + c0) * 8) : _mm512_setzero_si512();
+    }
+    transpose8x8_epi64(v);
+    for (int j = 0; j < 8; ++j) {
+      uint8_t* data = g.col_data + (c0 + j) * g.col_data_stride;
+      if (bands == kGroupBands) {
+        store_line(data, v[j], g.col_stream);
+      } else {
+        alignas(64) uint8_t line[64];
+        _mm512_store_si512(line, v[j]);
+        std::memcpy(data, line, bands * 8);
+      }
+    }
+  }
+  // Scales: 64 columns at a time, an 8 x 64 byte transpose (per 128-bit chunk l: bands paired,
+  // then 4, then 8), leaving column 16l + 2o + t in qword 2l + t of out[o].
+  for (int64_t c0 = 0; c0 < g.k; c0 += 64) {
+    const __mmask64 in_range = g.k - c0 >= 64 ? ~__mmask64{0} : (__mmask64{1} << (g.k - c0)) - 1;
+    __m512i v[8];
+    for (int b = 0; b < kGroupBands; ++b) {
+      v[b] = b < bands ? _mm512_maskz_loadu_epi8(in_range, cs.scale + b * g.k + c0) : _mm512_setzero_si512();
+    }
+    __m512i w[2][4];  // [columns 0..7 / 8..15 of each chunk][band pair]: 16-bit words
+    for (int p = 0; p < 4; ++p) {
+      w[0][p] = _mm512_unpacklo_epi8(v[2 * p], v[2 * p + 1]);
+      w[1][p] = _mm512_unpackhi_epi8(v[2 * p], v[2 * p + 1]);
+    }
+    alignas(64) uint64_t out[8][8];
+    for (int h = 0; h < 2; ++h) {
+      __m512i d[2][2];  // [bands 0-3 / 4-7][columns 8h + 0..3 / 8h + 4..7]: 32-bit words
+      for (int q = 0; q < 2; ++q) {
+        d[q][0] = _mm512_unpacklo_epi16(w[h][2 * q], w[h][2 * q + 1]);
+        d[q][1] = _mm512_unpackhi_epi16(w[h][2 * q], w[h][2 * q + 1]);
+      }
+      for (int x = 0; x < 2; ++x) {  // columns 8h + 4x + {0, 1} and + {2, 3}
+        _mm512_store_si512(out[4 * h + 2 * x], _mm512_unpacklo_epi32(d[0][x], d[1][x]));
+        _mm512_store_si512(out[4 * h + 2 * x + 1], _mm512_unpackhi_epi32(d[0][x], d[1][x]));
+      }
+    }
+    const int64_t columns = std::min<int64_t>(64, g.k - c0);
+    for (int c = 0; c < columns; ++c) {
+      uint8_t* scale = g.col_scale + (c0 + c) * g.col_scale_stride;
+      const uint64_t* bytes = &out[(c % 16) / 2][2 * (c / 16) + c % 2];
+      if (bands == kGroupBands) {
+        std::memcpy(scale, bytes, kGroupBands);  // a constant size: one 8-byte store
+      } else {
+        std::memcpy(scale, bytes, bands);
+      }
+    }
+  }
 }
 
 // Pass 2 for one group, band after band (16 input rows: few enough read streams for the
@@ -231,12 +580,14 @@ MICROSCALE_AVX512_INLINE __m512i broadcast_max(__m512i v) {
 template <DType kDType>
 MICROSCALE_AVX512 void quantize_group(const Group& g, ColumnStage cs) {
   const int bands = (g.rows + kBlock - 1) / kBlock;
+  const bool rowwise = g.row_data != nullptr, columnwise = g.col_data != nullptr;
+  // bf16 full bands go by units of two tiles, except where the RHT is on (tiles only).
+  const bool units = kDType == DType::BF16 && g.rht == nullptr;
   for (int band = 0; band < bands; ++band) {
     const int rows = std::min(kBlock, g.rows - band * kBlock);
     const std::byte* src = g.src + band * kBlock * g.row_bytes;
     RowStage stage;
-    for (int64_t col = 0; col < g.k; col += kBlock) {
-      const int line_tile = static_cast<int>(col / kBlock) % kLineTiles;
+    for (int64_t col = 0; col < g.k;) {
       // NOTE: 16 rows read side by side are more streams than the hardware prefetchers follow;
       // without this prefetch (a line 128 columns ahead per row) the loads wait on memory.
       if ((col * element_bytes<kDType>()) % 64 == 0 && col + kPrefetchCols < g.k) {
@@ -246,71 +597,74 @@ MICROSCALE_AVX512 void quantize_group(const Group& g, ColumnStage cs) {
                        _MM_HINT_T0);
         }
       }
-      __m512 x[16];
-      load_tile<kDType>(src, g.row_bytes, rows, col, x);
-      TileAbs t;
-      tile_abs(x, t);
-      if (g.row_data != nullptr) {
-        const __m512i amax = g.tile_2d ? broadcast_max(t.col_max) : transpose_max16(t.a);
-        __m512i scale_codes;
-        const __m512 enc = nvfp4_block_scales(amax, g.row.multiplier, g.row.s_dec, &scale_codes);
-        scatter_bytes(scale_codes, &stage.scale[0][line_tile], kLineTiles, rows);
-        alignas(64) float row_enc[16];
-        _mm512_store_ps(row_enc, enc);
-        for (int i = 0; i < rows; ++i) {
-          const __m512i codes = nvfp4_encode_e2m1(_mm512_mul_ps(x[i], _mm512_set1_ps(row_enc[i])));
-          store_fp4_row(codes, &stage.data[i][line_tile * 8]);
+      int64_t next = col + kBlock;
+      if (units && rows == kBlock && col + kUnitColumns <= g.k) {
+        next = col + kUnitColumns;
+        const bool done = rowwise
+                              ? (columnwise ? quantize_unit_bf16<true, true>(g, src, col, band, stage, cs)
+                                            : quantize_unit_bf16<true, false>(g, src, col, band, stage, cs))
+                              : quantize_unit_bf16<false, true>(g, src, col, band, stage, cs);
+        if (!done) {
+          quantize_tile<kDType>(g, src, rows, col, band, stage, cs);
+          quantize_tile<kDType>(g, src, rows, col + kBlock, band, stage, cs);
         }
-        if (line_tile == kLineTiles - 1 || col + kBlock == g.k) {
-          const int64_t line_col = col - line_tile * kBlock;  // first column of the staged line
-          const int tiles = line_tile + 1;
-          for (int i = 0; i < rows; ++i) {
-            const int64_t r = band * kBlock + i;
-            uint8_t* data = g.row_data + r * g.row_data_stride + line_col / 2;
-            uint8_t* scale = g.row_scale + r * g.row_scale_stride + line_col / kBlock;
-            if (tiles == kLineTiles) {
-              store_line(data, _mm512_load_si512(stage.data[i]), g.row_stream);
-              std::memcpy(scale, stage.scale[i], kLineTiles);
-            } else {
-              std::memcpy(data, stage.data[i], tiles * 8);
-              std::memcpy(scale, stage.scale[i], tiles);
-            }
-          }
-        }
-      }
-      if (g.col_data != nullptr) {
-        __m512 y[16];
-        const __m512* values = x;
-        __m512i amax = t.col_max;
-        if (g.rht != nullptr) {
-          rht_tile(x, t, *g.rht, y);
-          values = y;
-          amax = rht_col_max(y);
-        }
-        if (g.tile_2d) amax = broadcast_max(amax);
-        __m512i scale_codes;
-        const __m512 enc = nvfp4_block_scales(amax, g.col.multiplier, g.col.s_dec, &scale_codes);
-        scatter_bytes(scale_codes, cs.scale + col * kGroupBands + band, kGroupBands);
-        __m512i codes[16];
-        for (int i = 0; i < kBlock; ++i) codes[i] = nvfp4_encode_e2m1(_mm512_mul_ps(values[i], enc));
-        store_fp4_columns(codes, cs.data + col * (kGroupBands * 8) + band * 8, kGroupBands * 8);
-      }
-    }
-  }
-  if (g.col_data != nullptr) {  // one line of each columnwise row
-    for (int64_t c = 0; c < g.k; ++c) {
-      uint8_t* data = g.col_data + c * g.col_data_stride;
-      uint8_t* scale = g.col_scale + c * g.col_scale_stride;
-      if (bands == kGroupBands) {
-        store_line(data, _mm512_loadu_si512(cs.data + c * (kGroupBands * 8)), g.col_stream);
-        std::memcpy(scale, cs.scale + c * kGroupBands, kGroupBands);
       } else {
-        std::memcpy(data, cs.data + c * (kGroupBands * 8), bands * 8);
-        std::memcpy(scale, cs.scale + c * kGroupBands, bands);
+        quantize_tile<kDType>(g, src, rows, col, band, stage, cs);
       }
+      const int line_tile = static_cast<int>((next - 1) / kBlock) % kLineTiles;  // of the last tile
+      if (rowwise && (line_tile == kLineTiles - 1 || next == g.k)) {
+        flush_row_line(g, stage, band, rows, (next - 1) / kBlock / kLineTiles * kLineTiles * kBlock,
+                       line_tile + 1);
+      }
+      col = next;
     }
   }
+  if (columnwise) flush_column_lines(g, cs, bands);
   if (g.row_stream || g.col_stream) _mm_sfence();  // streamed stores are weakly ordered
+}
+
+template <bool kWide>  // 32-bit lanes, else 16-bit
+MICROSCALE_AVX512_INLINE __m512i max_unsigned(__m512i a, __m512i b) {
+  return kWide ? _mm512_max_epu32(a, b) : _mm512_max_epu16(a, b);
+}
+
+// The max of |x| over `rows` rows of k elements as fp32 bits, max-ed into *max_bits; false (and
+// nothing max-ed in) when they hold a NaN. On the stored bits, without widening: 32 lanes of a
+// 16-bit type per operation, so that the pass runs at the speed of the read.
+template <DType kDType>
+MICROSCALE_AVX512_INLINE bool raw_abs_max(const std::byte* src, int64_t row_bytes, int rows, int64_t k,
+                                          __m512i* max_bits) {
+  constexpr bool kWide = kDType == DType::F32;
+  const int64_t bytes = k * element_bytes<kDType>();  // a multiple of 32
+  const __m512i magnitude = kWide ? _mm512_set1_epi32(0x7FFFFFFF) : _mm512_set1_epi16(0x7FFF);
+  __m512i m0 = _mm512_setzero_si512(), m1 = _mm512_setzero_si512();
+  for (int r = 0; r < rows; ++r) {
+    const std::byte* p = src + r * row_bytes;
+    int64_t i = 0;
+    for (; i + 128 <= bytes; i += 128) {
+      m0 = max_unsigned<kWide>(m0, _mm512_and_si512(_mm512_loadu_si512(p + i), magnitude));
+      m1 = max_unsigned<kWide>(m1, _mm512_and_si512(_mm512_loadu_si512(p + i + 64), magnitude));
+    }
+    for (; i < bytes; i += 32) {  // 32-byte steps: rows are multiples of 16 elements
+      m0 = max_unsigned<kWide>(
+          m0, _mm512_and_si512(
+                  _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i))),
+                  magnitude));
+    }
+  }
+  const __m512i m = max_unsigned<kWide>(m0, m1);
+  uint32_t bits;
+  if constexpr (kWide) {
+    bits = _mm512_reduce_max_epu32(m);
+    if (bits > 0x7F800000u) return false;
+  } else {
+    const uint32_t half = _mm512_reduce_max_epu32(
+        _mm512_max_epu32(_mm512_and_si512(m, _mm512_set1_epi32(0xFFFF)), _mm512_srli_epi32(m, 16)));
+    if (half > (kDType == DType::BF16 ? 0x7F80u : 0x7C00u)) return false;
+    bits = kDType == DType::BF16 ? half << 16 : float_bits(half_to_float(static_cast<uint16_t>(half)));
+  }
+  *max_bits = _mm512_max_epu32(*max_bits, _mm512_set1_epi32(static_cast<int>(bits)));
+  return true;
 }
 
 // Pass 1 for one group: max |x| (NaN ignored) and, with the RHT, max |RHT(x)| over its tiles.
@@ -321,7 +675,8 @@ MICROSCALE_AVX512 void group_amaxes(const Group& g, bool want_rht, float* amax_x
     const std::byte* src = g.src + band * kBlock * g.row_bytes;
     const int rows = std::min(kBlock, g.rows - band * kBlock);
     if (!want_rht) {  // row by row: a sequential read
-      for (int r = 0; r < rows; ++r) {
+      if (raw_abs_max<kDType>(src, g.row_bytes, rows, g.k, &mx)) continue;
+      for (int r = 0; r < rows; ++r) {  // the band holds a NaN: again, ignoring NaN
         for (int64_t col = 0; col < g.k; col += kBlock) {
           const __m512 v = load16<kDType>(src + r * g.row_bytes + col * element_bytes<kDType>());
           mx = _mm512_max_epu32(mx, drop_nan(abs_bits(v)));

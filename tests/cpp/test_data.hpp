@@ -11,7 +11,9 @@
 
 namespace microscale::testing_data {
 
-enum class Fill { Normal, Heavy, Specials };
+// Specials: 1 in 64 elements NaN, Inf, -0, a subnormal, 0 or 60000 (most blocks hold a NaN);
+// SpecialsNoNan: the same without NaN; Extreme: magnitudes 2^-130..2^120 (products that underflow).
+enum class Fill { Normal, Heavy, Specials, SpecialsNoNan, Extreme };
 
 /// A tensor of `dtype` and `shape` filled from `fill` with a fixed seed.
 inline Tensor random_tensor(DType dtype, std::vector<int64_t> shape, Fill fill, uint32_t seed) {
@@ -19,10 +21,12 @@ inline Tensor random_tensor(DType dtype, std::vector<int64_t> shape, Fill fill, 
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_real_distribution<float> uniform(-30.0f, 10.0f);
+  std::uniform_real_distribution<float> extreme(-130.0f, 120.0f);
   for (int64_t i = 0; i < t.numel(); ++i) {
     float v = normal(rng);
     if (fill == Fill::Heavy) v *= std::exp2(uniform(rng));
-    if (fill == Fill::Specials) {
+    if (fill == Fill::Extreme) v *= std::exp2(extreme(rng));
+    if (fill == Fill::Specials || fill == Fill::SpecialsNoNan) {
       const uint32_t pick = rng() % 64;
       if (pick == 0) v = NAN;
       if (pick == 1) v = INFINITY;
@@ -32,6 +36,7 @@ inline Tensor random_tensor(DType dtype, std::vector<int64_t> shape, Fill fill, 
       if (pick == 5) v = 60000.0f;
       if (pick == 6) v = -NAN;
       if (pick == 7) v = -INFINITY;
+      if (fill == Fill::SpecialsNoNan && std::isnan(v)) v = -0.0f;
     }
     switch (dtype) {
       case DType::F32: t.data_as<float>()[i] = v; break;
