@@ -47,12 +47,12 @@ DirectionScales direction_scales(float amax) {
   return {nvfp4_block_scale_multiplier(s_enc), 1.0f / s_enc};
 }
 
-// A group of up to 128 input rows (8 bands of 16) and everything it produces. Groups are the
-// unit of threading; see quantize_group for why 128.
+// A group of up to 256 input rows (16 bands of 16) and everything it produces. Groups are the
+// unit of threading; see kGroupBands for why 256.
 struct Group {
   const std::byte* src = nullptr;  // row 0 of the group
   int64_t row_bytes = 0;           // input row stride in bytes
-  int rows = 0;                    // <= 128; M % 16 rows in the last band of a rowwise-only input
+  int rows = 0;                    // <= 256; M % 16 rows in the last band of a rowwise-only input
   int64_t k = 0;
   bool tile_2d = false;
   const RhtCoefficients* rht = nullptr;  // columnwise through the RHT when set
@@ -63,7 +63,7 @@ struct Group {
   uint8_t* row_scale = nullptr;
   int64_t row_scale_stride = 0;
   DirectionScales row;
-  // Columnwise (col_data null: not requested): band b of the group is block 8g + b of every
+  // Columnwise (col_data null: not requested): band b of the group is block 16g + b of every
   // columnwise row c: its 8 bytes at col_data + c * col_data_stride + 8b, its scale at
   // col_scale + c * col_scale_stride + b (col_data and col_scale point at the group's block 0).
   uint8_t* col_data = nullptr;
@@ -75,7 +75,11 @@ struct Group {
   bool row_stream = false, col_stream = false;
 };
 
-constexpr int kGroupBands = 8;  // 8 bands x 8 bytes: one 64-byte line of each columnwise row
+// 16 bands x 8 bytes: two 64-byte lines of each columnwise row, written one after the other
+// (measured, 4096 x 4096: one line per row and group cost 1.2 ms of streaming stores, each line
+// 2 KiB from the last).
+constexpr int kGroupBands = 16;
+constexpr int kLineBands = 8;  // bands per 64-byte columnwise data line
 constexpr int kLineTiles = 8;   // 8 tiles x 8 bytes: one 64-byte line of each rowwise row
 constexpr int kGroupRows = kGroupBands * kBlock;
 // Outputs staged until their 64-byte lines are complete: the rowwise ones of the current band
@@ -518,57 +522,69 @@ MICROSCALE_AVX512_INLINE void transpose8x8_epi64(__m512i v[8]) {
 }
 
 // The group's columnwise lines from the band-major stage: 8 bytes of each of `bands` bands per
-// columnwise row (one whole 64-byte line when bands == 8), and its `bands` scale bytes.
+// columnwise row (two whole 64-byte lines when bands == 16), and its `bands` scale bytes.
 MICROSCALE_AVX512 void flush_column_lines(const Group& g, ColumnStage cs, int bands) {
   for (int64_t c0 = 0; c0 < g.k; c0 += 8) {
-    __m512i v[8];
-    for (int b = 0; b < kGroupBands; ++b) {
-      v[b] = b < bands ? _mm512_loadu_si512(cs.data + (b * g.k + c0) * 8) : _mm512_setzero_si512();
+    __m512i v[2][8];  // [line][band of the line], then transposed: [line][column c0 + j]
+    for (int line = 0; line < kGroupBands / kLineBands; ++line) {
+      for (int b = 0; b < kLineBands; ++b) {
+        const int band = line * kLineBands + b;
+        v[line][b] = band < bands ? _mm512_loadu_si512(cs.data + (band * g.k + c0) * 8) : _mm512_setzero_si512();
+      }
+      transpose8x8_epi64(v[line]);
     }
-    transpose8x8_epi64(v);
     for (int j = 0; j < 8; ++j) {
       uint8_t* data = g.col_data + (c0 + j) * g.col_data_stride;
       if (bands == kGroupBands) {
-        store_line(data, v[j], g.col_stream);
+        store_line(data, v[0][j], g.col_stream);
+        store_line(data + 64, v[1][j], g.col_stream);
       } else {
-        alignas(64) uint8_t line[64];
-        _mm512_store_si512(line, v[j]);
-        std::memcpy(data, line, bands * 8);
+        alignas(64) uint8_t lines[128];
+        _mm512_store_si512(lines, v[0][j]);
+        _mm512_store_si512(lines + 64, v[1][j]);
+        std::memcpy(data, lines, bands * 8);
       }
     }
   }
-  // Scales: 64 columns at a time, an 8 x 64 byte transpose (per 128-bit chunk l: bands paired,
-  // then 4, then 8), leaving column 16l + 2o + t in qword 2l + t of out[o].
+  // Scales: 64 columns and 8 bands at a time, an 8 x 64 byte transpose (per 128-bit chunk l:
+  // bands paired, then 4, then 8), leaving column 16l + 2o + t in qword 2l + t of out[o].
   for (int64_t c0 = 0; c0 < g.k; c0 += 64) {
     const __mmask64 in_range = g.k - c0 >= 64 ? ~__mmask64{0} : (__mmask64{1} << (g.k - c0)) - 1;
-    __m512i v[8];
-    for (int b = 0; b < kGroupBands; ++b) {
-      v[b] = b < bands ? _mm512_maskz_loadu_epi8(in_range, cs.scale + b * g.k + c0) : _mm512_setzero_si512();
-    }
-    __m512i w[2][4];  // [columns 0..7 / 8..15 of each chunk][band pair]: 16-bit words
-    for (int p = 0; p < 4; ++p) {
-      w[0][p] = _mm512_unpacklo_epi8(v[2 * p], v[2 * p + 1]);
-      w[1][p] = _mm512_unpackhi_epi8(v[2 * p], v[2 * p + 1]);
-    }
-    alignas(64) uint64_t out[8][8];
-    for (int h = 0; h < 2; ++h) {
-      __m512i d[2][2];  // [bands 0-3 / 4-7][columns 8h + 0..3 / 8h + 4..7]: 32-bit words
-      for (int q = 0; q < 2; ++q) {
-        d[q][0] = _mm512_unpacklo_epi16(w[h][2 * q], w[h][2 * q + 1]);
-        d[q][1] = _mm512_unpackhi_epi16(w[h][2 * q], w[h][2 * q + 1]);
+    alignas(64) uint64_t out[2][8][8];  // [8 bands][o][qword]
+    for (int half = 0; half < kGroupBands / 8; ++half) {
+      __m512i v[8];
+      for (int b = 0; b < 8; ++b) {
+        const int band = 8 * half + b;
+        v[b] = band < bands ? _mm512_maskz_loadu_epi8(in_range, cs.scale + band * g.k + c0) : _mm512_setzero_si512();
       }
-      for (int x = 0; x < 2; ++x) {  // columns 8h + 4x + {0, 1} and + {2, 3}
-        _mm512_store_si512(out[4 * h + 2 * x], _mm512_unpacklo_epi32(d[0][x], d[1][x]));
-        _mm512_store_si512(out[4 * h + 2 * x + 1], _mm512_unpackhi_epi32(d[0][x], d[1][x]));
+      __m512i w[2][4];  // [columns 0..7 / 8..15 of each chunk][band pair]: 16-bit words
+      for (int p = 0; p < 4; ++p) {
+        w[0][p] = _mm512_unpacklo_epi8(v[2 * p], v[2 * p + 1]);
+        w[1][p] = _mm512_unpackhi_epi8(v[2 * p], v[2 * p + 1]);
+      }
+      for (int h = 0; h < 2; ++h) {
+        __m512i d[2][2];  // [bands 0-3 / 4-7][columns 8h + 0..3 / 8h + 4..7]: 32-bit words
+        for (int q = 0; q < 2; ++q) {
+          d[q][0] = _mm512_unpacklo_epi16(w[h][2 * q], w[h][2 * q + 1]);
+          d[q][1] = _mm512_unpackhi_epi16(w[h][2 * q], w[h][2 * q + 1]);
+        }
+        for (int x = 0; x < 2; ++x) {  // columns 8h + 4x + {0, 1} and + {2, 3}
+          _mm512_store_si512(out[half][4 * h + 2 * x], _mm512_unpacklo_epi32(d[0][x], d[1][x]));
+          _mm512_store_si512(out[half][4 * h + 2 * x + 1], _mm512_unpackhi_epi32(d[0][x], d[1][x]));
+        }
       }
     }
     const int64_t columns = std::min<int64_t>(64, g.k - c0);
     for (int c = 0; c < columns; ++c) {
       uint8_t* scale = g.col_scale + (c0 + c) * g.col_scale_stride;
-      const uint64_t* bytes = &out[(c % 16) / 2][2 * (c / 16) + c % 2];
-      if (bands == kGroupBands) {
-        std::memcpy(scale, bytes, kGroupBands);  // a constant size: one 8-byte store
+      const int o = (c % 16) / 2, q = 2 * (c / 16) + c % 2;
+      if (bands == kGroupBands) {  // constant sizes: two 8-byte stores
+        std::memcpy(scale, &out[0][o][q], 8);
+        std::memcpy(scale + 8, &out[1][o][q], 8);
       } else {
+        uint8_t bytes[16];
+        std::memcpy(bytes, &out[0][o][q], 8);
+        std::memcpy(bytes + 8, &out[1][o][q], 8);
         std::memcpy(scale, bytes, bands);
       }
     }
@@ -774,7 +790,7 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, QuantizedTens
   // straight, each is a partial line that costs a read for ownership (measured: 1.2 of 4 ms for
   // 4096 x 4096). So each thread stages the scales of 8 consecutive groups (one 64-byte line of
   // every columnwise row) and writes whole lines.
-  constexpr int kLineGroups = 8;
+  constexpr int kLineGroups = 64 / kGroupBands;
 #pragma omp parallel num_threads(threads)
   {
     std::vector<uint8_t> stage_data(o.columnwise ? static_cast<size_t>(k) * kGroupBands * 8 : 0);
