@@ -615,7 +615,7 @@ MICROSCALE_AVX512 void quantize_group(const Group& g, ColumnStage cs) {
         for (int i = 0; i < rows; ++i) {
           _mm_prefetch(reinterpret_cast<const char*>(src + i * g.row_bytes +
                                                      (col + kPrefetchCols) * element_bytes<kDType>()),
-                       _MM_HINT_T0);
+                       _MM_HINT_T1);
         }
       }
       int64_t next = col + kBlock;
@@ -732,6 +732,15 @@ MICROSCALE_AVX512 void copy_line_bytes(const uint8_t* lines, int64_t count, int6
   }
 }
 
+// The groups of the calling thread of an OpenMP team: a contiguous share.
+struct GroupRange {
+  int64_t begin, end;
+};
+GroupRange thread_groups(int64_t groups) {
+  const int64_t team = omp_get_num_threads(), member = omp_get_thread_num();
+  return {groups * member / team, groups * (member + 1) / team};
+}
+
 template <DType kDType>
 void quantize_with(const InputMatrix& x, const QuantizeOptions& o, QuantizedTensor& out) {
   const int64_t m = x.rows, k = x.cols;
@@ -758,12 +767,17 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, QuantizedTens
   const bool need_rht = rht && !o.amax_columnwise;
   float amax_x = 0.0f, amax_rht = 0.0f;
   if (need_x || need_rht) {
-#pragma omp parallel for num_threads(threads) schedule(static) reduction(max : amax_x, amax_rht)
-    for (int64_t i = 0; i < groups; ++i) {
-      float gx = 0.0f, gr = 0.0f;
-      group_amaxes<kDType>(group(i), need_rht, &gx, &gr);
-      amax_x = std::max(amax_x, gx);
-      amax_rht = std::max(amax_rht, gr);
+#pragma omp parallel num_threads(threads) reduction(max : amax_x, amax_rht)
+    {
+      // Each thread reads the groups it quantizes in pass 2, last first: pass 2 starts on what
+      // is still in its caches.
+      const GroupRange range = thread_groups(groups);
+      for (int64_t i = range.end - 1; i >= range.begin; --i) {
+        float gx = 0.0f, gr = 0.0f;
+        group_amaxes<kDType>(group(i), need_rht, &gx, &gr);
+        amax_x = std::max(amax_x, gx);
+        amax_rht = std::max(amax_rht, gr);
+      }
     }
   }
   if (o.rowwise) out.rowwise_amax = o.amax_rowwise ? *o.amax_rowwise : amax_x;
@@ -797,8 +811,7 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, QuantizedTens
     std::vector<uint8_t> stage_scale(o.columnwise ? static_cast<size_t>(k) * kGroupBands : 0);
     std::vector<uint8_t> scale_lines(o.columnwise ? static_cast<size_t>(k) * 64 : 0);  // [K][64]
     // This thread's groups: a contiguous range, so that its scale lines fill up.
-    const int64_t team = omp_get_num_threads(), member = omp_get_thread_num();
-    const int64_t begin = groups * member / team, end = groups * (member + 1) / team;
+    const auto [begin, end] = thread_groups(groups);
     for (int64_t i = begin; i < end; ++i) {
       Group g = group(i);
       if (o.rowwise) {
