@@ -16,6 +16,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -106,18 +107,25 @@ void BM_quantize(benchmark::State& state, Case c, Path path) {
   state.SetBytesProcessed(state.iterations() * moved);
 }
 
-// Collects bytes/second per benchmark name for the closing table.
+// Collects bytes/second per benchmark name for the closing table: the median over repetitions
+// (a single run's figure when there is one repetition).
 class TableReporter : public benchmark::ConsoleReporter {
  public:
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const Run& r : runs) {
-      if (r.run_type == Run::RT_Iteration && r.counters.count("bytes_per_second")) {
-        rates[r.benchmark_name()] = r.counters.at("bytes_per_second").value;
+      if (!r.counters.count("bytes_per_second")) continue;
+      const double rate = r.counters.at("bytes_per_second").value;
+      if (r.run_type == Run::RT_Aggregate && r.aggregate_name == "median") {
+        rates[r.run_name.str()] = rate;
+        medians.insert(r.run_name.str());
+      } else if (r.run_type == Run::RT_Iteration && !medians.count(r.run_name.str())) {
+        rates[r.run_name.str()] = rate;
       }
     }
   }
   std::map<std::string, double> rates;
+  std::set<std::string> medians;
 };
 
 }  // namespace
@@ -147,7 +155,14 @@ int main(int argc, char** argv) {
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   }
-  benchmark::Initialize(&argc, argv);
+  // Defaults, before the caller's flags (which win): 5 repetitions in random interleaved order, so
+  // that each figure and its memcpy baseline are medians over the same stretch of a noisy machine.
+  std::string repetitions = "--benchmark_repetitions=5";
+  std::string interleave = "--benchmark_enable_random_interleaving=true";
+  std::vector<char*> args = {argv[0], repetitions.data(), interleave.data()};
+  for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
+  int count = static_cast<int>(args.size());
+  benchmark::Initialize(&count, args.data());
   TableReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
 
@@ -155,14 +170,18 @@ int main(int argc, char** argv) {
     auto it = reporter.rates.find(name);
     return it == reporter.rates.end() ? 0.0 : it->second;
   };
-  std::printf("\n4096x4096 bf16, effective GB/s = (bytes read + written) / time; %d hardware threads\n", all);
+  std::printf(
+      "\n4096x4096 bf16, effective GB/s = (bytes read + written) / time, medians; %d hardware threads\n",
+      all);
   std::printf("%-20s %8s %10s %12s %12s %16s\n", "case", "threads", "GB/s", "vs memcpy", "vs ref(1t)",
               "vs portable(1t)");
   for (const Case& c : cases()) {
     const double ref = rate(std::string("ref/") + c.name + "/1/iterations:1/real_time");
     const double portable = rate(std::string("portable/") + c.name + "/1/real_time");
     for (int threads : {1, all}) {
-      const std::string suffix = "/" + std::to_string(threads) + "/real_time";
+      std::string suffix = "/";  // (not "/" + std::to_string(...): a GCC 12 -Wrestrict false positive)
+      suffix += std::to_string(threads);
+      suffix += "/real_time";
       const double fast = rate(std::string("fast/") + c.name + suffix);
       const double copy = rate("memcpy" + suffix);
       std::printf("%-20s %8d %10.2f %11.2fx %11.1fx %15.1fx\n", c.name, threads, fast / 1e9,

@@ -80,7 +80,7 @@ struct Group {
 // 2 KiB from the last).
 constexpr int kGroupBands = 16;
 constexpr int kLineBands = 8;  // bands per 64-byte columnwise data line
-constexpr int kLineTiles = 8;   // 8 tiles x 8 bytes: one 64-byte line of each rowwise row
+constexpr int kLineTiles = 8;  // 8 tiles x 8 bytes: one 64-byte line of each rowwise row
 constexpr int kGroupRows = kGroupBands * kBlock;
 // Outputs staged until their 64-byte lines are complete: the rowwise ones of the current band
 // (fixed size), the columnwise ones of the whole group (K lines: per-thread heap buffers).
@@ -304,9 +304,9 @@ MICROSCALE_AVX512_INLINE __m512i rows_in_order(__m512i tree) {
       tree);
 }
 
-// Codes of p (NaN-free) shifted left by `shift`, the sign bit set where `negative`.
-MICROSCALE_AVX512_INLINE __m512i shifted_codes(__m512 p, __mmask16 negative, int shift) {
-  const __m512i code = _mm512_permutexvar_epi32(nvfp4_e2m1_index<true>(p), nvfp4_e2m1_table(shift));
+// Codes of nvfp4_e2m1_index values shifted left by `shift`, the sign bit set where `negative`.
+MICROSCALE_AVX512_INLINE __m512i shifted_codes(__m512i index, __mmask16 negative, int shift) {
+  const __m512i code = _mm512_permutexvar_epi32(index, nvfp4_e2m1_table(shift));
   return _mm512_mask_or_epi32(code, negative, code, _mm512_set1_epi32(0x8 << shift));
 }
 
@@ -340,8 +340,9 @@ struct UnitScales {
 
 // The element loop of a unit: each row loaded once (from L1: the amax step read it), both
 // directions encoded. kSharedSign: no product underflows to -0, so a lane's sign is its input's,
-// one compare for both directions.
-template <bool kRows, bool kCols, bool kSharedSign>
+// one compare for both directions. kSameCodes (16x16 tiles, both directions on the same global
+// amax): the two directions' scales are equal, so are their codes: encoded once, packed twice.
+template <bool kRows, bool kCols, bool kSharedSign, bool kSameCodes = false>
 MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, const UnitScales& s,
                                           RowStage& stage, int line_tile, __m512i col_words[4]) {
   __m512i row_packed = _mm512_setzero_si512();
@@ -359,12 +360,19 @@ MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, 
       even_negative = is_negative(even);
       odd_negative = is_negative(odd);
     }
+    __m512i row_even_index, row_odd_index;
+    __mmask16 row_even_negative = 0, row_odd_negative = 0;
     if constexpr (kRows) {
-      const __m512 scale = _mm512_permutexvar_ps(row_scale_index(i % 8), s.row_scale[i / 8]);
+      const __m512 scale =
+          kSameCodes ? s.col_even : _mm512_permutexvar_ps(row_scale_index(i % 8), s.row_scale[i / 8]);
       const __m512 pe = _mm512_mul_ps(even, scale), po = _mm512_mul_ps(odd, scale);
+      row_even_index = nvfp4_e2m1_index<true>(pe);
+      row_odd_index = nvfp4_e2m1_index<true>(po);
+      row_even_negative = kSharedSign ? even_negative : is_negative(pe);
+      row_odd_negative = kSharedSign ? odd_negative : is_negative(po);
       const int shift = 8 * (i % 4);  // byte i % 4 of each lane; odd columns in its high nibble
-      const __m512i ce = shifted_codes(pe, kSharedSign ? even_negative : is_negative(pe), shift);
-      const __m512i co = shifted_codes(po, kSharedSign ? odd_negative : is_negative(po), shift + 4);
+      const __m512i ce = shifted_codes(row_even_index, row_even_negative, shift);
+      const __m512i co = shifted_codes(row_odd_index, row_odd_negative, shift + 4);
       row_packed = _mm512_ternarylogic_epi32(row_packed, ce, co, 0xFE);  // a | b | c
       if (i % 4 == 3) {
         store_row_quad(row_packed, stage, i - 3, line_tile * 8);
@@ -372,10 +380,16 @@ MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, 
       }
     }
     if constexpr (kCols) {
-      const __m512 pe = _mm512_mul_ps(even, s.col_even), po = _mm512_mul_ps(odd, s.col_odd);
       const int shift = 4 * (i % 8);  // element i of the column block: nibble i % 8 of word i / 8
-      const __m512i ce = shifted_codes(pe, kSharedSign ? even_negative : is_negative(pe), shift);
-      const __m512i co = shifted_codes(po, kSharedSign ? odd_negative : is_negative(po), shift);
+      __m512i ce, co;
+      if constexpr (kSameCodes) {
+        ce = shifted_codes(row_even_index, row_even_negative, shift);
+        co = shifted_codes(row_odd_index, row_odd_negative, shift);
+      } else {
+        const __m512 pe = _mm512_mul_ps(even, s.col_even), po = _mm512_mul_ps(odd, s.col_odd);
+        ce = shifted_codes(nvfp4_e2m1_index<true>(pe), kSharedSign ? even_negative : is_negative(pe), shift);
+        co = shifted_codes(nvfp4_e2m1_index<true>(po), kSharedSign ? odd_negative : is_negative(po), shift);
+      }
       if (i % 8 == 0) {
         col_packed[i / 8][0] = ce;
         col_packed[i / 8][1] = co;
@@ -463,10 +477,20 @@ MICROSCALE_AVX512 bool quantize_unit_bf16(const Group& g, const std::byte* src, 
   }
 
   __m512i col_words[4];
+  const bool same_codes =
+      kRows && kCols && g.tile_2d && g.row.multiplier == g.col.multiplier && g.row.s_dec == g.col.s_dec;
   if (tiny == 0) {
-    encode_unit<kRows, kCols, true>(g, src, s, stage, line_tile, col_words);
+    if (same_codes) {
+      encode_unit<kRows, kCols, true, kRows && kCols>(g, src, s, stage, line_tile, col_words);
+    } else {
+      encode_unit<kRows, kCols, true>(g, src, s, stage, line_tile, col_words);
+    }
   } else {
-    encode_unit<kRows, kCols, false>(g, src, s, stage, line_tile, col_words);
+    if (same_codes) {
+      encode_unit<kRows, kCols, false, kRows && kCols>(g, src, s, stage, line_tile, col_words);
+    } else {
+      encode_unit<kRows, kCols, false>(g, src, s, stage, line_tile, col_words);
+    }
   }
   if constexpr (kCols) {  // 32 columns x 8 bytes, in column order
     // col_words[w], 128-bit chunk l: columns 8l + 2w, 8l + 2w + 1; a 4x4 transpose of the chunks.
@@ -529,7 +553,8 @@ MICROSCALE_AVX512 void flush_column_lines(const Group& g, ColumnStage cs, int ba
     for (int line = 0; line < kGroupBands / kLineBands; ++line) {
       for (int b = 0; b < kLineBands; ++b) {
         const int band = line * kLineBands + b;
-        v[line][b] = band < bands ? _mm512_loadu_si512(cs.data + (band * g.k + c0) * 8) : _mm512_setzero_si512();
+        v[line][b] =
+            band < bands ? _mm512_loadu_si512(cs.data + (band * g.k + c0) * 8) : _mm512_setzero_si512();
       }
       transpose8x8_epi64(v[line]);
     }
@@ -555,7 +580,8 @@ MICROSCALE_AVX512 void flush_column_lines(const Group& g, ColumnStage cs, int ba
       __m512i v[8];
       for (int b = 0; b < 8; ++b) {
         const int band = 8 * half + b;
-        v[b] = band < bands ? _mm512_maskz_loadu_epi8(in_range, cs.scale + band * g.k + c0) : _mm512_setzero_si512();
+        v[b] = band < bands ? _mm512_maskz_loadu_epi8(in_range, cs.scale + band * g.k + c0)
+                            : _mm512_setzero_si512();
       }
       __m512i w[2][4];  // [columns 0..7 / 8..15 of each chunk][band pair]: 16-bit words
       for (int p = 0; p < 4; ++p) {
@@ -721,8 +747,8 @@ MICROSCALE_AVX512 void group_amaxes(const Group& g, bool want_rht, float* amax_x
 }
 
 // Bytes [from, to) of `count` 64-byte lines -> dst + i * stride (a whole line: one store).
-MICROSCALE_AVX512 void copy_line_bytes(const uint8_t* lines, int64_t count, int64_t from, int64_t to, uint8_t* dst,
-                                       int64_t stride) {
+MICROSCALE_AVX512 void copy_line_bytes(const uint8_t* lines, int64_t count, int64_t from, int64_t to,
+                                       uint8_t* dst, int64_t stride) {
   for (int64_t i = 0; i < count; ++i) {
     if (to - from == 64) {
       _mm512_storeu_si512(dst + i * stride, _mm512_loadu_si512(lines + i * 64));
