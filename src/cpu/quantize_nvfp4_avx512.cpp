@@ -3,8 +3,11 @@
 // quantize_test.cpp runs it on random, special and boundary inputs, golden_test.cpp on the golden
 // cases). Stochastic rounding and inputs with strided columns take the portable fast path.
 //
-// The unit of work is a tile of 16 input rows x 16 columns in 16 registers (register i = row i,
-// lane j = column j), loaded once for both directions:
+// bf16 inputs without the RHT go by units of 16 rows x 32 columns (quantize_unit_bf16: one
+// 512-bit load per row, 16-bit amaxes, codes looked up already in their packed nibbles). The rest
+// (f32, f16, the RHT, NaN units, a last odd tile, a last partial band) goes by tiles of 16 input
+// rows x 16 columns in 16 registers (register i = row i, lane j = column j), loaded once for both
+// directions:
 //   rowwise:    block amax per register: one transposing max tree (16 -> 1 register);
 //               scales per lane of that result; elements times their row's scale (a broadcast).
 //   columnwise: block amax per lane: a vertical max over the 16 registers; element i of the
@@ -619,11 +622,11 @@ MICROSCALE_AVX512 void flush_column_lines(const Group& g, ColumnStage cs, int ba
 
 // Pass 2 for one group, band after band (16 input rows: few enough read streams for the
 // hardware prefetcher). Outputs are staged and written a whole 64-byte line at a time: 8 tiles
-// fill a line of each of the band's 16 rowwise rows, and the group's 8 bands a line of each of
-// the K columnwise rows.
+// fill a line of each of the band's 16 rowwise rows, and the group's 16 bands two lines of each
+// of the K columnwise rows.
 // NOTE: writing each tile's 8-byte pieces straight to the outputs (rows 2 KiB apart for a
 // 4096 x 4096 input) was 3x slower: partial lines, all in two L1 sets, evicted and re-read.
-// Walking all 128 rows of a group per tile column was slower still (128 read streams).
+// Walking all rows of a group per tile column was slower still (128 read streams).
 template <DType kDType>
 MICROSCALE_AVX512 void quantize_group(const Group& g, ColumnStage cs) {
   const int bands = (g.rows + kBlock - 1) / kBlock;
