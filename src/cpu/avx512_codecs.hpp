@@ -76,13 +76,21 @@ MICROSCALE_AVX512_INLINE __m512i nvfp4_e2m1_table(int shift) {
   return _mm512_slli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 0, 0, 0, 0, 0, 4, 5, 6, 0, 6, 7), shift);
 }
 
+/// Lanes below zero: an ordered compare, false for NaN and for -0 (which stay unsigned).
+MICROSCALE_AVX512_INLINE __mmask16 is_negative(__m512 v) {
+  return _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ);
+}
+
+/// The codes of nvfp4_e2m1_index values shifted left by `shift`, the sign bit set where `negative`.
+MICROSCALE_AVX512_INLINE __m512i nvfp4_e2m1_codes(__m512i index, __mmask16 negative, int shift) {
+  const __m512i code = _mm512_permutexvar_epi32(index, nvfp4_e2m1_table(shift));
+  return _mm512_mask_or_epi32(code, negative, code, _mm512_set1_epi32(0x8 << shift));
+}
+
 /// NVFP4's element encoder: E2M1Codec::encode_rn(s), except that any zero (also -0) gives code 0
 /// (TE's reference).
 MICROSCALE_AVX512_INLINE __m512i nvfp4_encode_e2m1(__m512 s) {
-  const __m512i code = _mm512_permutexvar_epi32(nvfp4_e2m1_index<false>(s), nvfp4_e2m1_table(0));
-  // Ordered compare: false for NaN and for -0, which stay unsigned.
-  const __mmask16 negative = _mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_LT_OQ);
-  return _mm512_mask_or_epi32(code, negative, code, _mm512_set1_epi32(0x8));
+  return nvfp4_e2m1_codes(nvfp4_e2m1_index<false>(s), is_negative(s), 0);
 }
 
 /// e4m3_code_value on 16 lanes (codes 0x00..0x7E).

@@ -307,16 +307,6 @@ MICROSCALE_AVX512_INLINE __m512i rows_in_order(__m512i tree) {
       tree);
 }
 
-// Codes of nvfp4_e2m1_index values shifted left by `shift`, the sign bit set where `negative`.
-MICROSCALE_AVX512_INLINE __m512i shifted_codes(__m512i index, __mmask16 negative, int shift) {
-  const __m512i code = _mm512_permutexvar_epi32(index, nvfp4_e2m1_table(shift));
-  return _mm512_mask_or_epi32(code, negative, code, _mm512_set1_epi32(0x8 << shift));
-}
-
-MICROSCALE_AVX512_INLINE __mmask16 is_negative(__m512 v) {
-  return _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ);  // false for -0
-}
-
 // 4 rows' packed codes (byte q of lane j: row q, columns 2j and 2j + 1) -> each row's 16 bytes,
 // to its row of the stage at byte `offset`.
 MICROSCALE_AVX512_INLINE void store_row_quad(__m512i packed, RowStage& stage, int first_row, int offset) {
@@ -374,8 +364,8 @@ MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, 
       row_even_negative = kSharedSign ? even_negative : is_negative(pe);
       row_odd_negative = kSharedSign ? odd_negative : is_negative(po);
       const int shift = 8 * (i % 4);  // byte i % 4 of each lane; odd columns in its high nibble
-      const __m512i ce = shifted_codes(row_even_index, row_even_negative, shift);
-      const __m512i co = shifted_codes(row_odd_index, row_odd_negative, shift + 4);
+      const __m512i ce = nvfp4_e2m1_codes(row_even_index, row_even_negative, shift);
+      const __m512i co = nvfp4_e2m1_codes(row_odd_index, row_odd_negative, shift + 4);
       row_packed = _mm512_ternarylogic_epi32(row_packed, ce, co, 0xFE);  // a | b | c
       if (i % 4 == 3) {
         store_row_quad(row_packed, stage, i - 3, line_tile * 8);
@@ -386,12 +376,14 @@ MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, 
       const int shift = 4 * (i % 8);  // element i of the column block: nibble i % 8 of word i / 8
       __m512i ce, co;
       if constexpr (kSameCodes) {
-        ce = shifted_codes(row_even_index, row_even_negative, shift);
-        co = shifted_codes(row_odd_index, row_odd_negative, shift);
+        ce = nvfp4_e2m1_codes(row_even_index, row_even_negative, shift);
+        co = nvfp4_e2m1_codes(row_odd_index, row_odd_negative, shift);
       } else {
         const __m512 pe = _mm512_mul_ps(even, s.col_even), po = _mm512_mul_ps(odd, s.col_odd);
-        ce = shifted_codes(nvfp4_e2m1_index<true>(pe), kSharedSign ? even_negative : is_negative(pe), shift);
-        co = shifted_codes(nvfp4_e2m1_index<true>(po), kSharedSign ? odd_negative : is_negative(po), shift);
+        ce = nvfp4_e2m1_codes(nvfp4_e2m1_index<true>(pe), kSharedSign ? even_negative : is_negative(pe),
+                              shift);
+        co =
+            nvfp4_e2m1_codes(nvfp4_e2m1_index<true>(po), kSharedSign ? odd_negative : is_negative(po), shift);
       }
       if (i % 8 == 0) {
         col_packed[i / 8][0] = ce;
@@ -510,7 +502,7 @@ MICROSCALE_AVX512 bool quantize_unit_bf16(const Group& g, const std::byte* src, 
   return true;
 }
 
-// The band's staged rowwise line that ends at tile `last_tile` (its tiles 0..last_tile filled):
+// The band's staged rowwise line starting at column `line_col`, its first `tiles` tiles filled:
 // one 64-byte store per row when whole.
 MICROSCALE_AVX512_INLINE void flush_row_line(const Group& g, const RowStage& stage, int band, int rows,
                                              int64_t line_col, int tiles) {
@@ -579,10 +571,10 @@ MICROSCALE_AVX512 void flush_column_lines(const Group& g, ColumnStage cs, int ba
   for (int64_t c0 = 0; c0 < g.k; c0 += 64) {
     const __mmask64 in_range = g.k - c0 >= 64 ? ~__mmask64{0} : (__mmask64{1} << (g.k - c0)) - 1;
     alignas(64) uint64_t out[2][8][8];  // [8 bands][o][qword]
-    for (int half = 0; half < kGroupBands / 8; ++half) {
+    for (int half = 0; half < kGroupBands / kLineBands; ++half) {
       __m512i v[8];
-      for (int b = 0; b < 8; ++b) {
-        const int band = 8 * half + b;
+      for (int b = 0; b < kLineBands; ++b) {
+        const int band = kLineBands * half + b;
         v[b] = band < bands ? _mm512_maskz_loadu_epi8(in_range, cs.scale + band * g.k + c0)
                             : _mm512_setzero_si512();
       }
@@ -829,10 +821,10 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, QuantizedTens
   const bool big = (int64_t{o.rowwise} + int64_t{o.columnwise}) * m * (k / 2) >= kStreamBytes;
   base.row_stream = big && o.rowwise && k % (2 * 64) == 0 && line_aligned(out.rowwise_data);
   base.col_stream = big && o.columnwise && m % (2 * 64) == 0 && line_aligned(out.columnwise_data);
-  // Columnwise scales: a group has 8 bytes of each columnwise row (stride M/16 bytes); written
-  // straight, each is a partial line that costs a read for ownership (measured: 1.2 of 4 ms for
-  // 4096 x 4096). So each thread stages the scales of 8 consecutive groups (one 64-byte line of
-  // every columnwise row) and writes whole lines.
+  // Columnwise scales: a group has 16 bytes of each columnwise row (stride M/16 bytes); written
+  // straight, each is a partial line that costs a read for ownership (measured with 8-byte pieces:
+  // 1.2 of 4 ms for 4096 x 4096). So each thread stages the scales of 4 consecutive groups (one
+  // 64-byte line of every columnwise row) and writes whole lines.
   constexpr int kLineGroups = 64 / kGroupBands;
 #pragma omp parallel num_threads(threads)
   {
