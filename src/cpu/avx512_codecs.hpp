@@ -159,6 +159,94 @@ MICROSCALE_AVX512_INLINE __m512 mx_inverse_scales(__m512i byte) {
   return _mm512_castsi512_ps(v);
 }
 
+/// MX element codes of bf16 inputs on 32 lanes of 16 bits, without widening to fp32. With the
+/// E8M0 block scale byte S the element is y = x * 2^(127 - S) (exact: a power of two), whose
+/// biased exponent in the element format (bias B, m mantissa bits) is e = exp(x) + B - S. Where
+/// e >= 1 (the normal range) the code is x's 15-bit |x| pattern with the exponent field moved by
+/// B - S and the 7 mantissa bits rounded to m, ties to even: one add and one shift (the carry of
+/// the rounding moves into the exponent, as in encode_rn). Elsewhere (format subnormals, zeros,
+/// bf16 subnormals) the mantissa with its leading bit is shifted right by 7 - m + 1 - e, rounded.
+/// Both equal encode_rn(mx_scaled_element(x, mx_inverse_scale(S))) for finite x and B <= S < 0xFF
+/// whenever |y| < 2^(emax + 1), which every MX scale rule guarantees for the block's elements
+/// (tests/cpp/avx512_codec_test.cpp checks every bf16 pattern against every such scale byte).
+/// NOTE: S >= B keeps every bf16 subnormal x in binade 1 or below, where the format's grid is
+/// linear; smaller scales (blocks of amax below ~2^(B - 127 + emax)) go to the fp32 encoders.
+template <typename Codec>
+struct MxBf16Format {
+  static constexpr int kBias = 1 - Codec::kEmin;
+  static constexpr int kMantissaBits = 23 - Codec::kShift;
+  static constexpr int kDrop = 7 - kMantissaBits;        // bf16 mantissa bits dropped in the normal range
+  static constexpr int kSignShift = 16 - Codec::kWidth;  // bf16 sign bit -> the code's sign bit
+};
+
+/// code | (x >> kSignShift & sign bit): the sign of each bf16 lane of `x_shifted` on its code.
+template <typename Codec>
+MICROSCALE_AVX512_INLINE __m512i with_bf16_sign(__m512i code, __m512i x_shifted) {
+  return _mm512_ternarylogic_epi32(code, x_shifted, _mm512_set1_epi16(static_cast<int16_t>(Codec::kSignBit)),
+                                   0xF8);  // A | (B & C)
+}
+
+/// The per-block terms of mx_bf16_codes_normal for scale bytes S (16-bit lanes): `lower`, the
+/// amount subtracted from |x| + rounding bit, and `limit`: lanes with |x| - 1 <= limit (unsigned;
+/// zeros wrap to 0xFFFF and are never below) are outside the normal range and need mx_bf16_codes.
+/// Blocks with S <= B have every lane there (limit 0xFFFF): their zeros would not subtract to 0.
+template <typename Codec>
+MICROSCALE_AVX512_INLINE void mx_bf16_normal_terms(__m512i scale_bytes, __m512i* lower, __m512i* limit) {
+  using F = MxBf16Format<Codec>;
+  const __m512i d = _mm512_sub_epi16(scale_bytes, _mm512_set1_epi16(F::kBias));  // S - B
+  const __m512i shifted = _mm512_slli_epi16(d, 7);
+  // (S - B) << 7 minus the rounding's half step less one: |x| + lsb - lower = the rebased |x|
+  // pattern + (2^(kDrop - 1) - 1).
+  *lower = _mm512_sub_epi16(shifted, _mm512_set1_epi16((1 << (F::kDrop - 1)) - 1));
+  // e >= 1 <=> |x| >= (S + 1 - B) << 7 <=> |x| - 1 <= ((S - B) << 7) + 126.
+  *limit = _mm512_mask_blend_epi16(_mm512_cmpgt_epi16_mask(d, _mm512_setzero_si512()), _mm512_set1_epi16(-1),
+                                   _mm512_add_epi16(shifted, _mm512_set1_epi16(126)));
+}
+
+/// mx_bf16 codes of lanes in the normal range or zero (see mx_bf16_normal_terms):
+/// `abs_plus_lsb` = |x| + (|x| >> kDrop & 1), `x_shifted` = x >> kSignShift.
+template <typename Codec>
+MICROSCALE_AVX512_INLINE __m512i mx_bf16_codes_normal(__m512i abs_plus_lsb, __m512i x_shifted,
+                                                      __m512i lower) {
+  // Saturating: a zero lane becomes 0 (lower > 0 wherever this form is used).
+  const __m512i rounded =
+      _mm512_srli_epi16(_mm512_subs_epu16(abs_plus_lsb, lower), MxBf16Format<Codec>::kDrop);
+  return with_bf16_sign<Codec>(
+      _mm512_min_epu16(rounded, _mm512_set1_epi16(static_cast<int16_t>(Codec::kMaxCode))), x_shifted);
+}
+
+/// mx_bf16 codes of any finite lanes: `abs` = |x| bits, `x_shifted` = x >> kSignShift,
+/// `scale_bytes` = S per lane.
+template <typename Codec>
+MICROSCALE_AVX512_INLINE __m512i mx_bf16_codes(__m512i abs, __m512i x_shifted, __m512i scale_bytes) {
+  using F = MxBf16Format<Codec>;
+  const __m512i one = _mm512_set1_epi16(1);
+  const __m512i exponent = _mm512_srli_epi16(abs, 7);
+  const __m512i e_eff = _mm512_max_epu16(exponent, one);  // bf16 subnormals sit in binade 1
+  // The mantissa with its leading bit (none for bf16 subnormals and zeros): 8 bits.
+  const __m512i mantissa = _mm512_ternarylogic_epi32(abs, _mm512_set1_epi16(0x7F),
+                                                     _mm512_slli_epi16(_mm512_min_epu16(exponent, one), 7),
+                                                     0xEA);  // (A & B) | C
+  // Binades below the format's normal range: w = max(1 - e, 0), with 1 - e = S + 1 - B - e_eff.
+  const __m512i below =
+      _mm512_subs_epu16(_mm512_subs_epu16(scale_bytes, _mm512_set1_epi16(F::kBias - 1)), e_eff);
+  // Right shift kDrop + w, capped at 9 (8 mantissa bits: from 9 on every lane rounds to 0), as
+  // 9 - u; the rounding adds 2^(shift - 1) - 1 = 255 >> u.
+  const __m512i u = _mm512_subs_epu16(_mm512_set1_epi16(9 - F::kDrop), below);
+  const __m512i shift = _mm512_sub_epi16(_mm512_set1_epi16(9), u);
+  const __m512i half_less_one = _mm512_srlv_epi16(_mm512_set1_epi16(255), u);
+  // The value in steps of the format's smallest subnormal times 2^kDrop: (e - 1) << 7 + mantissa
+  // in the normal range (e - 1 = e_eff - (S + 1 - B), offset by 32 to stay unsigned), the
+  // mantissa alone below it.
+  const __m512i binade = _mm512_subs_epu16(_mm512_add_epi16(e_eff, _mm512_set1_epi16(32)),
+                                           _mm512_add_epi16(scale_bytes, _mm512_set1_epi16(33 - F::kBias)));
+  const __m512i v = _mm512_add_epi16(_mm512_slli_epi16(binade, 7), mantissa);
+  const __m512i lsb = _mm512_and_si512(_mm512_srlv_epi16(v, shift), one);
+  const __m512i rounded = _mm512_srlv_epi16(_mm512_add_epi16(_mm512_add_epi16(v, half_less_one), lsb), shift);
+  return with_bf16_sign<Codec>(
+      _mm512_min_epu16(rounded, _mm512_set1_epi16(static_cast<int16_t>(Codec::kMaxCode))), x_shifted);
+}
+
 }  // namespace microscale::cpu::avx512
 
 #endif

@@ -258,7 +258,9 @@ TEST(Checkpoint, CalibrationWritesInputScales) {
         4);
     EXPECT_EQ(v, ct ? 2688.0f / up_amax : up_amax / 2688.0f);
     const nlohmann::json config = nlohmann::json::parse(std::ifstream(out / "config.json"));
-    if (!ct) EXPECT_EQ(config["quantization_config"]["quant_algo"], "NVFP4");
+    if (!ct) {
+      EXPECT_EQ(config["quantization_config"]["quant_algo"], "NVFP4");
+    }
     EXPECT_FALSE(config["quantization_config"]["config_groups"]["group_0"]["input_activations"].is_null());
     // Weights read back unchanged by the extra tensors.
     EXPECT_EQ(read_quantized_weights(q).size(), 3u);

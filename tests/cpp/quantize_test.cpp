@@ -49,7 +49,8 @@ TEST(Quantize, FastEqualsReferenceMx) {
     if (!is_mx(scheme)) continue;
     for (ScaleMode mode : {ScaleMode::Floor, ScaleMode::Ceil, ScaleMode::Even, ScaleMode::RCeil}) {
       for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
-        for (Fill fill : {Fill::Normal, Fill::Heavy, Fill::Specials}) {
+        for (Fill fill : {Fill::Normal, Fill::Heavy, Fill::Specials, Fill::SpecialsNoNan, Fill::Extreme,
+                          Fill::Sparse, Fill::Tiny}) {
           for (auto shape : {std::vector<int64_t>{32, 64}, {96, 160}, {2, 3, 32, 32}, {64, 32}, {64, 416}}) {
             const Tensor x = random_tensor(dtype, shape, fill, seed++);
             QuantizeOptions o;
@@ -68,10 +69,32 @@ TEST(Quantize, FastEqualsReferenceMx) {
   }
 }
 
+// One direction at a time: the bf16 MX kernel encodes both directions from one pass over a chunk.
+TEST(Quantize, FastEqualsReferenceMxOneDirection) {
+  uint32_t seed = 700;
+  for (Scheme scheme : {Scheme::MXFP8_E4M3, Scheme::MXFP8_E5M2, Scheme::MXFP6_E3M2}) {
+    for (Fill fill : {Fill::Normal, Fill::Extreme, Fill::Sparse, Fill::Tiny}) {
+      for (bool rowwise : {false, true}) {
+        for (auto shape : {std::vector<int64_t>{64, 96}, {96, 416}}) {
+          const Tensor x = random_tensor(DType::BF16, shape, fill, seed++);
+          QuantizeOptions o;
+          o.scheme = scheme;
+          o.rowwise = rowwise;
+          o.columnwise = !rowwise;
+          const std::string what = std::string(scheme_name(scheme)) +
+                                   (rowwise ? " rowwise " : " columnwise ") + shape_string(shape);
+          expect_fast_equals_ref(x.view(), o, what);
+        }
+      }
+    }
+  }
+}
+
 TEST(Quantize, FastEqualsReferenceNvfp4) {
   uint32_t seed = 100;
   for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
-    for (Fill fill : {Fill::Normal, Fill::Heavy, Fill::Specials, Fill::SpecialsNoNan, Fill::Extreme}) {
+    for (Fill fill :
+         {Fill::Normal, Fill::Heavy, Fill::Specials, Fill::SpecialsNoNan, Fill::Extreme, Fill::Tiny}) {
       for (auto shape : {std::vector<int64_t>{16, 16}, {48, 80}, {144, 32}, {2, 8, 64}, {272, 400}}) {
         for (Tile tile : {Tile::k1x16, Tile::k16x16}) {
           for (bool rht : {false, true}) {

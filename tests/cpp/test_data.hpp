@@ -12,8 +12,11 @@
 namespace microscale::testing_data {
 
 // Specials: 1 in 64 elements NaN, Inf, -0, a subnormal, 0 or 60000 (most blocks hold a NaN);
-// SpecialsNoNan: the same without NaN; Extreme: magnitudes 2^-130..2^120 (products that underflow).
-enum class Fill { Normal, Heavy, Specials, SpecialsNoNan, Extreme };
+// SpecialsNoNan: the same without NaN; Extreme: magnitudes 2^-130..2^120 (products that underflow);
+// Sparse: half the elements +0 or -0, 1 in 16 of the others scaled by 2^-20 (finite, and zeros and
+// small values beside large ones in most blocks); Tiny: magnitudes 2^-136..2^-110 (blocks of
+// bf16 and fp16 subnormals, the smallest block scales).
+enum class Fill { Normal, Heavy, Specials, SpecialsNoNan, Extreme, Sparse, Tiny };
 
 /// A tensor of `dtype` and `shape` filled from `fill` with a fixed seed.
 inline Tensor random_tensor(DType dtype, std::vector<int64_t> shape, Fill fill, uint32_t seed) {
@@ -22,10 +25,18 @@ inline Tensor random_tensor(DType dtype, std::vector<int64_t> shape, Fill fill, 
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_real_distribution<float> uniform(-30.0f, 10.0f);
   std::uniform_real_distribution<float> extreme(-130.0f, 120.0f);
+  std::uniform_real_distribution<float> tiny(-136.0f, -110.0f);
   for (int64_t i = 0; i < t.numel(); ++i) {
     float v = normal(rng);
     if (fill == Fill::Heavy) v *= std::exp2(uniform(rng));
     if (fill == Fill::Extreme) v *= std::exp2(extreme(rng));
+    if (fill == Fill::Tiny) v *= std::exp2(tiny(rng));
+    if (fill == Fill::Sparse) {
+      const uint32_t pick = rng() % 32;
+      if (pick < 8) v = 0.0f;
+      if (pick >= 8 && pick < 16) v = -0.0f;
+      if (pick == 16) v *= 0x1p-20f;
+    }
     if (fill == Fill::Specials || fill == Fill::SpecialsNoNan) {
       const uint32_t pick = rng() % 64;
       if (pick == 0) v = NAN;
