@@ -3,9 +3,10 @@
 // quantize_test.cpp runs it on random, special and boundary inputs, golden_test.cpp on the golden
 // cases). Stochastic rounding and inputs with strided columns take the portable fast path.
 //
-// bf16 inputs without the RHT go by units of 16 rows x 32 columns (quantize_unit_bf16: one
-// 512-bit load per row, 16-bit amaxes, codes looked up already in their packed nibbles). The rest
-// (f32, f16, the RHT, NaN units, a last odd tile, a last partial band) goes by tiles of 16 input
+// bf16 inputs go by units of 16 rows x 32 columns (quantize_unit_bf16: one 512-bit load per row,
+// 16-bit amaxes, codes looked up already in their packed nibbles; with the RHT, the transform of
+// each column in fp32 or double, rht_unit_bf16). The rest (f32, f16, NaN units, RHT columns exact
+// in neither, a last odd tile, a last partial band) goes by tiles of 16 input
 // rows x 16 columns in 16 registers (register i = row i, lane j = column j), loaded once for both
 // directions:
 //   rowwise:    block amax per register: one transposing max tree (16 -> 1 register);
@@ -13,8 +14,8 @@
 //   columnwise: block amax per lane: a vertical max over the 16 registers; element i of the
 //               column blocks is register i, so the quantized transpose needs no data transpose,
 //               only the final nibble packing (8 bytes per column).
-//   RHT:        the 16-point transform runs down the registers as a 4-stage butterfly in double
-//               (two halves of 8 lanes), exact where the reference's sum is (see rht_tile).
+//   RHT:        the 16-point transform runs down the registers as a 4-stage butterfly in fp32
+//               or double (two halves of 8 lanes), exact where the reference's sum is (rht_tile).
 // Pass 1 computes the global amaxes (both directions' when the RHT is on); pass 2 quantizes.
 #include <omp.h>
 
@@ -58,7 +59,8 @@ struct Group {
   int rows = 0;                    // <= 256; M % 16 rows in the last band of a rowwise-only input
   int64_t k = 0;
   bool tile_2d = false;
-  const RhtCoefficients* rht = nullptr;  // columnwise through the RHT when set
+  const RhtCoefficients* rht = nullptr;    // columnwise through the RHT when set
+  const float* rht_input_scale = nullptr;  // [16] with the RHT: s_i / 4 (column 0 of *rht) in fp32
   // Rowwise (row_data null: not requested): group row r at row_data + r * row_data_stride (K/2
   // bytes) and row_scale + r * row_scale_stride (K/16 bytes).
   uint8_t* row_data = nullptr;
@@ -128,7 +130,10 @@ MICROSCALE_AVX512_INLINE void tile_abs(const __m512 x[16], TileAbs& t) {
 // order), on __m512 or __m512d (GCC/Clang vector types: + and - are the IEEE lane operations).
 template <typename Vector>
 MICROSCALE_AVX512_INLINE void fwht16(Vector z[16]) {
+  // NOTE: unrolled, z stays in registers (rolled, GCC 12 kept it on the stack, indexed).
+#pragma GCC unroll 4
   for (int h = 1; h < kBlock; h <<= 1) {
+#pragma GCC unroll 16
     for (int i = 0; i < kBlock; ++i) {
       if ((i & h) != 0) continue;
       const Vector p = z[i], q = z[i + h];
@@ -324,6 +329,90 @@ MICROSCALE_AVX512_INLINE void store_row_quad(__m512i packed, RowStage& stage, in
                   _mm512_extracti32x4_epi32(rows, 3));
 }
 
+// The RHT of a unit's columns (each lane of the even and odd halves) down its 16 rows, rounded to
+// bf16 values, as rht_tile: in fp32 for a half whose columns all pass rht_tile's test for that
+// (bf16 inputs carry no low bits; the rest is tested here on the 16-bit |x|), else in double with
+// the sum truncated to fp32. Columns that are exact in neither (Inf, subnormal inputs, more than 40
+// binades: rare) make rht_unit_bf16 return false, and the unit goes by tiles.
+struct RhtUnit {
+  __m512 y[2][16];  // [even / odd columns][output j], kept only where asked (pass 2)
+  __m512i max[2];   // per lane the max |y_j| (fp32 bits)
+};
+
+// The even (half 0) or odd (half 1) columns of a bf16 row as fp32.
+MICROSCALE_AVX512_INLINE __m512 unit_half(const std::byte* row, int half) {
+  const __m512i raw = _mm512_loadu_si512(row);
+  return _mm512_castsi512_ps(half == 0
+                                 ? _mm512_slli_epi32(raw, 16)
+                                 : _mm512_and_si512(raw, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+// One half's 16 outputs before the bf16 rounding, the sums in double (exact within 40 binades),
+// truncated to fp32; lanes 0-7 and 8-15 in turn.
+MICROSCALE_AVX512_INLINE void rht_half_double(const std::byte* src, int64_t row_bytes, int half,
+                                              const RhtCoefficients& c, __m512 out[16]) {
+  __m256 part[2][16];
+  for (int h = 0; h < 2; ++h) {
+    __m512d z[16];
+    for (int i = 0; i < kBlock; ++i) {
+      const __m512 x = unit_half(src + i * row_bytes, half);
+      const __m256 lanes = h == 0 ? _mm512_castps512_ps256(x)
+                                  : _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1));
+      z[i] = _mm512_mul_pd(_mm512_cvtps_pd(lanes), _mm512_set1_pd(c[i * 16]));  // exact
+    }
+    fwht16(z);
+    for (int j = 0; j < kBlock; ++j)
+      part[h][j] = _mm512_cvt_roundpd_ps(z[j], _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  }
+  for (int j = 0; j < kBlock; ++j)
+    out[j] = _mm512_insertf32x8(_mm512_castps256_ps512(part[0][j]), part[1][j], 1);
+}
+
+template <bool kKeep>
+MICROSCALE_AVX512_INLINE bool rht_unit_bf16(const std::byte* src, int64_t row_bytes, __m512i col_max,
+                                            const RhtCoefficients& c, const float* input_scale,
+                                            RhtUnit& out) {
+  // The smallest nonzero |x| per column: |x| - 1 wraps zeros to 0xFFFF (an all-zero column keeps
+  // 0xFFFF, whose "exponent" below reads 0: exact, its outputs are zeros).
+  __m512i min_less_one = _mm512_set1_epi16(-1);
+  for (int i = 0; i < kBlock; ++i) {
+    const __m512i a = _mm512_and_si512(_mm512_loadu_si512(src + i * row_bytes), _mm512_set1_epi16(0x7FFF));
+    min_less_one = _mm512_min_epu16(min_less_one, _mm512_sub_epi16(a, _mm512_set1_epi16(1)));
+  }
+  const __m512i spread =
+      _mm512_sub_epi16(_mm512_srli_epi16(col_max, 7),
+                       _mm512_srli_epi16(_mm512_add_epi16(min_less_one, _mm512_set1_epi16(1)), 7));
+  const __mmask32 in_double = _mm512_cmplt_epu16_mask(col_max, _mm512_set1_epi16(0x7F80)) &     // finite
+                              _mm512_cmpge_epu16_mask(min_less_one, _mm512_set1_epi16(0x7F)) &  // normal
+                              _mm512_cmple_epi16_mask(spread, _mm512_set1_epi16(40));
+  if (in_double != ~__mmask32{0}) return false;
+  const __mmask32 in_float = _mm512_cmplt_epu16_mask(col_max, _mm512_set1_epi16(0x7C00)) &  // < 2^121
+                             _mm512_cmple_epi16_mask(spread, _mm512_set1_epi16(12));
+  for (int half = 0; half < 2; ++half) {
+    const __mmask32 columns = half == 0 ? 0x55555555u : 0xAAAAAAAAu;  // lane l: column l
+    __m512 z[16];
+    if ((in_float & columns) == columns) {
+      for (int i = 0; i < kBlock; ++i)
+        z[i] = _mm512_mul_ps(unit_half(src + i * row_bytes, half), _mm512_set1_ps(input_scale[i]));
+      fwht16(z);
+    } else {
+      rht_half_double(src, row_bytes, half, c, z);
+    }
+    __m512i m = _mm512_setzero_si512();
+    if constexpr (kKeep) {
+      for (int j = 0; j < kBlock; ++j) {
+        out.y[half][j] = round_to_bf16(z[j]);
+        m = _mm512_max_epu32(m, abs_bits(out.y[half][j]));
+      }
+    } else {  // rounding is monotone: the max of the rounded values is the rounded max
+      for (int j = 0; j < kBlock; ++j) m = _mm512_max_epu32(m, abs_bits(z[j]));
+      m = _mm512_castps_si512(round_to_bf16(_mm512_castsi512_ps(m)));
+    }
+    out.max[half] = m;
+  }
+  return true;
+}
+
 // The scales of a unit, per direction: rowwise in transpose_max16x2 order (row_scale[h] for rows
 // 8h..8h+7), columnwise per even and odd lane.
 struct UnitScales {
@@ -335,9 +424,10 @@ struct UnitScales {
 // directions encoded. kSharedSign: no product underflows to -0, so a lane's sign is its input's,
 // one compare for both directions. kSameCodes (16x16 tiles, both directions on the same global
 // amax): the two directions' scales are equal, so are their codes: encoded once, packed twice.
-template <bool kRows, bool kCols, bool kSharedSign, bool kSameCodes = false>
+template <bool kRows, bool kCols, bool kSharedSign, bool kSameCodes = false, bool kRht = false>
 MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, const UnitScales& s,
-                                          RowStage& stage, int line_tile, __m512i col_words[4]) {
+                                          const RhtUnit* rht, RowStage& stage, int line_tile,
+                                          __m512i col_words[4]) {
   __m512i row_packed = _mm512_setzero_si512();
   __m512i col_packed[2][2];  // [rows 0-7 / 8-15][even / odd lanes]
   // NOTE: fully unrolled, every table, shift and scale index is a constant (GCC does not unroll
@@ -378,6 +468,11 @@ MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, 
       if constexpr (kSameCodes) {
         ce = nvfp4_e2m1_codes(row_even_index, row_even_negative, shift);
         co = nvfp4_e2m1_codes(row_odd_index, row_odd_negative, shift);
+      } else if constexpr (kRht) {  // the transformed values: their own signs
+        const __m512 pe = _mm512_mul_ps(rht->y[0][i], s.col_even),
+                     po = _mm512_mul_ps(rht->y[1][i], s.col_odd);
+        ce = nvfp4_e2m1_codes(nvfp4_e2m1_index<true>(pe), is_negative(pe), shift);
+        co = nvfp4_e2m1_codes(nvfp4_e2m1_index<true>(po), is_negative(po), shift);
       } else {
         const __m512 pe = _mm512_mul_ps(even, s.col_even), po = _mm512_mul_ps(odd, s.col_odd);
         ce = nvfp4_e2m1_codes(nvfp4_e2m1_index<true>(pe), kSharedSign ? even_negative : is_negative(pe),
@@ -418,7 +513,7 @@ MICROSCALE_AVX512_INLINE __m512i half_max(__m512i v) {
 
 // Pass 2 on the unit at `col` of a full band (16 rows at src). Returns false, having written
 // nothing, when the unit holds a NaN (quantize_tile handles it).
-template <bool kRows, bool kCols>
+template <bool kRows, bool kCols, bool kRht>
 MICROSCALE_AVX512 bool quantize_unit_bf16(const Group& g, const std::byte* src, int64_t col, int band,
                                           RowStage& stage, ColumnStage cs) {
   src += col * 2;
@@ -429,8 +524,15 @@ MICROSCALE_AVX512 bool quantize_unit_bf16(const Group& g, const std::byte* src, 
     col_max = _mm512_max_epu16(col_max, a[i]);
   }
   if (_mm512_cmpgt_epu16_mask(col_max, _mm512_set1_epi16(0x7F80)) != 0) return false;
-  const __m512i even_max = _mm512_slli_epi32(col_max, 16);
-  const __m512i odd_max = _mm512_and_si512(col_max, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  __m512i even_max = _mm512_slli_epi32(col_max, 16);
+  __m512i odd_max = _mm512_and_si512(col_max, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  // The RHT (columnwise only; never with 16x16 tiles): the columnwise values and their maxes.
+  [[maybe_unused]] RhtUnit rht;
+  if constexpr (kRht) {
+    if (!rht_unit_bf16<true>(src, g.row_bytes, col_max, *g.rht, g.rht_input_scale, rht)) return false;
+    even_max = rht.max[0];
+    odd_max = rht.max[1];
+  }
   // 16x16: the tile's max in each lane (lanes 0-7: columns 0-15, lanes 8-15: columns 16-31).
   const __m512i tile_max = g.tile_2d ? half_max(_mm512_max_epu32(even_max, odd_max)) : _mm512_setzero_si512();
   const int line_tile = static_cast<int>(col / kBlock) % kLineTiles;
@@ -474,17 +576,23 @@ MICROSCALE_AVX512 bool quantize_unit_bf16(const Group& g, const std::byte* src, 
   __m512i col_words[4];
   const bool same_codes =
       kRows && kCols && g.tile_2d && g.row.multiplier == g.col.multiplier && g.row.s_dec == g.col.s_dec;
-  if (tiny == 0) {
-    if (same_codes) {
-      encode_unit<kRows, kCols, true, kRows && kCols>(g, src, s, stage, line_tile, col_words);
+  if constexpr (kRht) {
+    if (tiny == 0) {
+      encode_unit<kRows, kCols, true, false, true>(g, src, s, &rht, stage, line_tile, col_words);
     } else {
-      encode_unit<kRows, kCols, true>(g, src, s, stage, line_tile, col_words);
+      encode_unit<kRows, kCols, false, false, true>(g, src, s, &rht, stage, line_tile, col_words);
+    }
+  } else if (tiny == 0) {
+    if (same_codes) {
+      encode_unit<kRows, kCols, true, kRows && kCols>(g, src, s, nullptr, stage, line_tile, col_words);
+    } else {
+      encode_unit<kRows, kCols, true>(g, src, s, nullptr, stage, line_tile, col_words);
     }
   } else {
     if (same_codes) {
-      encode_unit<kRows, kCols, false, kRows && kCols>(g, src, s, stage, line_tile, col_words);
+      encode_unit<kRows, kCols, false, kRows && kCols>(g, src, s, nullptr, stage, line_tile, col_words);
     } else {
-      encode_unit<kRows, kCols, false>(g, src, s, stage, line_tile, col_words);
+      encode_unit<kRows, kCols, false>(g, src, s, nullptr, stage, line_tile, col_words);
     }
   }
   if constexpr (kCols) {  // 32 columns x 8 bytes, in column order
@@ -623,8 +731,8 @@ template <DType kDType>
 MICROSCALE_AVX512 void quantize_group(const Group& g, ColumnStage cs) {
   const int bands = (g.rows + kBlock - 1) / kBlock;
   const bool rowwise = g.row_data != nullptr, columnwise = g.col_data != nullptr;
-  // bf16 full bands go by units of two tiles, except where the RHT is on (tiles only).
-  const bool units = kDType == DType::BF16 && g.rht == nullptr;
+  // bf16 full bands go by units of two tiles.
+  const bool units = kDType == DType::BF16;
   for (int band = 0; band < bands; ++band) {
     const int rows = std::min(kBlock, g.rows - band * kBlock);
     const std::byte* src = g.src + band * kBlock * g.row_bytes;
@@ -642,10 +750,12 @@ MICROSCALE_AVX512 void quantize_group(const Group& g, ColumnStage cs) {
       int64_t next = col + kBlock;
       if (units && rows == kBlock && col + kUnitColumns <= g.k) {
         next = col + kUnitColumns;
-        const bool done = rowwise
-                              ? (columnwise ? quantize_unit_bf16<true, true>(g, src, col, band, stage, cs)
-                                            : quantize_unit_bf16<true, false>(g, src, col, band, stage, cs))
-                              : quantize_unit_bf16<false, true>(g, src, col, band, stage, cs);
+        const bool done =
+            g.rht != nullptr ? (rowwise ? quantize_unit_bf16<true, true, true>(g, src, col, band, stage, cs)
+                                        : quantize_unit_bf16<false, true, true>(g, src, col, band, stage, cs))
+            : rowwise ? (columnwise ? quantize_unit_bf16<true, true, false>(g, src, col, band, stage, cs)
+                                    : quantize_unit_bf16<true, false, false>(g, src, col, band, stage, cs))
+                      : quantize_unit_bf16<false, true, false>(g, src, col, band, stage, cs);
         if (!done) {
           quantize_tile<kDType>(g, src, rows, col, band, stage, cs);
           quantize_tile<kDType>(g, src, rows, col + kBlock, band, stage, cs);
@@ -709,10 +819,32 @@ MICROSCALE_AVX512_INLINE bool raw_abs_max(const std::byte* src, int64_t row_byte
   return true;
 }
 
-// Pass 1 for one group: max |x| (NaN ignored) and, with the RHT, max |RHT(x)| over its tiles.
+// Pass 1 with the RHT on a bf16 unit of a full band (16 rows x 32 columns at src): max |x| into
+// *max16 (16-bit lanes), max |RHT(x)| into *rht_max. False, nothing max-ed in, when the unit has a
+// NaN or a column outside rht_unit_bf16's fp32 path (its tiles then go by rht_tile).
+MICROSCALE_AVX512_INLINE bool rht_unit_amaxes(const std::byte* src, int64_t row_bytes,
+                                              const RhtCoefficients& c, const float* input_scale,
+                                              __m512i* max16, __m512i* rht_max) {
+  __m512i col_max = _mm512_setzero_si512();
+  for (int i = 0; i < kBlock; ++i) {
+    col_max = _mm512_max_epu16(
+        col_max, _mm512_and_si512(_mm512_loadu_si512(src + i * row_bytes), _mm512_set1_epi16(0x7FFF)));
+  }
+  RhtUnit rht;
+  if (_mm512_cmpgt_epu16_mask(col_max, _mm512_set1_epi16(0x7F80)) != 0 ||
+      !rht_unit_bf16<false>(src, row_bytes, col_max, c, input_scale, rht))
+    return false;
+  *max16 = _mm512_max_epu16(*max16, col_max);
+  *rht_max = _mm512_max_epu32(*rht_max, _mm512_max_epu32(rht.max[0], rht.max[1]));
+  return true;
+}
+
+// Pass 1 for one group: max |x| (NaN ignored) and, with the RHT, max |RHT(x)| over its tiles
+// (bf16 full bands: units, where they can).
 template <DType kDType>
 MICROSCALE_AVX512 void group_amaxes(const Group& g, bool want_rht, float* amax_x, float* amax_rht) {
   __m512i mx = _mm512_setzero_si512(), mr = _mm512_setzero_si512();
+  __m512i mx16 = _mm512_setzero_si512();  // bf16 units: max |x| on 16-bit lanes
   for (int band = 0; band * kBlock < g.rows; ++band) {
     const std::byte* src = g.src + band * kBlock * g.row_bytes;
     const int rows = std::min(kBlock, g.rows - band * kBlock);
@@ -726,17 +858,38 @@ MICROSCALE_AVX512 void group_amaxes(const Group& g, bool want_rht, float* amax_x
       }
       continue;
     }
-    for (int64_t col = 0; col < g.k; col += kBlock) {
-      __m512 x[16];
-      load_tile<kDType>(src, g.row_bytes, rows, col, x);
-      TileAbs t;
-      tile_abs(x, t);
-      mx = _mm512_max_epu32(mx, t.col_max);
-      __m512 y[16];
-      rht_tile(x, t, *g.rht, y);
-      mr = _mm512_max_epu32(mr, rht_col_max(y));
+    for (int64_t col = 0; col < g.k;) {
+      // 16 rows side by side: prefetched as in pass 2 (quantize_group).
+      if ((col * element_bytes<kDType>()) % 64 == 0 && col + kPrefetchCols < g.k) {
+        for (int i = 0; i < rows; ++i) {
+          _mm_prefetch(reinterpret_cast<const char*>(src + i * g.row_bytes +
+                                                     (col + kPrefetchCols) * element_bytes<kDType>()),
+                       _MM_HINT_T0);
+        }
+      }
+      if (kDType == DType::BF16 && rows == kBlock && col + kUnitColumns <= g.k &&
+          rht_unit_amaxes(src + col * 2, g.row_bytes, *g.rht, g.rht_input_scale, &mx16, &mr)) {
+        col += kUnitColumns;
+        continue;
+      }
+      const int64_t end =
+          kDType == DType::BF16 && rows == kBlock ? std::min(col + kUnitColumns, g.k) : col + kBlock;
+      for (; col < end; col += kBlock) {
+        __m512 x[16];
+        load_tile<kDType>(src, g.row_bytes, rows, col, x);
+        TileAbs t;
+        tile_abs(x, t);
+        mx = _mm512_max_epu32(mx, t.col_max);
+        __m512 y[16];
+        rht_tile(x, t, *g.rht, y);
+        mr = _mm512_max_epu32(mr, rht_col_max(y));
+      }
     }
   }
+  // The units' 16-bit maxes as fp32 bits.
+  const uint32_t half = _mm512_reduce_max_epu32(
+      _mm512_max_epu32(_mm512_and_si512(mx16, _mm512_set1_epi32(0xFFFF)), _mm512_srli_epi32(mx16, 16)));
+  mx = _mm512_max_epu32(mx, _mm512_set1_epi32(static_cast<int>(half << 16)));
   *amax_x = bits_to_float(_mm512_reduce_max_epu32(mx));
   *amax_rht = bits_to_float(_mm512_reduce_max_epu32(mr));
 }
@@ -769,6 +922,8 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, QuantizedTens
   const int64_t groups = (m + kGroupRows - 1) / kGroupRows;
   const bool rht = o.columnwise && o.rht;
   const RhtCoefficients coefficients = rht_coefficients(o.rht_sign_mask);
+  alignas(64) float input_scale[16];
+  for (int i = 0; i < kBlock; ++i) input_scale[i] = static_cast<float>(coefficients[i * 16]);
   const int64_t row_bytes = x.row_stride * element_bytes<kDType>();
 
   Group base;
@@ -776,6 +931,7 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, QuantizedTens
   base.k = k;
   base.tile_2d = o.tile == Tile::k16x16;
   base.rht = rht ? &coefficients : nullptr;
+  base.rht_input_scale = input_scale;
   auto group = [&](int64_t index) {
     Group g = base;
     g.src = static_cast<const std::byte*>(x.data) + index * kGroupRows * row_bytes;
