@@ -720,6 +720,21 @@ MICROSCALE_AVX512 void flush_column_lines(const Group& g, ColumnStage cs, int ba
   }
 }
 
+// At a line boundary of the band's column `col`, a prefetch of each of its `rows` rows
+// kPrefetchCols columns ahead.
+// NOTE: 16 rows read side by side are more streams than the hardware prefetchers follow; without
+// this prefetch the loads wait on memory (both passes walk bands this way).
+template <DType kDType, auto kHint>
+MICROSCALE_AVX512_INLINE void prefetch_band_ahead(const Group& g, const std::byte* src, int rows,
+                                                  int64_t col) {
+  if ((col * element_bytes<kDType>()) % 64 != 0 || col + kPrefetchCols >= g.k) return;
+  for (int i = 0; i < rows; ++i) {
+    _mm_prefetch(reinterpret_cast<const char*>(src + i * g.row_bytes +
+                                               (col + kPrefetchCols) * element_bytes<kDType>()),
+                 kHint);
+  }
+}
+
 // Pass 2 for one group, band after band (16 input rows: few enough read streams for the
 // hardware prefetcher). Outputs are staged and written a whole 64-byte line at a time: 8 tiles
 // fill a line of each of the band's 16 rowwise rows, and the group's 16 bands two lines of each
@@ -738,15 +753,7 @@ MICROSCALE_AVX512 void quantize_group(const Group& g, ColumnStage cs) {
     const std::byte* src = g.src + band * kBlock * g.row_bytes;
     RowStage stage;
     for (int64_t col = 0; col < g.k;) {
-      // NOTE: 16 rows read side by side are more streams than the hardware prefetchers follow;
-      // without this prefetch (a line 128 columns ahead per row) the loads wait on memory.
-      if ((col * element_bytes<kDType>()) % 64 == 0 && col + kPrefetchCols < g.k) {
-        for (int i = 0; i < rows; ++i) {
-          _mm_prefetch(reinterpret_cast<const char*>(src + i * g.row_bytes +
-                                                     (col + kPrefetchCols) * element_bytes<kDType>()),
-                       _MM_HINT_T1);
-        }
-      }
+      prefetch_band_ahead<kDType, _MM_HINT_T1>(g, src, rows, col);
       int64_t next = col + kBlock;
       if (units && rows == kBlock && col + kUnitColumns <= g.k) {
         next = col + kUnitColumns;
@@ -859,14 +866,7 @@ MICROSCALE_AVX512 void group_amaxes(const Group& g, bool want_rht, float* amax_x
       continue;
     }
     for (int64_t col = 0; col < g.k;) {
-      // 16 rows side by side: prefetched as in pass 2 (quantize_group).
-      if ((col * element_bytes<kDType>()) % 64 == 0 && col + kPrefetchCols < g.k) {
-        for (int i = 0; i < rows; ++i) {
-          _mm_prefetch(reinterpret_cast<const char*>(src + i * g.row_bytes +
-                                                     (col + kPrefetchCols) * element_bytes<kDType>()),
-                       _MM_HINT_T0);
-        }
-      }
+      prefetch_band_ahead<kDType, _MM_HINT_T0>(g, src, rows, col);
       if (kDType == DType::BF16 && rows == kBlock && col + kUnitColumns <= g.k &&
           rht_unit_amaxes(src + col * 2, g.row_bytes, *g.rht, g.rht_input_scale, &mx16, &mr)) {
         col += kUnitColumns;
