@@ -287,6 +287,24 @@ MICROSCALE_AVX512_INLINE void store_codes16(const __m512i* c, uint8_t* dst, bool
   }
 }
 
+// The codes of a register with a lane outside the normal range of a direction (rare): both
+// requested directions by mx_bf16_codes. `row_scale` is the row block's byte repeated in both
+// halves of a 32-bit word; null pointers mark a direction not requested.
+// NOTE: kept out of line: the hot loop stays small, and GCC 12 with -fsanitize=address,undefined
+// and OpenMP miscompiled the inlined form (columnwise E3M2 codes took the normal form's values;
+// adding a print made it disappear), while -O2 and either sanitizer alone did not.
+template <typename Codec>
+MICROSCALE_AVX512 __attribute__((noinline)) void encode_outside_normal(__m512i x, uint32_t row_scale,
+                                                                       const __m512i* col_scale,
+                                                                       __m512i* row_codes,
+                                                                       __m512i* col_codes) {
+  const __m512i abs = _mm512_and_si512(x, _mm512_set1_epi16(0x7FFF));
+  const __m512i x_shifted = _mm512_srli_epi16(x, MxBf16Format<Codec>::kSignShift);
+  if (row_codes != nullptr)
+    *row_codes = mx_bf16_codes<Codec>(abs, x_shifted, _mm512_set1_epi32(static_cast<int>(row_scale)));
+  if (col_scale != nullptr) *col_codes = mx_bf16_codes<Codec>(abs, x_shifted, *col_scale);
+}
+
 // One chunk of a full band: columns [col, col + 32 * kRegs). False, with nothing written, when
 // the chunk holds an Inf or NaN or a scale byte below the bias (see mx_bf16_codes). `buffer` is
 // scratch (the chunk's rows, contiguous: see the file
@@ -412,11 +430,8 @@ MICROSCALE_AVX512_INLINE bool quantize_chunk_bf16(const Band& b, int64_t col,
         }
         if (columnwise) col_codes[t] = mx_bf16_codes_normal<Codec>(abs_plus_lsb, x_shifted, col_lower[t]);
       } else {
-        if (rowwise) {
-          row_codes[t] =
-              mx_bf16_codes<Codec>(abs, x_shifted, _mm512_set1_epi32(static_cast<int>(row[t].scale[i])));
-        }
-        if (columnwise) col_codes[t] = mx_bf16_codes<Codec>(abs, x_shifted, col_scale[t]);
+        encode_outside_normal<Codec>(x, rowwise ? row[t].scale[i] : 0, columnwise ? &col_scale[t] : nullptr,
+                                     rowwise ? &row_codes[t] : nullptr, &col_codes[t]);
       }
     }
     if (rowwise) store_codes16<kRegs>(row_codes, b.row_data + i * b.data_stride + col, b.stream);
