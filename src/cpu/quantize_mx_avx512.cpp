@@ -307,8 +307,7 @@ MICROSCALE_AVX512 __attribute__((noinline)) void encode_outside_normal(__m512i x
 
 // One chunk of a full band: columns [col, col + 32 * kRegs). False, with nothing written, when
 // the chunk holds an Inf or NaN or a scale byte below the bias (see mx_bf16_codes). `buffer` is
-// scratch (the chunk's rows, contiguous: see the file
-// comment on L1 sets).
+// scratch: the chunk's rows, contiguous (see the file comment on L1 sets).
 template <typename Codec, MxScaleRule kRule, int kRegs>
 MICROSCALE_AVX512_INLINE bool quantize_chunk_bf16(const Band& b, int64_t col,
                                                   uint16_t (*buffer)[kBf16ChunkCols]) {

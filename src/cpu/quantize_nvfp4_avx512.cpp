@@ -828,7 +828,7 @@ MICROSCALE_AVX512_INLINE bool raw_abs_max(const std::byte* src, int64_t row_byte
 
 // Pass 1 with the RHT on a bf16 unit of a full band (16 rows x 32 columns at src): max |x| into
 // *max16 (16-bit lanes), max |RHT(x)| into *rht_max. False, nothing max-ed in, when the unit has a
-// NaN or a column outside rht_unit_bf16's fp32 path (its tiles then go by rht_tile).
+// NaN or a column rht_unit_bf16 cannot transform exactly (its tiles then go by rht_tile).
 MICROSCALE_AVX512_INLINE bool rht_unit_amaxes(const std::byte* src, int64_t row_bytes,
                                               const RhtCoefficients& c, const float* input_scale,
                                               __m512i* max16, __m512i* rht_max) {
