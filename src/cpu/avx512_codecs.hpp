@@ -93,24 +93,61 @@ MICROSCALE_AVX512_INLINE __m512i nvfp4_encode_e2m1(__m512 s) {
   return nvfp4_e2m1_codes(nvfp4_e2m1_index<false>(s), is_negative(s), 0);
 }
 
-/// e4m3_code_value on 16 lanes (codes 0x00..0x7E).
-MICROSCALE_AVX512_INLINE __m512 e4m3_value(__m512i code) {
-  const __m512i normal = _mm512_add_epi32(_mm512_slli_epi32(code, 20), _mm512_set1_epi32(120 << 23));
-  const __m512 subnormal = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(code, _mm512_set1_epi32(7))),
-                                         _mm512_set1_ps(0.001953125f));
-  const __mmask16 is_subnormal = _mm512_cmplt_epu32_mask(code, _mm512_set1_epi32(8));
-  return _mm512_mask_blend_ps(is_subnormal, _mm512_castsi512_ps(normal), subnormal);
+/// ElementCodec<...>::encode_rn for lanes known to be >= 0 and not NaN: encode_rn without its
+/// sign and NaN steps. +Inf gives the max code, as encode_rn(FLT_MAX) does (not its Inf code).
+template <typename Codec>
+MICROSCALE_AVX512_INLINE __m512i encode_rn_non_negative(__m512 x) {
+  constexpr int kShift = Codec::kShift;
+  const __m512i a = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, kShift), _mm512_set1_epi32(1));
+  const __m512i biased =
+      _mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32((1 << (kShift - 1)) - 1)), lsb);
+  const __m512i normal =
+      _mm512_sub_epi32(_mm512_srli_epi32(biased, kShift), _mm512_set1_epi32(Codec::kRebias));
+  const __m512 magic = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(Codec::kMagicBits)));
+  const __m512i subnormal = _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(x, magic)),
+                                             _mm512_set1_epi32(static_cast<int>(Codec::kMagicBits)));
+  const __mmask16 is_subnormal = _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32(Codec::kMinNormalBits));
+  return _mm512_min_epu32(_mm512_mask_blend_epi32(is_subnormal, normal, subnormal),
+                          _mm512_set1_epi32(Codec::kMaxCode));
+}
+
+/// A direction's NVFP4 block encode scale of every E4M3 scale code:
+/// nvfp4_block_encode_scale(e4m3_code_value(code), S_dec) for codes 0x00..0x7E (0x7F, NaN, is
+/// never a block scale). Looked up instead of divided per block: a 512-bit division costs about
+/// as much as the rest of the scale chain, and the element encoding waits on it.
+struct Nvfp4EncodeScaleTable {
+  alignas(64) float value[128];
+};
+
+inline Nvfp4EncodeScaleTable nvfp4_encode_scale_table(float s_dec) {
+  Nvfp4EncodeScaleTable t;
+  for (uint32_t code = 0; code < 128; ++code)
+    t.value[code] = nvfp4_block_encode_scale(e4m3_code_value(code < 0x7F ? code : 0x7E), s_dec);
+  return t;
 }
 
 /// NVFP4 block scales of 16 blocks from their amaxes (as |x| bits, NaN-free): the E4M3 scale codes
-/// and the fp32 encode scales, as the scalar chain of quantize_nvfp4.cpp.
-MICROSCALE_AVX512_INLINE __m512 nvfp4_block_scales(__m512i amax_bits, float multiplier, float s_dec,
-                                                   __m512i* scale_codes) {
-  const __m512 scaled = _mm512_min_ps(
-      _mm512_mul_ps(_mm512_castsi512_ps(amax_bits), _mm512_set1_ps(multiplier)), _mm512_set1_ps(FLT_MAX));
-  *scale_codes = encode_rn<E4M3Codec>(scaled);
-  const __m512 product = _mm512_mul_ps(e4m3_value(*scale_codes), _mm512_set1_ps(s_dec));
-  return _mm512_min_ps(_mm512_div_ps(_mm512_set1_ps(1.0f), product), _mm512_set1_ps(FLT_MAX));
+/// and the fp32 encode scales, as the scalar chain of quantize_nvfp4.cpp. `multiplier` is
+/// nvfp4_block_scale_multiplier (finite, > 0), `table` the direction's encode scales.
+MICROSCALE_AVX512_INLINE __m512 nvfp4_block_scales(__m512i amax_bits, float multiplier,
+                                                   const Nvfp4EncodeScaleTable& table, __m512i* scale_codes) {
+  // NOTE: the scalar chain clamps the product to FLT_MAX first; an +Inf product saturates to the
+  // same code 0x7E here.
+  const __m512i code = encode_rn_non_negative<E4M3Codec>(
+      _mm512_mul_ps(_mm512_castsi512_ps(amax_bits), _mm512_set1_ps(multiplier)));
+  *scale_codes = code;
+  // 128 entries: four 32-entry two-register permutes, then code bits 5 and 6 pick among them.
+  const float* v = table.value;
+  const __m512 low =
+      _mm512_mask_blend_ps(_mm512_test_epi32_mask(code, _mm512_set1_epi32(32)),
+                           _mm512_permutex2var_ps(_mm512_load_ps(v), code, _mm512_load_ps(v + 16)),
+                           _mm512_permutex2var_ps(_mm512_load_ps(v + 32), code, _mm512_load_ps(v + 48)));
+  const __m512 high =
+      _mm512_mask_blend_ps(_mm512_test_epi32_mask(code, _mm512_set1_epi32(32)),
+                           _mm512_permutex2var_ps(_mm512_load_ps(v + 64), code, _mm512_load_ps(v + 80)),
+                           _mm512_permutex2var_ps(_mm512_load_ps(v + 96), code, _mm512_load_ps(v + 112)));
+  return _mm512_mask_blend_ps(_mm512_test_epi32_mask(code, _mm512_set1_epi32(64)), low, high);
 }
 
 /// mx_scale_byte on 16 lanes: amax given as |x| bits (NaN patterns when a block holds NaN).

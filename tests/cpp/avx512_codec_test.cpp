@@ -104,7 +104,8 @@ TEST(Avx512Codec, Nvfp4ElementEncoderEqualsScalar) {
 MICROSCALE_AVX512 void scale_lanes(const float* amax, float multiplier, float s_dec, uint32_t* codes,
                                    float* enc) {
   __m512i c;
-  _mm512_storeu_ps(enc, nvfp4_block_scales(_mm512_loadu_si512(amax), multiplier, s_dec, &c));
+  const Nvfp4EncodeScaleTable table = nvfp4_encode_scale_table(s_dec);
+  _mm512_storeu_ps(enc, nvfp4_block_scales(_mm512_loadu_si512(amax), multiplier, table, &c));
   _mm512_storeu_si512(codes, c);
 }
 
