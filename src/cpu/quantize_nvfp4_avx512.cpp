@@ -800,18 +800,24 @@ MICROSCALE_AVX512_INLINE bool raw_abs_max(const std::byte* src, int64_t row_byte
   const int64_t bytes = k * element_bytes<kDType>();  // a multiple of 32
   const __m512i magnitude = kWide ? _mm512_set1_epi32(0x7FFFFFFF) : _mm512_set1_epi16(0x7FFF);
   __m512i m0 = _mm512_setzero_si512(), m1 = _mm512_setzero_si512();
-  for (int r = 0; r < rows; ++r) {
-    const std::byte* p = src + r * row_bytes;
-    int64_t i = 0;
-    for (; i + 128 <= bytes; i += 128) {
-      m0 = max_unsigned<kWide>(m0, _mm512_and_si512(_mm512_loadu_si512(p + i), magnitude));
-      m1 = max_unsigned<kWide>(m1, _mm512_and_si512(_mm512_loadu_si512(p + i + 64), magnitude));
+  // NOTE: across the rows first (a band of up to 16 read streams side by side, as pass 2 reads):
+  // measured, 4096 x 4096 bf16, one row after the other read at 9-10 GB/s, 16 side by side at
+  // 14-16 GB/s (a single stream keeps fewer lines in flight).
+  int64_t i = 0;
+  for (; i + 128 <= bytes; i += 128) {
+    for (int r = 0; r < rows; ++r) {
+      const std::byte* p = src + r * row_bytes + i;
+      m0 = max_unsigned<kWide>(m0, _mm512_and_si512(_mm512_loadu_si512(p), magnitude));
+      m1 = max_unsigned<kWide>(m1, _mm512_and_si512(_mm512_loadu_si512(p + 64), magnitude));
     }
-    for (; i < bytes; i += 32) {  // 32-byte steps: rows are multiples of 16 elements
+  }
+  for (; i < bytes; i += 32) {  // 32-byte steps: rows are multiples of 16 elements
+    for (int r = 0; r < rows; ++r) {
+      const std::byte* p = src + r * row_bytes + i;
       m0 = max_unsigned<kWide>(
-          m0, _mm512_and_si512(
-                  _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i))),
-                  magnitude));
+          m0,
+          _mm512_and_si512(_mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))),
+                           magnitude));
     }
   }
   const __m512i m = max_unsigned<kWide>(m0, m1);
