@@ -52,11 +52,15 @@ MICROSCALE_AVX512_INLINE __m512i encode_rn(__m512 x) {
   }
 }
 
-/// NVFP4's E2M1 magnitudes as table indices (see nvfp4_e2m1_table). With a = min(|s|, 6) and
-/// E = 2^max(floor(log2 a), 0) (1, 2 or 4), the fp32 add a + M, M = E * (2^22 + 8) - 8 (2^22,
-/// 2^23 + 8 or 2^24 + 24, each an even number of steps of the binade's E2M1 grid), rounds a to
-/// that grid (step E / 2, ties to even as encode_rn) and leaves in the sum's low 4 bits 2a (0..4)
-/// below 2, 8 + a (10..12) in [2, 4], 12 + a / 2 (14, 15) in [4, 6]: distinct for every code.
+/// NVFP4's E2M1 magnitudes as table indices (see nvfp4_e2m1_table). With a = min(|s|, 6), the
+/// fp32 add a + M rounds a to the E2M1 grid of its binade (ties to even, as encode_rn), M taken by
+/// the low 4 bits of a's exponent field:
+///   a in [1, 2) and below (exponent 127, ...):  M = 2^22       (step 1/2): low 4 bits 2a (0..4)
+///   a in [2, 4) (exponent 128):                 M = 2^23 + 6   (step 1):   6 + a (8..10)
+///   a in [4, 6] (exponent 129):                 M = 2^24 + 24  (step 2):   12 + a/2 (14, 15)
+/// Each offset is even in its step, so the sum's last bit keeps the parity that the tie rule needs.
+/// Below 2^-13 an exponent can share those low bits (112, 113, 96, ...); such an a vanishes in the
+/// sum (index 6 or 12), which maps to code 0 like every a below 1/4. Four operations.
 /// kNanFree: s holds no NaN, and |s| clamped to 6 is one vrangeps (it would keep a signalling NaN);
 /// otherwise a NaN lane reads as 6 (code 7, as the scalar codec: E2M1 has no NaN).
 template <bool kNanFree>
@@ -64,16 +68,17 @@ MICROSCALE_AVX512_INLINE __m512i nvfp4_e2m1_index(__m512 s) {
   const __m512 six = _mm512_set1_ps(6.0f);
   // NOTE: min_ps returns its second operand for a NaN first one.
   const __m512 a = kNanFree ? _mm512_range_ps(s, six, 0x0A) : _mm512_min_ps(_mm512_abs_ps(s), six);
-  const __m512 e = _mm512_and_ps(_mm512_max_ps(a, _mm512_set1_ps(1.0f)),
-                                 _mm512_castsi512_ps(_mm512_set1_epi32(0x7F800000)));
-  const __m512 m = _mm512_fmadd_ps(e, _mm512_set1_ps(4194312.0f), _mm512_set1_ps(-8.0f));  // exact
+  constexpr float k1 = 0x1p22f, k2 = 0x1p23f + 6.0f, k4 = 0x1p24f + 24.0f;  // M by exponent % 16
+  const __m512 m =
+      _mm512_permutexvar_ps(_mm512_srli_epi32(_mm512_castps_si512(a), 23),
+                            _mm512_setr_ps(k2, k4, k1, k1, k1, k1, k1, k1, k1, k1, k1, k1, k1, k1, k1, k1));
   return _mm512_castps_si512(_mm512_add_ps(a, m));
 }
 
 /// The E2M1 code of each nvfp4_e2m1_index value (low 4 bits), shifted left by `shift` bits (so
 /// that codes land in their nibble of a packed output word).
 MICROSCALE_AVX512_INLINE __m512i nvfp4_e2m1_table(int shift) {
-  return _mm512_slli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 0, 0, 0, 0, 0, 4, 5, 6, 0, 6, 7), shift);
+  return _mm512_slli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 0, 0, 0, 4, 5, 6, 0, 0, 0, 6, 7), shift);
 }
 
 /// Lanes below zero: an ordered compare, false for NaN and for -0 (which stay unsigned).
