@@ -93,7 +93,9 @@ constexpr int kGroupRows = kGroupBands * kBlock;
 // (fixed size), the columnwise ones of the whole group (K lines: per-thread heap buffers).
 struct RowStage {
   alignas(64) uint8_t data[kBlock][kLineTiles * 8];  // [band row][tile of the line, 8 bytes]
-  alignas(64) uint8_t scale[kBlock][kLineTiles];     // [band row][tile of the line]
+  // [tile pair of the line][band row][tile of the pair]: a unit writes one 32-byte run (scattered
+  // over 16 rows, 2-byte stores were ~3 % of a unit; flush_row_line puts the bytes in row order).
+  alignas(64) uint8_t scale[kLineTiles / 2][kBlock][2];
 };
 // Band-major, so that a tile or unit writes whole lines (its columns are consecutive); the flush
 // transposes (flush_column_lines).
@@ -254,7 +256,7 @@ MICROSCALE_AVX512_INLINE void quantize_tile(const Group& g, const std::byte* src
     const __m512i amax = g.tile_2d ? broadcast_max(t.col_max) : transpose_max16(t.a);
     __m512i scale_codes;
     const __m512 enc = nvfp4_block_scales(amax, g.row.multiplier, g.row.encode_scale, &scale_codes);
-    scatter_bytes(scale_codes, &stage.scale[0][line_tile], kLineTiles, rows);
+    scatter_bytes(scale_codes, &stage.scale[line_tile / 2][0][line_tile % 2], 2, rows);
     alignas(64) float row_enc[16];
     _mm512_store_ps(row_enc, enc);
     for (int i = 0; i < rows; ++i) {
@@ -431,7 +433,8 @@ MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, 
                                           const RhtUnit* rht, RowStage& stage, int line_tile,
                                           __m512i col_words[4]) {
   __m512i row_packed = _mm512_setzero_si512();
-  __m512i col_packed[2][2];  // [rows 0-7 / 8-15][even / odd lanes]
+  __m512i col_packed[2][2];     // [rows 0-7 / 8-15][even / odd lanes]
+  __m512i held_even, held_odd;  // an even row's columnwise codes, ORed in with the next row's
   // NOTE: fully unrolled, every table, shift and scale index is a constant (GCC does not unroll
   // this body by itself: rolled, it computes them per row and keeps col_packed on the stack).
 #pragma GCC unroll 16
@@ -482,12 +485,16 @@ MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, 
         co =
             nvfp4_e2m1_codes(nvfp4_e2m1_index<true>(po), kSharedSign ? odd_negative : is_negative(po), shift);
       }
-      if (i % 8 == 0) {
-        col_packed[i / 8][0] = ce;
-        col_packed[i / 8][1] = co;
+      // Rows paired: one three-way OR per two codes.
+      if (i % 2 == 0) {
+        held_even = ce;
+        held_odd = co;
+      } else if (i % 8 == 1) {
+        col_packed[i / 8][0] = _mm512_or_si512(held_even, ce);
+        col_packed[i / 8][1] = _mm512_or_si512(held_odd, co);
       } else {
-        col_packed[i / 8][0] = _mm512_or_si512(col_packed[i / 8][0], ce);
-        col_packed[i / 8][1] = _mm512_or_si512(col_packed[i / 8][1], co);
+        col_packed[i / 8][0] = _mm512_ternarylogic_epi32(col_packed[i / 8][0], held_even, ce, 0xFE);
+        col_packed[i / 8][1] = _mm512_ternarylogic_epi32(col_packed[i / 8][1], held_odd, co, 0xFE);
       }
     }
   }
@@ -550,13 +557,12 @@ MICROSCALE_AVX512 bool quantize_unit_bf16(const Group& g, const std::byte* src, 
     } else {
       transpose_max16x2(a, amax);
     }
-    alignas(16) uint8_t bytes[2][16];
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < 2; ++h) {  // rows 8h..8h+7, 2 bytes each (line_tile is even)
       s.row_scale[h] = nvfp4_block_scales(amax[h], g.row.multiplier, g.row.encode_scale, &codes[h]);
       tiny |= _mm512_cmp_ps_mask(s.row_scale[h], min_shared, _CMP_LT_OQ);
-      _mm_store_si128(reinterpret_cast<__m128i*>(bytes[h]), _mm512_cvtepi32_epi8(rows_in_order(codes[h])));
+      _mm_store_si128(reinterpret_cast<__m128i*>(stage.scale[line_tile / 2][8 * h]),
+                      _mm512_cvtepi32_epi8(rows_in_order(codes[h])));
     }
-    for (int r = 0; r < kBlock; ++r) std::memcpy(&stage.scale[r][line_tile], &bytes[r / 8][2 * (r % 8)], 2);
   }
   if constexpr (kCols) {
     __m512i even_codes, odd_codes;
@@ -617,16 +623,26 @@ MICROSCALE_AVX512 bool quantize_unit_bf16(const Group& g, const std::byte* src, 
 // one 64-byte store per row when whole.
 MICROSCALE_AVX512_INLINE void flush_row_line(const Group& g, const RowStage& stage, int band, int rows,
                                              int64_t line_col, int tiles) {
+  // The scales in row order: 16-bit word 16p + i of the stage is row i's tile pair p; row i's 8
+  // bytes go to qword i % 8 of ordered[i / 8].
+  alignas(64) uint8_t ordered[2][64];
+  for (int h = 0; h < 2; ++h) {
+    alignas(64) int16_t index[32];
+    for (int w = 0; w < 32; ++w) index[w] = static_cast<int16_t>(16 * (w % 4) + 8 * h + w / 4);
+    _mm512_store_si512(ordered[h],
+                       _mm512_permutex2var_epi16(_mm512_load_si512(stage.scale[0]), _mm512_load_si512(index),
+                                                 _mm512_load_si512(stage.scale[2])));
+  }
   for (int i = 0; i < rows; ++i) {
     const int64_t r = band * kBlock + i;
     uint8_t* data = g.row_data + r * g.row_data_stride + line_col / 2;
     uint8_t* scale = g.row_scale + r * g.row_scale_stride + line_col / kBlock;
     if (tiles == kLineTiles) {
       store_line(data, _mm512_load_si512(stage.data[i]), g.row_stream);
-      std::memcpy(scale, stage.scale[i], kLineTiles);
+      std::memcpy(scale, &ordered[i / 8][8 * (i % 8)], kLineTiles);
     } else {
       std::memcpy(data, stage.data[i], tiles * 8);
-      std::memcpy(scale, stage.scale[i], tiles);
+      std::memcpy(scale, &ordered[i / 8][8 * (i % 8)], tiles);
     }
   }
 }
