@@ -15,27 +15,33 @@
 
 namespace microscale::cpu::avx512 {
 
-/// ElementCodec<...>::encode_rn on 16 lanes: the code of each lane in the low bits of an int32.
-/// The same steps as the scalar form, each select a mask blend.
+/// The magnitude code of |x| bits `a` (no NaN; Inf saturates): round the mantissa to the format's
+/// width (ties to even) and rebias in the normal range, an fp32 add onto the subnormal grid below
+/// it, clamped to the max code.
 template <typename Codec>
-MICROSCALE_AVX512_INLINE __m512i encode_rn(__m512 x) {
+MICROSCALE_AVX512_INLINE __m512i magnitude_code_rn(__m512i a) {
   constexpr int kShift = Codec::kShift;
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
-  // Normal range: round the mantissa to the format's width (ties to even), then rebias.
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, kShift), _mm512_set1_epi32(1));
   const __m512i biased =
       _mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32((1 << (kShift - 1)) - 1)), lsb);
   const __m512i normal =
       _mm512_sub_epi32(_mm512_srli_epi32(biased, kShift), _mm512_set1_epi32(Codec::kRebias));
-  // Subnormal range: an fp32 add rounds to the subnormal grid.
   const __m512 magic = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(Codec::kMagicBits)));
   const __m512i subnormal =
       _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), magic)),
                        _mm512_set1_epi32(static_cast<int>(Codec::kMagicBits)));
   const __mmask16 is_subnormal = _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32(Codec::kMinNormalBits));
-  __m512i code = _mm512_mask_blend_epi32(is_subnormal, normal, subnormal);
-  code = _mm512_min_epu32(code, _mm512_set1_epi32(Codec::kMaxCode));
+  return _mm512_min_epu32(_mm512_mask_blend_epi32(is_subnormal, normal, subnormal),
+                          _mm512_set1_epi32(Codec::kMaxCode));
+}
+
+/// ElementCodec<...>::encode_rn on 16 lanes: the code of each lane in the low bits of an int32.
+/// The same steps as the scalar form, each select a mask blend.
+template <typename Codec>
+MICROSCALE_AVX512_INLINE __m512i encode_rn(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
+  __m512i code = magnitude_code_rn<Codec>(a);
   const __m512i inf = _mm512_set1_epi32(0x7F800000);
   if constexpr (Codec::kInfCode != Codec::kMaxCode) {
     code = _mm512_mask_mov_epi32(code, _mm512_cmpeq_epi32_mask(a, inf), _mm512_set1_epi32(Codec::kInfCode));
@@ -98,25 +104,6 @@ MICROSCALE_AVX512_INLINE __m512i nvfp4_encode_e2m1(__m512 s) {
   return nvfp4_e2m1_codes(nvfp4_e2m1_index<false>(s), is_negative(s), 0);
 }
 
-/// ElementCodec<...>::encode_rn for lanes known to be >= 0 and not NaN: encode_rn without its
-/// sign and NaN steps. +Inf gives the max code, as encode_rn(FLT_MAX) does (not its Inf code).
-template <typename Codec>
-MICROSCALE_AVX512_INLINE __m512i encode_rn_non_negative(__m512 x) {
-  constexpr int kShift = Codec::kShift;
-  const __m512i a = _mm512_castps_si512(x);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, kShift), _mm512_set1_epi32(1));
-  const __m512i biased =
-      _mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32((1 << (kShift - 1)) - 1)), lsb);
-  const __m512i normal =
-      _mm512_sub_epi32(_mm512_srli_epi32(biased, kShift), _mm512_set1_epi32(Codec::kRebias));
-  const __m512 magic = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(Codec::kMagicBits)));
-  const __m512i subnormal = _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(x, magic)),
-                                             _mm512_set1_epi32(static_cast<int>(Codec::kMagicBits)));
-  const __mmask16 is_subnormal = _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32(Codec::kMinNormalBits));
-  return _mm512_min_epu32(_mm512_mask_blend_epi32(is_subnormal, normal, subnormal),
-                          _mm512_set1_epi32(Codec::kMaxCode));
-}
-
 /// A direction's NVFP4 block encode scale of every E4M3 scale code:
 /// nvfp4_block_encode_scale(e4m3_code_value(code), S_dec) for codes 0x00..0x7E (0x7F, NaN, is
 /// never a block scale). Looked up instead of divided per block: a 512-bit division costs about
@@ -137,10 +124,10 @@ inline Nvfp4EncodeScaleTable nvfp4_encode_scale_table(float s_dec) {
 /// nvfp4_block_scale_multiplier (finite, > 0), `table` the direction's encode scales.
 MICROSCALE_AVX512_INLINE __m512 nvfp4_block_scales(__m512i amax_bits, float multiplier,
                                                    const Nvfp4EncodeScaleTable& table, __m512i* scale_codes) {
-  // NOTE: the scalar chain clamps the product to FLT_MAX first; an +Inf product saturates to the
-  // same code 0x7E here.
-  const __m512i code = encode_rn_non_negative<E4M3Codec>(
-      _mm512_mul_ps(_mm512_castsi512_ps(amax_bits), _mm512_set1_ps(multiplier)));
+  // NOTE: the product is >= 0 and not NaN. The scalar chain clamps it to FLT_MAX first; an +Inf
+  // product saturates to the same code 0x7E here.
+  const __m512i code = magnitude_code_rn<E4M3Codec>(
+      _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(amax_bits), _mm512_set1_ps(multiplier))));
   *scale_codes = code;
   // 128 entries: four 32-entry two-register permutes, then code bits 5 and 6 pick among them.
   const float* v = table.value;
