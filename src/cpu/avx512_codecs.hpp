@@ -131,13 +131,12 @@ MICROSCALE_AVX512_INLINE __m512 nvfp4_block_scales(__m512i amax_bits, float mult
   *scale_codes = code;
   // 128 entries: four 32-entry two-register permutes, then code bits 5 and 6 pick among them.
   const float* v = table.value;
+  const __mmask16 bit5 = _mm512_test_epi32_mask(code, _mm512_set1_epi32(32));
   const __m512 low =
-      _mm512_mask_blend_ps(_mm512_test_epi32_mask(code, _mm512_set1_epi32(32)),
-                           _mm512_permutex2var_ps(_mm512_load_ps(v), code, _mm512_load_ps(v + 16)),
+      _mm512_mask_blend_ps(bit5, _mm512_permutex2var_ps(_mm512_load_ps(v), code, _mm512_load_ps(v + 16)),
                            _mm512_permutex2var_ps(_mm512_load_ps(v + 32), code, _mm512_load_ps(v + 48)));
   const __m512 high =
-      _mm512_mask_blend_ps(_mm512_test_epi32_mask(code, _mm512_set1_epi32(32)),
-                           _mm512_permutex2var_ps(_mm512_load_ps(v + 64), code, _mm512_load_ps(v + 80)),
+      _mm512_mask_blend_ps(bit5, _mm512_permutex2var_ps(_mm512_load_ps(v + 64), code, _mm512_load_ps(v + 80)),
                            _mm512_permutex2var_ps(_mm512_load_ps(v + 96), code, _mm512_load_ps(v + 112)));
   return _mm512_mask_blend_ps(_mm512_test_epi32_mask(code, _mm512_set1_epi32(64)), low, high);
 }
