@@ -70,6 +70,25 @@ constexpr int64_t element_bytes() {
   return kDType == DType::F32 ? 4 : 2;
 }
 
+/// vcvtne2ps2bf16 (AVX512-BF16): lo's lanes rounded to nearest even bf16 in words 0-15, hi's in
+/// words 16-31. Unlike an IEEE conversion it flushes subnormal inputs and results to signed zeros.
+/// Run only where kernel_set() is KernelSet::Avx512Bf16.
+/// NOTE: inline assembly, not the intrinsic: the intrinsic needs the avx512bf16 target on every
+/// function it is inlined into, the whole kernel, which must also run on CPUs without it (a target
+/// attribute cannot follow a template parameter or a run-time flag).
+MICROSCALE_AVX512_INLINE __m512i cvtne2ps_bf16(__m512 hi, __m512 lo) {
+  __m512i packed;
+  asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(packed) : "v"(hi), "v"(lo));
+  return packed;
+}
+
+/// The _mm512_permutexvar_epi16 index that interleaves the two 256-bit halves word by word:
+/// word 2l <- word l, word 2l + 1 <- word 16 + l.
+MICROSCALE_AVX512_INLINE __m512i interleave_halves_index() {
+  return _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5,
+                          20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+}
+
 MICROSCALE_AVX512_INLINE __m512i abs_bits(__m512 v) {
   return _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFFFFFF));
 }

@@ -1,5 +1,6 @@
 #include "cpu/kernel_set.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -7,22 +8,26 @@
 
 namespace microscale::cpu {
 
-bool cpu_has_avx512() {
+KernelSet cpu_kernel_set() {
 #ifdef MICROSCALE_HAVE_AVX512_KERNELS
   // NOTE: GCC's and Clang's checks include the OS's XSAVE support for the ZMM state.
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))) {
+    return KernelSet::Portable;
+  }
+  return __builtin_cpu_supports("avx512bf16") ? KernelSet::Avx512Bf16 : KernelSet::Avx512;
 #else
-  return false;
+  return KernelSet::Portable;
 #endif
 }
 
 KernelSet kernel_set() {
-  static const bool has_avx512 = cpu_has_avx512();
+  static const KernelSet best = cpu_kernel_set();
   const char* forced = std::getenv("MICROSCALE_CPU_KERNELS");
   if (forced != nullptr && std::strcmp(forced, "portable") == 0) return KernelSet::Portable;
-  return has_avx512 ? KernelSet::Avx512 : KernelSet::Portable;
+  if (forced != nullptr && std::strcmp(forced, "avx512") == 0) return std::min(best, KernelSet::Avx512);
+  return best;
 }
 
 }  // namespace microscale::cpu

@@ -63,6 +63,7 @@ struct Group {
   bool tile_2d = false;
   const RhtCoefficients* rht = nullptr;    // columnwise through the RHT when set
   const float* rht_input_scale = nullptr;  // [16] with the RHT: s_i / 4 (column 0 of *rht) in fp32
+  bool bf16_convert = false;               // the CPU has AVX512-BF16 (pack_rht_outputs)
   // Rowwise (row_data null: not requested): group row r at row_data + r * row_data_stride (K/2
   // bytes) and row_scale + r * row_scale_stride (K/16 bytes).
   uint8_t* row_data = nullptr;
@@ -339,8 +340,10 @@ MICROSCALE_AVX512_INLINE void store_row_quad(__m512i packed, RowStage& stage, in
 // the sum truncated to fp32. Columns that are exact in neither (Inf, subnormal inputs, more than 40
 // binades: rare) make rht_unit_bf16 return false, and the unit goes by tiles.
 struct RhtUnit {
-  __m512 y[2][16];  // [even / odd columns][output j], kept only where asked (pass 2)
-  __m512i max[2];   // per lane the max |y_j| (fp32 bits)
+  // [output j]: the outputs as bf16 in the input's layout (word 2l: column 2l, word 2l + 1: column
+  // 2l + 1), so that pass 2 encodes them as it does input rows; kept only where asked (pass 2).
+  __m512i y[16];
+  __m512i max[2];  // per even / odd lane the max |y_j| (fp32 bits)
 };
 
 // The even (half 0) or odd (half 1) columns of a bf16 row as fp32.
@@ -372,9 +375,30 @@ MICROSCALE_AVX512_INLINE void rht_half_double(const std::byte* src, int64_t row_
     out[j] = _mm512_insertf32x8(_mm512_castps256_ps512(part[0][j]), part[1][j], 1);
 }
 
+// Rounds both halves' outputs to bf16 and packs them into out.y (words 2l / 2l + 1: even / odd lane
+// l). With AVX512-BF16, one conversion per output (vcvtne2ps2bf16 rounds to nearest even, but
+// flushes subnormal inputs and results to zero: only for outputs known to be normal or zero) and a
+// word permute into the input's layout; without it, the rounding in integer steps.
+MICROSCALE_AVX512_INLINE void pack_rht_outputs(const __m512 even[16], const __m512 odd[16], bool convert,
+                                               RhtUnit& out) {
+  __m512i max16 = _mm512_setzero_si512();
+  for (int j = 0; j < kBlock; ++j) {
+    if (convert) {
+      out.y[j] = _mm512_permutexvar_epi16(interleave_halves_index(), cvtne2ps_bf16(odd[j], even[j]));
+    } else {  // round_to_bf16 leaves the low 16 bits zero
+      out.y[j] = _mm512_or_si512(_mm512_srli_epi32(_mm512_castps_si512(round_to_bf16(even[j])), 16),
+                                 _mm512_castps_si512(round_to_bf16(odd[j])));
+    }
+    max16 = _mm512_max_epu16(max16, _mm512_and_si512(out.y[j], _mm512_set1_epi16(0x7FFF)));
+  }
+  out.max[0] = _mm512_slli_epi32(max16, 16);
+  out.max[1] = _mm512_and_si512(max16, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
+}
+
+// `convert`: the CPU has AVX512-BF16 (pack_rht_outputs).
 template <bool kKeep>
 MICROSCALE_AVX512_INLINE bool rht_unit_bf16(const std::byte* src, int64_t row_bytes, __m512i col_max,
-                                            const RhtCoefficients& c, const float* input_scale,
+                                            const RhtCoefficients& c, const float* input_scale, bool convert,
                                             RhtUnit& out) {
   // The smallest nonzero |x| per column: |x| - 1 wraps zeros to 0xFFFF (an all-zero column keeps
   // 0xFFFF, whose "exponent" below reads 0: exact, its outputs are zeros).
@@ -392,28 +416,28 @@ MICROSCALE_AVX512_INLINE bool rht_unit_bf16(const std::byte* src, int64_t row_by
   if (in_double != ~__mmask32{0}) return false;
   const __mmask32 in_float = _mm512_cmplt_epu16_mask(col_max, _mm512_set1_epi16(0x7C00)) &  // < 2^121
                              _mm512_cmple_epi16_mask(spread, _mm512_set1_epi16(12));
+  // Nonzero inputs >= 2^-100 make the fp32 sums multiples of 2^-109: nonzero outputs are normal.
+  convert = convert && kKeep &&
+            (in_float & _mm512_cmpge_epu16_mask(min_less_one, _mm512_set1_epi16(0x0D7F))) == ~__mmask32{0};
+  __m512 z[2][16];  // [even / odd columns][output j]
+  // NOTE: unrolled, z can stay in registers (rolled, GCC 12 keeps it on the stack, indexed).
+#pragma GCC unroll 2
   for (int half = 0; half < 2; ++half) {
     const __mmask32 columns = half == 0 ? 0x55555555u : 0xAAAAAAAAu;  // lane l: column l
-    __m512 z[16];
     if ((in_float & columns) == columns) {
       for (int i = 0; i < kBlock; ++i)
-        z[i] = _mm512_mul_ps(unit_half(src + i * row_bytes, half), _mm512_set1_ps(input_scale[i]));
-      fwht16(z);
+        z[half][i] = _mm512_mul_ps(unit_half(src + i * row_bytes, half), _mm512_set1_ps(input_scale[i]));
+      fwht16(z[half]);
     } else {
-      rht_half_double(src, row_bytes, half, c, z);
+      rht_half_double(src, row_bytes, half, c, z[half]);
     }
-    __m512i m = _mm512_setzero_si512();
-    if constexpr (kKeep) {
-      for (int j = 0; j < kBlock; ++j) {
-        out.y[half][j] = round_to_bf16(z[j]);
-        m = _mm512_max_epu32(m, abs_bits(out.y[half][j]));
-      }
-    } else {  // rounding is monotone: the max of the rounded values is the rounded max
-      for (int j = 0; j < kBlock; ++j) m = _mm512_max_epu32(m, abs_bits(z[j]));
-      m = _mm512_castps_si512(round_to_bf16(_mm512_castsi512_ps(m)));
+    if constexpr (!kKeep) {  // rounding is monotone: the max of the rounded values is the rounded max
+      __m512i m = _mm512_setzero_si512();
+      for (int j = 0; j < kBlock; ++j) m = _mm512_max_epu32(m, abs_bits(z[half][j]));
+      out.max[half] = _mm512_castps_si512(round_to_bf16(_mm512_castsi512_ps(m)));
     }
-    out.max[half] = m;
   }
+  if constexpr (kKeep) pack_rht_outputs(z[0], z[1], convert, out);
   return true;
 }
 
@@ -474,8 +498,11 @@ MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, 
         ce = nvfp4_e2m1_codes(row_even_index, row_even_negative, shift);
         co = nvfp4_e2m1_codes(row_odd_index, row_odd_negative, shift);
       } else if constexpr (kRht) {  // the transformed values: their own signs
-        const __m512 pe = _mm512_mul_ps(rht->y[0][i], s.col_even),
-                     po = _mm512_mul_ps(rht->y[1][i], s.col_odd);
+        const __m512i y = rht->y[i];
+        const __m512 y_even = _mm512_castsi512_ps(_mm512_slli_epi32(y, 16));
+        const __m512 y_odd =
+            _mm512_castsi512_ps(_mm512_and_si512(y, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+        const __m512 pe = _mm512_mul_ps(y_even, s.col_even), po = _mm512_mul_ps(y_odd, s.col_odd);
         ce = nvfp4_e2m1_codes(nvfp4_e2m1_index<true>(pe), is_negative(pe), shift);
         co = nvfp4_e2m1_codes(nvfp4_e2m1_index<true>(po), is_negative(po), shift);
       } else {
@@ -538,7 +565,8 @@ MICROSCALE_AVX512 bool quantize_unit_bf16(const Group& g, const std::byte* src, 
   // The RHT (columnwise only; never with 16x16 tiles): the columnwise values and their maxes.
   [[maybe_unused]] RhtUnit rht;
   if constexpr (kRht) {
-    if (!rht_unit_bf16<true>(src, g.row_bytes, col_max, *g.rht, g.rht_input_scale, rht)) return false;
+    if (!rht_unit_bf16<true>(src, g.row_bytes, col_max, *g.rht, g.rht_input_scale, g.bf16_convert, rht))
+      return false;
     even_max = rht.max[0];
     odd_max = rht.max[1];
   }
@@ -886,7 +914,7 @@ MICROSCALE_AVX512_INLINE bool rht_unit_amaxes(const std::byte* src, int64_t row_
     return true;
   }
   RhtUnit rht;
-  if (!rht_unit_bf16<false>(src, row_bytes, col_max, c, input_scale, rht)) return false;
+  if (!rht_unit_bf16<false>(src, row_bytes, col_max, c, input_scale, false, rht)) return false;
   *max16 = _mm512_max_epu16(*max16, col_max);
   *rht_max = _mm512_max_epu32(*rht_max, _mm512_max_epu32(rht.max[0], rht.max[1]));
   *rht_floor = bits_to_float(_mm512_reduce_max_epu32(*rht_max));
@@ -984,6 +1012,7 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, QuantizedTens
   base.tile_2d = o.tile == Tile::k16x16;
   base.rht = rht ? &coefficients : nullptr;
   base.rht_input_scale = input_scale;
+  base.bf16_convert = kernel_set() == KernelSet::Avx512Bf16;
   auto group = [&](int64_t index) {
     Group g = base;
     g.src = static_cast<const std::byte*>(x.data) + index * kGroupRows * row_bytes;
@@ -1073,7 +1102,7 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, QuantizedTens
 }  // namespace
 
 bool quantize_nvfp4_avx512(const InputMatrix& x, const QuantizeOptions& o, QuantizedTensor& out) {
-  if (kernel_set() != KernelSet::Avx512 || o.stochastic_rounding || !x.contiguous_rows()) return false;
+  if (kernel_set() == KernelSet::Portable || o.stochastic_rounding || !x.contiguous_rows()) return false;
   switch (x.dtype) {
     case DType::BF16: quantize_with<DType::BF16>(x, o, out); return true;
     case DType::F16: quantize_with<DType::F16>(x, o, out); return true;

@@ -33,7 +33,7 @@ void expect_same(const QuantizedTensor& a, const QuantizedTensor& b, const std::
 // has them, and the portable ones) equals quantize_ref().
 void expect_fast_equals_ref(const TensorView& x, const QuantizeOptions& o, const std::string& what) {
   const QuantizedTensor ref = quantize_ref(x, o);
-  for (const char* kernels : {"auto", "portable"}) {
+  for (const char* kernels : {"auto", "avx512", "portable"}) {
     setenv("MICROSCALE_CPU_KERNELS", kernels, 1);
     expect_same(quantize(x, o), ref, what + " [" + kernels + " kernels]");
   }
@@ -93,8 +93,8 @@ TEST(Quantize, FastEqualsReferenceMxOneDirection) {
 TEST(Quantize, FastEqualsReferenceNvfp4) {
   uint32_t seed = 100;
   for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
-    for (Fill fill :
-         {Fill::Normal, Fill::Heavy, Fill::Specials, Fill::SpecialsNoNan, Fill::Extreme, Fill::Tiny}) {
+    for (Fill fill : {Fill::Normal, Fill::Heavy, Fill::Specials, Fill::SpecialsNoNan, Fill::Extreme,
+                      Fill::Tiny, Fill::LowNormal}) {
       for (auto shape : {std::vector<int64_t>{16, 16}, {48, 80}, {144, 32}, {2, 8, 64}, {272, 400}}) {
         for (Tile tile : {Tile::k1x16, Tile::k16x16}) {
           for (bool rht : {false, true}) {

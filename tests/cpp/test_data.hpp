@@ -15,8 +15,9 @@ namespace microscale::testing_data {
 // SpecialsNoNan: the same without NaN; Extreme: magnitudes 2^-130..2^120 (products that underflow);
 // Sparse: half the elements +0 or -0, 1 in 16 of the others scaled by 2^-20 (finite, and zeros and
 // small values beside large ones in most blocks); Tiny: magnitudes 2^-136..2^-110 (blocks of
-// bf16 and fp16 subnormals, the smallest block scales).
-enum class Fill { Normal, Heavy, Specials, SpecialsNoNan, Extreme, Sparse, Tiny };
+// bf16 and fp16 subnormals, the smallest block scales); LowNormal: magnitudes in [2^-126, 2^-118),
+// normal in fp32 and bf16, random signs (sums of a few cancel to subnormals: RHT outputs).
+enum class Fill { Normal, Heavy, Specials, SpecialsNoNan, Extreme, Sparse, Tiny, LowNormal };
 
 /// A tensor of `dtype` and `shape` filled from `fill` with a fixed seed.
 inline Tensor random_tensor(DType dtype, std::vector<int64_t> shape, Fill fill, uint32_t seed) {
@@ -31,6 +32,10 @@ inline Tensor random_tensor(DType dtype, std::vector<int64_t> shape, Fill fill, 
     if (fill == Fill::Heavy) v *= std::exp2(uniform(rng));
     if (fill == Fill::Extreme) v *= std::exp2(extreme(rng));
     if (fill == Fill::Tiny) v *= std::exp2(tiny(rng));
+    if (fill == Fill::LowNormal) {
+      v = std::ldexp(1.0f + static_cast<float>(rng() % 128) / 128.0f, -126 + static_cast<int>(rng() % 8));
+      if (rng() % 2 != 0) v = -v;
+    }
     if (fill == Fill::Sparse) {
       const uint32_t pick = rng() % 32;
       if (pick < 8) v = 0.0f;
