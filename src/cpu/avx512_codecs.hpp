@@ -69,12 +69,25 @@ MICROSCALE_AVX512_INLINE __m512i encode_rn(__m512 x) {
 /// sum (index 6 or 12), which maps to code 0 like every a below 1/4. Four operations.
 /// kNanFree: s holds no NaN, and |s| clamped to 6 is one vrangeps (it would keep a signalling NaN);
 /// otherwise a NaN lane reads as 6 (code 7, as the scalar codec: E2M1 has no NaN).
-template <bool kNanFree>
+/// kBounded: s holds no NaN and |s| < 7 (a block whose amax times its encode scale is below 7):
+/// a = s, neither clamped nor made positive, three operations. A negative a subtracts its
+/// magnitude from M, so M's offsets are chosen for both signs to land on distinct 5-bit indices
+/// of one 32-entry table (nvfp4_e2m1_codes<true>), and large enough that M - |a| stays in M's
+/// binade (step and parity unchanged): M = 2^22 + 2 (index 4 -+ 2|a|), 2^23 + 14 (14 -+ |a|),
+/// 2^24 + 44 (22 -+ |a| / 2). A search over all even offsets found these (there is none for a
+/// 16-entry table). |a| >= 7 would round onto an index of the next step.
+template <bool kNanFree, bool kBounded = false>
 MICROSCALE_AVX512_INLINE __m512i nvfp4_e2m1_index(__m512 s) {
+  static_assert(kNanFree || !kBounded);
   const __m512 six = _mm512_set1_ps(6.0f);
   // NOTE: min_ps returns its second operand for a NaN first one.
-  const __m512 a = kNanFree ? _mm512_range_ps(s, six, 0x0A) : _mm512_min_ps(_mm512_abs_ps(s), six);
-  constexpr float k1 = 0x1p22f, k2 = 0x1p23f + 6.0f, k4 = 0x1p24f + 24.0f;  // M by exponent % 16
+  const __m512 a = kBounded   ? s
+                   : kNanFree ? _mm512_range_ps(s, six, 0x0A)
+                              : _mm512_min_ps(_mm512_abs_ps(s), six);
+  constexpr float k1 = kBounded ? 0x1p22f + 2.0f : 0x1p22f;
+  constexpr float k2 = kBounded ? 0x1p23f + 14.0f : 0x1p23f + 6.0f;
+  constexpr float k4 = kBounded ? 0x1p24f + 44.0f : 0x1p24f + 24.0f;
+  // M by exponent % 16 (a sign bit lands on bit 8 of the index, which the permute ignores).
   const __m512 m =
       _mm512_permutexvar_ps(_mm512_srli_epi32(_mm512_castps_si512(a), 23),
                             _mm512_setr_ps(k2, k4, k1, k1, k1, k1, k1, k1, k1, k1, k1, k1, k1, k1, k1, k1));
@@ -87,14 +100,27 @@ MICROSCALE_AVX512_INLINE __m512i nvfp4_e2m1_table(int shift) {
   return _mm512_slli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 0, 0, 0, 4, 5, 6, 0, 0, 0, 6, 7), shift);
 }
 
+/// The magnitude codes of nvfp4_e2m1_index<true, true> values (low 5 bits): entries 0-15 and 16-31,
+/// shifted left by `shift` bits.
+MICROSCALE_AVX512_INLINE __m512i nvfp4_e2m1_bounded_table_low(int shift) {
+  return _mm512_slli_epi32(_mm512_setr_epi32(4, 3, 2, 1, 0, 1, 2, 3, 4, 0, 6, 5, 4, 0, 0, 0), shift);
+}
+MICROSCALE_AVX512_INLINE __m512i nvfp4_e2m1_bounded_table_high(int shift) {
+  return _mm512_slli_epi32(_mm512_setr_epi32(4, 5, 6, 7, 6, 0, 0, 0, 6, 7, 0, 0, 0, 0, 0, 0), shift);
+}
+
 /// Lanes below zero: an ordered compare, false for NaN and for -0 (which stay unsigned).
 MICROSCALE_AVX512_INLINE __mmask16 is_negative(__m512 v) {
   return _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ);
 }
 
-/// The codes of nvfp4_e2m1_index values shifted left by `shift`, the sign bit set where `negative`.
+/// The codes of nvfp4_e2m1_index values (kBounded: of nvfp4_e2m1_index<true, true> values) shifted
+/// left by `shift`, the sign bit set where `negative`.
+template <bool kBounded = false>
 MICROSCALE_AVX512_INLINE __m512i nvfp4_e2m1_codes(__m512i index, __mmask16 negative, int shift) {
-  const __m512i code = _mm512_permutexvar_epi32(index, nvfp4_e2m1_table(shift));
+  const __m512i code = kBounded ? _mm512_permutex2var_epi32(nvfp4_e2m1_bounded_table_low(shift), index,
+                                                            nvfp4_e2m1_bounded_table_high(shift))
+                                : _mm512_permutexvar_epi32(index, nvfp4_e2m1_table(shift));
   return _mm512_mask_or_epi32(code, negative, code, _mm512_set1_epi32(0x8 << shift));
 }
 

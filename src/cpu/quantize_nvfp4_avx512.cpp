@@ -452,7 +452,7 @@ struct UnitScales {
 // directions encoded. kSharedSign: no product underflows to -0, so a lane's sign is its input's,
 // one compare for both directions. kSameCodes (16x16 tiles, both directions on the same global
 // amax): the two directions' scales are equal, so are their codes: encoded once, packed twice.
-template <bool kRows, bool kCols, bool kSharedSign, bool kSameCodes = false, bool kRht = false>
+template <bool kRows, bool kCols, bool kSharedSign, bool kSameCodes, bool kRht, bool kBounded>
 MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, const UnitScales& s,
                                           const RhtUnit* rht, RowStage& stage, int line_tile,
                                           __m512i col_words[4]) {
@@ -478,13 +478,13 @@ MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, 
       const __m512 scale =
           kSameCodes ? s.col_even : _mm512_permutexvar_ps(row_scale_index(i % 8), s.row_scale[i / 8]);
       const __m512 pe = _mm512_mul_ps(even, scale), po = _mm512_mul_ps(odd, scale);
-      row_even_index = nvfp4_e2m1_index<true>(pe);
-      row_odd_index = nvfp4_e2m1_index<true>(po);
+      row_even_index = nvfp4_e2m1_index<true, kBounded>(pe);
+      row_odd_index = nvfp4_e2m1_index<true, kBounded>(po);
       row_even_negative = kSharedSign ? even_negative : is_negative(pe);
       row_odd_negative = kSharedSign ? odd_negative : is_negative(po);
       const int shift = 8 * (i % 4);  // byte i % 4 of each lane; odd columns in its high nibble
-      const __m512i ce = nvfp4_e2m1_codes(row_even_index, row_even_negative, shift);
-      const __m512i co = nvfp4_e2m1_codes(row_odd_index, row_odd_negative, shift + 4);
+      const __m512i ce = nvfp4_e2m1_codes<kBounded>(row_even_index, row_even_negative, shift);
+      const __m512i co = nvfp4_e2m1_codes<kBounded>(row_odd_index, row_odd_negative, shift + 4);
       row_packed = _mm512_ternarylogic_epi32(row_packed, ce, co, 0xFE);  // a | b | c
       if (i % 4 == 3) {
         store_row_quad(row_packed, stage, i - 3, line_tile * 8);
@@ -495,22 +495,22 @@ MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, 
       const int shift = 4 * (i % 8);  // element i of the column block: nibble i % 8 of word i / 8
       __m512i ce, co;
       if constexpr (kSameCodes) {
-        ce = nvfp4_e2m1_codes(row_even_index, row_even_negative, shift);
-        co = nvfp4_e2m1_codes(row_odd_index, row_odd_negative, shift);
+        ce = nvfp4_e2m1_codes<kBounded>(row_even_index, row_even_negative, shift);
+        co = nvfp4_e2m1_codes<kBounded>(row_odd_index, row_odd_negative, shift);
       } else if constexpr (kRht) {  // the transformed values: their own signs
         const __m512i y = rht->y[i];
         const __m512 y_even = _mm512_castsi512_ps(_mm512_slli_epi32(y, 16));
         const __m512 y_odd =
             _mm512_castsi512_ps(_mm512_and_si512(y, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
         const __m512 pe = _mm512_mul_ps(y_even, s.col_even), po = _mm512_mul_ps(y_odd, s.col_odd);
-        ce = nvfp4_e2m1_codes(nvfp4_e2m1_index<true>(pe), is_negative(pe), shift);
-        co = nvfp4_e2m1_codes(nvfp4_e2m1_index<true>(po), is_negative(po), shift);
+        ce = nvfp4_e2m1_codes<kBounded>(nvfp4_e2m1_index<true, kBounded>(pe), is_negative(pe), shift);
+        co = nvfp4_e2m1_codes<kBounded>(nvfp4_e2m1_index<true, kBounded>(po), is_negative(po), shift);
       } else {
         const __m512 pe = _mm512_mul_ps(even, s.col_even), po = _mm512_mul_ps(odd, s.col_odd);
-        ce = nvfp4_e2m1_codes(nvfp4_e2m1_index<true>(pe), kSharedSign ? even_negative : is_negative(pe),
-                              shift);
-        co =
-            nvfp4_e2m1_codes(nvfp4_e2m1_index<true>(po), kSharedSign ? odd_negative : is_negative(po), shift);
+        ce = nvfp4_e2m1_codes<kBounded>(nvfp4_e2m1_index<true, kBounded>(pe),
+                                        kSharedSign ? even_negative : is_negative(pe), shift);
+        co = nvfp4_e2m1_codes<kBounded>(nvfp4_e2m1_index<true, kBounded>(po),
+                                        kSharedSign ? odd_negative : is_negative(po), shift);
       }
       // Rows paired: one three-way OR per two codes.
       if (i % 2 == 0) {
@@ -547,6 +547,14 @@ MICROSCALE_AVX512_INLINE __m512i half_max(__m512i v) {
   return _mm512_max_epu32(v, _mm512_shuffle_epi32(v, _MM_PERM_CDAB));
 }
 
+// Blocks whose amax times encode scale may reach 7 (or is NaN: an Inf amax): their products are
+// beyond nvfp4_e2m1_index<true, true>. A normal E4M3 block scale rounds amax / 6 by at most 1/16,
+// so only subnormal or saturated block scales (an amax override below the data's) get there.
+MICROSCALE_AVX512_INLINE __mmask16 block_may_reach_seven(__m512i amax_bits, __m512 encode_scale) {
+  return _mm512_cmp_ps_mask(_mm512_mul_ps(_mm512_castsi512_ps(amax_bits), encode_scale), _mm512_set1_ps(7.0f),
+                            _CMP_NLT_UQ);
+}
+
 // Pass 2 on the unit at `col` of a full band (16 rows at src). Returns false, having written
 // nothing, when the unit holds a NaN (quantize_tile handles it).
 template <bool kRows, bool kCols, bool kRht>
@@ -577,6 +585,7 @@ MICROSCALE_AVX512 bool quantize_unit_bf16(const Group& g, const std::byte* src, 
   UnitScales s;
   __mmask16 tiny = 0;  // scales so small that a product may underflow to -0 (sign lost)
   const __m512 min_shared = _mm512_set1_ps(0x1p-16f);  // bf16 |x| >= 2^-133: the product >= 2^-149
+  __mmask16 unbounded = 0;                             // blocks where block_may_reach_seven
   if constexpr (kRows) {
     __m512i amax[2], codes[2];
     if (g.tile_2d) {  // tile_max laid out as the tree's lanes: block (d / 4) % 2
@@ -588,6 +597,7 @@ MICROSCALE_AVX512 bool quantize_unit_bf16(const Group& g, const std::byte* src, 
     for (int h = 0; h < 2; ++h) {  // rows 8h..8h+7, 2 bytes each (line_tile is even)
       s.row_scale[h] = nvfp4_block_scales(amax[h], g.row.multiplier, g.row.encode_scale, &codes[h]);
       tiny |= _mm512_cmp_ps_mask(s.row_scale[h], min_shared, _CMP_LT_OQ);
+      unbounded |= block_may_reach_seven(amax[h], s.row_scale[h]);
       _mm_store_si128(reinterpret_cast<__m128i*>(stage.scale[line_tile / 2][8 * h]),
                       _mm512_cvtepi32_epi8(rows_in_order(codes[h])));
     }
@@ -604,6 +614,8 @@ MICROSCALE_AVX512 bool quantize_unit_bf16(const Group& g, const std::byte* src, 
     }
     tiny |= _mm512_cmp_ps_mask(s.col_even, min_shared, _CMP_LT_OQ) |
             _mm512_cmp_ps_mask(s.col_odd, min_shared, _CMP_LT_OQ);
+    unbounded |= block_may_reach_seven(g.tile_2d ? tile_max : even_max, s.col_even) |
+                 block_may_reach_seven(g.tile_2d ? tile_max : odd_max, s.col_odd);
     const __m128i e = _mm512_cvtepi32_epi8(even_codes), o = _mm512_cvtepi32_epi8(odd_codes);
     uint8_t* scale = cs.scale + band * g.k + col;  // 32 bytes in column order
     _mm_storeu_si128(reinterpret_cast<__m128i*>(scale), _mm_unpacklo_epi8(e, o));
@@ -613,23 +625,31 @@ MICROSCALE_AVX512 bool quantize_unit_bf16(const Group& g, const std::byte* src, 
   __m512i col_words[4];
   const bool same_codes =
       kRows && kCols && g.tile_2d && g.row.multiplier == g.col.multiplier && g.row.s_dec == g.col.s_dec;
+  // The encoder's forms: kSharedSign where no scale is tiny, kBounded where no block is unbounded.
   if constexpr (kRht) {
-    if (tiny == 0) {
-      encode_unit<kRows, kCols, true, false, true>(g, src, s, &rht, stage, line_tile, col_words);
+    if (tiny != 0) {
+      encode_unit<kRows, kCols, false, false, true, false>(g, src, s, &rht, stage, line_tile, col_words);
+    } else if (unbounded != 0) {
+      encode_unit<kRows, kCols, true, false, true, false>(g, src, s, &rht, stage, line_tile, col_words);
     } else {
-      encode_unit<kRows, kCols, false, false, true>(g, src, s, &rht, stage, line_tile, col_words);
+      encode_unit<kRows, kCols, true, false, true, true>(g, src, s, &rht, stage, line_tile, col_words);
     }
-  } else if (tiny == 0) {
-    if (same_codes) {
-      encode_unit<kRows, kCols, true, kRows && kCols>(g, src, s, nullptr, stage, line_tile, col_words);
+  } else if (same_codes) {
+    constexpr bool kSame = kRows && kCols;
+    if (tiny != 0) {
+      encode_unit<kRows, kCols, false, kSame, false, false>(g, src, s, nullptr, stage, line_tile, col_words);
+    } else if (unbounded != 0) {
+      encode_unit<kRows, kCols, true, kSame, false, false>(g, src, s, nullptr, stage, line_tile, col_words);
     } else {
-      encode_unit<kRows, kCols, true>(g, src, s, nullptr, stage, line_tile, col_words);
+      encode_unit<kRows, kCols, true, kSame, false, true>(g, src, s, nullptr, stage, line_tile, col_words);
     }
   } else {
-    if (same_codes) {
-      encode_unit<kRows, kCols, false, kRows && kCols>(g, src, s, nullptr, stage, line_tile, col_words);
+    if (tiny != 0) {
+      encode_unit<kRows, kCols, false, false, false, false>(g, src, s, nullptr, stage, line_tile, col_words);
+    } else if (unbounded != 0) {
+      encode_unit<kRows, kCols, true, false, false, false>(g, src, s, nullptr, stage, line_tile, col_words);
     } else {
-      encode_unit<kRows, kCols, false>(g, src, s, nullptr, stage, line_tile, col_words);
+      encode_unit<kRows, kCols, true, false, false, true>(g, src, s, nullptr, stage, line_tile, col_words);
     }
   }
   if constexpr (kCols) {  // 32 columns x 8 bytes, in column order
