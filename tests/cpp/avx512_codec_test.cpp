@@ -98,19 +98,24 @@ TEST(Avx512Codec, ElementEncodersEqualScalar) {
   expect_codec<E5M2Codec>(in, "E5M2");
 }
 
-TEST(Avx512Codec, Nvfp4ElementEncoderEqualsScalar) {
-  if (cpu_kernel_set() == KernelSet::Portable) GTEST_SKIP() << "no AVX-512 on this CPU";
-  const std::vector<float> in = probe_inputs();
-  std::vector<uint32_t> out(in.size());
-  encode_nvfp4_all(in, out);
+// NVFP4 element codes `out` of `in` against the scalar codec (any zero gives code 0, TE's rule).
+void expect_nvfp4_codes(const std::vector<float>& in, const std::vector<uint32_t>& out) {
   int failures = 0;
   for (size_t i = 0; i < in.size() && failures < 10; ++i) {
-    const uint32_t expected = in[i] == 0.0f ? 0u : E2M1Codec::encode_rn(in[i]);  // any zero -> 0
+    const uint32_t expected = in[i] == 0.0f ? 0u : E2M1Codec::encode_rn(in[i]);
     if (out[i] != expected) {
       ++failures;
       ADD_FAILURE() << "x=" << in[i] << " got " << out[i] << " want " << expected;
     }
   }
+}
+
+TEST(Avx512Codec, Nvfp4ElementEncoderEqualsScalar) {
+  if (cpu_kernel_set() == KernelSet::Portable) GTEST_SKIP() << "no AVX-512 on this CPU";
+  const std::vector<float> in = probe_inputs();
+  std::vector<uint32_t> out(in.size());
+  encode_nvfp4_all(in, out);
+  expect_nvfp4_codes(in, out);
 }
 
 TEST(Avx512Codec, Nvfp4BoundedElementEncoderEqualsScalar) {
@@ -123,14 +128,7 @@ TEST(Avx512Codec, Nvfp4BoundedElementEncoderEqualsScalar) {
   in.resize((in.size() + 15) / 16 * 16, 0.0f);
   std::vector<uint32_t> out(in.size());
   encode_nvfp4_bounded_all(in, out);
-  int failures = 0;
-  for (size_t i = 0; i < in.size() && failures < 10; ++i) {
-    const uint32_t expected = in[i] == 0.0f ? 0u : E2M1Codec::encode_rn(in[i]);  // any zero -> 0
-    if (out[i] != expected) {
-      ++failures;
-      ADD_FAILURE() << "x=" << in[i] << " got " << out[i] << " want " << expected;
-    }
-  }
+  expect_nvfp4_codes(in, out);
 }
 
 // cvtne2ps_bf16 on 32 inputs: lo = in[0..15], hi = in[16..31] -> 32 bf16 patterns.
