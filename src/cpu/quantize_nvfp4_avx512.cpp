@@ -555,6 +555,21 @@ MICROSCALE_AVX512_INLINE __mmask16 block_may_reach_seven(__m512i amax_bits, __m5
                             _CMP_NLT_UQ);
 }
 
+// encode_unit in the fastest form the unit allows: kSharedSign unless a scale is tiny, kBounded
+// unless a block may reach 7 (block_may_reach_seven).
+template <bool kRows, bool kCols, bool kSameCodes, bool kRht>
+MICROSCALE_AVX512_INLINE void encode_unit_form(bool tiny, bool unbounded, const Group& g,
+                                               const std::byte* src, const UnitScales& s, const RhtUnit* rht,
+                                               RowStage& stage, int line_tile, __m512i col_words[4]) {
+  if (tiny) {
+    encode_unit<kRows, kCols, false, kSameCodes, kRht, false>(g, src, s, rht, stage, line_tile, col_words);
+  } else if (unbounded) {
+    encode_unit<kRows, kCols, true, kSameCodes, kRht, false>(g, src, s, rht, stage, line_tile, col_words);
+  } else {
+    encode_unit<kRows, kCols, true, kSameCodes, kRht, true>(g, src, s, rht, stage, line_tile, col_words);
+  }
+}
+
 // Pass 2 on the unit at `col` of a full band (16 rows at src). Returns false, having written
 // nothing, when the unit holds a NaN (quantize_tile handles it).
 template <bool kRows, bool kCols, bool kRht>
@@ -625,32 +640,15 @@ MICROSCALE_AVX512 bool quantize_unit_bf16(const Group& g, const std::byte* src, 
   __m512i col_words[4];
   const bool same_codes =
       kRows && kCols && g.tile_2d && g.row.multiplier == g.col.multiplier && g.row.s_dec == g.col.s_dec;
-  // The encoder's forms: kSharedSign where no scale is tiny, kBounded where no block is unbounded.
   if constexpr (kRht) {
-    if (tiny != 0) {
-      encode_unit<kRows, kCols, false, false, true, false>(g, src, s, &rht, stage, line_tile, col_words);
-    } else if (unbounded != 0) {
-      encode_unit<kRows, kCols, true, false, true, false>(g, src, s, &rht, stage, line_tile, col_words);
-    } else {
-      encode_unit<kRows, kCols, true, false, true, true>(g, src, s, &rht, stage, line_tile, col_words);
-    }
+    encode_unit_form<kRows, kCols, false, true>(tiny != 0, unbounded != 0, g, src, s, &rht, stage, line_tile,
+                                                col_words);
   } else if (same_codes) {
-    constexpr bool kSame = kRows && kCols;
-    if (tiny != 0) {
-      encode_unit<kRows, kCols, false, kSame, false, false>(g, src, s, nullptr, stage, line_tile, col_words);
-    } else if (unbounded != 0) {
-      encode_unit<kRows, kCols, true, kSame, false, false>(g, src, s, nullptr, stage, line_tile, col_words);
-    } else {
-      encode_unit<kRows, kCols, true, kSame, false, true>(g, src, s, nullptr, stage, line_tile, col_words);
-    }
+    encode_unit_form<kRows, kCols, kRows && kCols, false>(tiny != 0, unbounded != 0, g, src, s, nullptr,
+                                                          stage, line_tile, col_words);
   } else {
-    if (tiny != 0) {
-      encode_unit<kRows, kCols, false, false, false, false>(g, src, s, nullptr, stage, line_tile, col_words);
-    } else if (unbounded != 0) {
-      encode_unit<kRows, kCols, true, false, false, false>(g, src, s, nullptr, stage, line_tile, col_words);
-    } else {
-      encode_unit<kRows, kCols, true, false, false, true>(g, src, s, nullptr, stage, line_tile, col_words);
-    }
+    encode_unit_form<kRows, kCols, false, false>(tiny != 0, unbounded != 0, g, src, s, nullptr, stage,
+                                                 line_tile, col_words);
   }
   if constexpr (kCols) {  // 32 columns x 8 bytes, in column order
     // col_words[w], 128-bit chunk l: columns 8l + 2w, 8l + 2w + 1; a 4x4 transpose of the chunks.

@@ -1,8 +1,9 @@
 // The AVX-512 encoders (src/cpu/avx512_codecs.hpp) lane by lane against the scalar codecs and
 // scale formulas they replace: every bf16 pattern, every grid point and midpoint of each format
 // with its fp32 neighbours, random fp32 patterns; all E4M3 scale codes, all E8M0 bytes; the bf16
-// MX encoders on every bf16 pattern and scale byte; the transposing max tree against a scalar max. Skipped on
-// CPUs without AVX-512.
+// MX encoders on every bf16 pattern and scale byte; the transposing max tree against a scalar max;
+// the AVX512-BF16 conversion against float_to_bf16. Skipped on CPUs without AVX-512 (the conversion:
+// without AVX512-BF16).
 #include <gtest/gtest.h>
 
 #include <cfloat>
