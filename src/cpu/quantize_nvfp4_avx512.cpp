@@ -406,18 +406,35 @@ MICROSCALE_AVX512_INLINE void pack_rht_outputs(const __m512 even[16], const __m5
   out.max[1] = _mm512_and_si512(max16, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
 }
 
-// `convert`: the CPU has AVX512-BF16 (pack_rht_outputs).
-template <bool kKeep>
-MICROSCALE_AVX512_INLINE bool rht_unit_bf16(const std::byte* src, int64_t row_bytes, __m512i col_max,
-                                            const RhtCoefficients& c, const float* input_scale, bool convert,
-                                            RhtUnit& out) {
-  // The smallest nonzero |x| per column: |x| - 1 wraps zeros to 0xFFFF (an all-zero column keeps
-  // 0xFFFF, whose "exponent" below reads 0: exact, its outputs are zeros).
+// The smallest nonzero |x| of each column of a unit (16-bit lanes) minus one: |x| - 1 wraps zeros
+// to 0xFFFF (an all-zero column keeps 0xFFFF, whose "exponent" in the tests reads 0: exact, its
+// outputs are zeros).
+MICROSCALE_AVX512_INLINE __m512i min_nonzero_less_one(const std::byte* src, int64_t row_bytes) {
   __m512i min_less_one = _mm512_set1_epi16(-1);
   for (int i = 0; i < kBlock; ++i) {
     const __m512i a = _mm512_and_si512(_mm512_loadu_si512(src + i * row_bytes), _mm512_set1_epi16(0x7FFF));
     min_less_one = _mm512_min_epu16(min_less_one, _mm512_sub_epi16(a, _mm512_set1_epi16(1)));
   }
+  return min_less_one;
+}
+
+// One half's outputs in fp32: the input signs and 1/4 (input_scale), then the butterfly.
+MICROSCALE_AVX512_INLINE void rht_half_float(const std::byte* src, int64_t row_bytes, int half,
+                                             const float* input_scale, __m512 z[16]) {
+  for (int i = 0; i < kBlock; ++i)
+    z[i] = _mm512_mul_ps(unit_half(src + i * row_bytes, half), _mm512_set1_ps(input_scale[i]));
+  fwht16(z);
+}
+
+// rht_unit_bf16 for units whose fp32 sums are not known to be exact: each half in fp32 where
+// every column passes rht_tile's test, else in double. Out of line: rare, and its double path
+// kept alongside the common form made that slower.
+template <bool kKeep>
+MICROSCALE_AVX512 __attribute__((noinline)) bool rht_unit_bf16_tested(const std::byte* src, int64_t row_bytes,
+                                                                      __m512i col_max, __m512i min_less_one,
+                                                                      const RhtCoefficients& c,
+                                                                      const float* input_scale, bool convert,
+                                                                      RhtUnit& out) {
   const __m512i spread =
       _mm512_sub_epi16(_mm512_srli_epi16(col_max, 7),
                        _mm512_srli_epi16(_mm512_add_epi16(min_less_one, _mm512_set1_epi16(1)), 7));
@@ -436,9 +453,7 @@ MICROSCALE_AVX512_INLINE bool rht_unit_bf16(const std::byte* src, int64_t row_by
   for (int half = 0; half < 2; ++half) {
     const __mmask32 columns = half == 0 ? 0x55555555u : 0xAAAAAAAAu;  // lane l: column l
     if ((in_float & columns) == columns) {
-      for (int i = 0; i < kBlock; ++i)
-        z[half][i] = _mm512_mul_ps(unit_half(src + i * row_bytes, half), _mm512_set1_ps(input_scale[i]));
-      fwht16(z[half]);
+      rht_half_float(src, row_bytes, half, input_scale, z[half]);
     } else {
       rht_half_double(src, row_bytes, half, c, z[half]);
     }
@@ -449,6 +464,57 @@ MICROSCALE_AVX512_INLINE bool rht_unit_bf16(const std::byte* src, int64_t row_by
     }
   }
   if constexpr (kKeep) pack_rht_outputs(z[0], z[1], convert, out);
+  return true;
+}
+
+// The RHT of a unit's columns (see RhtUnit), as rht_unit_bf16_tested gives it, computed in fp32
+// first and checked after. Why the check suffices:
+// - every partial sum of the butterfly is a multiple of 2^(e - 9), e the exponent of the column's
+//   smallest nonzero |x| (8-bit significands, times 1/4): exact in fp32 while below 2^(e + 15);
+// - every partial sum is a mean of final outputs (a stage (a, b) -> (a + b, a - b) gives back
+//   a = (u + v) / 2), so none exceeds the exact max_j |y_j|;
+// - so an inexact sum means an exact max above 2^(e + 15), and the computed outputs are within
+//   15 x 2^-24 of the exact ones relative to it: a computed max that rounds to at most
+//   (1 - 2^-7) 2^(e + 15) in bf16 proves every sum exact;
+// - the reference's double sums in i order are then exact too (each below 16 max |y_j|, so
+//   within 28 bits of 2^(e - 9)): the exact sum is what it rounds.
+// This takes columns within ~14 binades of their outputs' max in fp32, where the test before
+// computing (rht_unit_bf16_tested) can only take 12 binades of the inputs' max: on Gaussian data,
+// 1 unit in 7 failed that test (one |x| below max / 2^12 in a column) and went to double, 1 in 26
+// fails this check.
+// `convert`: the CPU has AVX512-BF16 (pack_rht_outputs).
+template <bool kKeep>
+MICROSCALE_AVX512_INLINE bool rht_unit_bf16(const std::byte* src, int64_t row_bytes, __m512i col_max,
+                                            __m512i min_less_one, const RhtCoefficients& c,
+                                            const float* input_scale, bool convert, RhtUnit& out) {
+  // fp32 needs normal inputs (subnormal ones carry fewer bits) below 2^121 (no sum overflows).
+  const __mmask32 fp32 = _mm512_cmplt_epu16_mask(col_max, _mm512_set1_epi16(0x7C00)) &
+                         _mm512_cmpge_epu16_mask(min_less_one, _mm512_set1_epi16(0x7F));
+  if (fp32 != ~__mmask32{0})
+    return rht_unit_bf16_tested<kKeep>(src, row_bytes, col_max, min_less_one, c, input_scale, convert, out);
+  // Nonzero inputs >= 2^-100 make the exact sums multiples of 2^-109: nonzero outputs are normal.
+  convert =
+      convert && kKeep && _mm512_cmpge_epu16_mask(min_less_one, _mm512_set1_epi16(0x0D7F)) == ~__mmask32{0};
+  __m512 z[2][16];  // [even / odd columns][output j]
+  rht_half_float(src, row_bytes, 0, input_scale, z[0]);
+  rht_half_float(src, row_bytes, 1, input_scale, z[1]);
+  if constexpr (kKeep) {
+    pack_rht_outputs(z[0], z[1], convert, out);
+  } else {  // rounding is monotone: the max of the rounded values is the rounded max
+    for (int half = 0; half < 2; ++half) {
+      __m512i m = _mm512_setzero_si512();
+      for (int j = 0; j < kBlock; ++j) m = _mm512_max_epu32(m, abs_bits(z[half][j]));
+      out.max[half] = _mm512_castps_si512(round_to_bf16(_mm512_castsi512_ps(m)));
+    }
+  }
+  // The check, on bf16 patterns (word l: column l): max |y| <= (1 - 2^-7) 2^(e + 15), that is
+  // exponent e + 14 and significand at most 1.1111110b.
+  const __m512i max16 = _mm512_or_si512(_mm512_srli_epi32(out.max[0], 16), out.max[1]);
+  const __m512i limit = _mm512_add_epi16(
+      _mm512_and_si512(_mm512_add_epi16(min_less_one, _mm512_set1_epi16(1)), _mm512_set1_epi16(0x7F80)),
+      _mm512_set1_epi16((14 << 7) | 0x7E));
+  if (_mm512_cmple_epu16_mask(max16, limit) != ~__mmask32{0})
+    return rht_unit_bf16_tested<kKeep>(src, row_bytes, col_max, min_less_one, c, input_scale, convert, out);
   return true;
 }
 
@@ -590,9 +656,12 @@ MICROSCALE_AVX512 bool quantize_unit_bf16(const Group& g, const std::byte* src, 
   src += col * 2;
   __m512i a[16];
   __m512i col_max = _mm512_setzero_si512();
+  [[maybe_unused]] __m512i min_less_one = _mm512_set1_epi16(-1);  // with the RHT: see min_nonzero_less_one
   for (int i = 0; i < kBlock; ++i) {
     a[i] = _mm512_and_si512(_mm512_loadu_si512(src + i * g.row_bytes), _mm512_set1_epi16(0x7FFF));
     col_max = _mm512_max_epu16(col_max, a[i]);
+    if constexpr (kRht)
+      min_less_one = _mm512_min_epu16(min_less_one, _mm512_sub_epi16(a[i], _mm512_set1_epi16(1)));
   }
   if (_mm512_cmpgt_epu16_mask(col_max, _mm512_set1_epi16(0x7F80)) != 0) return false;
   __m512i even_max = _mm512_slli_epi32(col_max, 16);
@@ -600,7 +669,8 @@ MICROSCALE_AVX512 bool quantize_unit_bf16(const Group& g, const std::byte* src, 
   // The RHT (columnwise only; never with 16x16 tiles): the columnwise values and their maxes.
   [[maybe_unused]] RhtUnit rht;
   if constexpr (kRht) {
-    if (!rht_unit_bf16<true>(src, g.row_bytes, col_max, *g.rht, g.rht_input_scale, g.bf16_convert, rht))
+    if (!rht_unit_bf16<true>(src, g.row_bytes, col_max, min_less_one, *g.rht, g.rht_input_scale,
+                             g.bf16_convert, rht))
       return false;
     even_max = rht.max[0];
     odd_max = rht.max[1];
@@ -946,7 +1016,9 @@ MICROSCALE_AVX512_INLINE bool rht_unit_amaxes(const std::byte* src, int64_t row_
     return true;
   }
   RhtUnit rht;
-  if (!rht_unit_bf16<false>(src, row_bytes, col_max, c, input_scale, false, rht)) return false;
+  if (!rht_unit_bf16<false>(src, row_bytes, col_max, min_nonzero_less_one(src, row_bytes), c, input_scale,
+                            false, rht))
+    return false;
   *max16 = _mm512_max_epu16(*max16, col_max);
   *rht_max = _mm512_max_epu32(*rht_max, _mm512_max_epu32(rht.max[0], rht.max[1]));
   *rht_floor = bits_to_float(_mm512_reduce_max_epu32(*rht_max));

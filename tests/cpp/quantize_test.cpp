@@ -120,6 +120,72 @@ TEST(Quantize, FastEqualsReferenceNvfp4) {
   }
 }
 
+TEST(Quantize, FastEqualsReferenceNvfp4RhtAmaxGiven) {
+  // With the columnwise amax given there is no pass 1: every transform is pass 2's, and an amax
+  // below the data's saturates block scales.
+  uint32_t seed = 700;
+  for (Fill fill : {Fill::Normal, Fill::Heavy, Fill::Specials, Fill::SpecialsNoNan, Fill::Extreme, Fill::Tiny,
+                    Fill::LowNormal}) {
+    const Tensor x = random_tensor(DType::BF16, {272, 400}, fill, seed++);
+    QuantizeOptions o;
+    o.rowwise = o.columnwise = true;
+    o.rht = true;
+    o.num_threads = 2;
+    const float found = quantize_ref(x.view(), o).columnwise_amax;
+    for (float amax : {found, 1.5f}) {
+      if (!std::isfinite(amax) || amax <= 0.0f) continue;  // all-NaN or all-zero fills
+      o.amax_columnwise = amax;
+      expect_fast_equals_ref(x.view(), o, std::string("rht amax given ") + std::to_string(amax));
+    }
+  }
+}
+
+TEST(Quantize, FastEqualsReferenceNvfp4RhtSumNotExactInFp32) {
+  // A column whose RHT outputs cannot be summed exactly in fp32: -4, -2^-6 and two values near
+  // -2^-16 (16 binades apart). Eight outputs sum to 1 + 2^-8 + 0.75 x 2^-23 (a bf16 tie plus less
+  // than an fp32 ulp): the reference truncates to the tie, which rounds to even (1.0); an fp32 sum
+  // rounds up to the next ulp, then to 1.0078125. The max output is the columnwise amax, so a fast
+  // path that took fp32 here would show in it.
+  for (int column : {0, 1, 6}) {     // even and odd lanes of a unit
+    for (int offset : {0, 3, 10}) {  // the second small value is 2^-16 (1 + (offset + 3) / 128)
+      Tensor x(DType::BF16, {16, 32});
+      const float values[4] = {-4.0f, -0x1p-6f, -0x1p-16f * (1.0f + offset / 128.0f),
+                               -0x1p-16f * (1.0f + (offset + 3) / 128.0f)};
+      for (int i = 0; i < 4; ++i) x.data_as<uint16_t>()[i * 32 + column] = float_to_bf16(values[i]);
+      QuantizeOptions o;
+      o.rowwise = o.columnwise = true;
+      o.rht = true;
+      EXPECT_EQ(quantize_ref(x.view(), o).columnwise_amax, 1.0f);
+      expect_fast_equals_ref(x.view(), o,
+                             "column " + std::to_string(column) + " offset " + std::to_string(offset));
+    }
+  }
+}
+
+TEST(Quantize, FastEqualsReferenceNvfp4ManyGroupsPerThread) {
+  // Several 256-row groups per thread: each group's columnwise lines are written while the next
+  // group is quantized (by slices of K / 16 columnwise rows, rounded up to 64), the last group's
+  // after it; and the columnwise scales of 4 groups share a line. A last group of one band.
+  uint32_t seed = 900;
+  for (DType dtype : {DType::BF16, DType::F32}) {
+    for (auto shape : {std::vector<int64_t>{1040, 96}, {1536, 1056}}) {
+      for (bool rht : {false, true}) {
+        if (rht && dtype != DType::BF16) continue;
+        for (int threads : {1, 2}) {
+          const Tensor x = random_tensor(dtype, shape, Fill::Normal, seed++);
+          QuantizeOptions o;
+          o.rowwise = o.columnwise = true;
+          o.rht = rht;
+          o.num_threads = threads;
+          expect_fast_equals_ref(x.view(), o,
+                                 std::string(dtype_name(dtype)) + " " + shape_string(shape) +
+                                     (rht ? " rht" : "") + " threads " + std::to_string(threads));
+        }
+      }
+    }
+  }
+}
+
 TEST(Quantize, FastEqualsReferenceNvfp4OneDirection) {
   // Each direction alone: the AVX-512 kernels have a form for each.
   uint32_t seed = 500;
