@@ -346,10 +346,11 @@ MICROSCALE_AVX512_INLINE void store_row_quad(__m512i packed, RowStage& stage, in
 }
 
 // The RHT of a unit's columns (each lane of the even and odd halves) down its 16 rows, rounded to
-// bf16 values, as rht_tile: in fp32 for a half whose columns all pass rht_tile's test for that
-// (bf16 inputs carry no low bits; the rest is tested here on the 16-bit |x|), else in double with
-// the sum truncated to fp32. Columns that are exact in neither (Inf, subnormal inputs, more than 40
-// binades: rare) make rht_unit_bf16 return false, and the unit goes by tiles.
+// bf16 values, as rht_tile gives them: in fp32, proven exact after the sums (rht_unit_bf16), else
+// per half in fp32 where rht_tile's test passes (bf16 inputs carry no low bits; the rest is tested
+// on the 16-bit |x|) or in double with the sum truncated to fp32 (rht_unit_bf16_tested). Columns
+// exact in neither (Inf, subnormal inputs, more than 40 binades: rare) make these return false,
+// and the unit goes by tiles.
 struct RhtUnit {
   // [output j]: the outputs as bf16 in the input's layout (word 2l: column 2l, word 2l + 1: column
   // 2l + 1), so that pass 2 encodes them as it does input rows; kept only where asked (pass 2).
