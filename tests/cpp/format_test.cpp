@@ -63,7 +63,9 @@ TEST(Format, EveryCodeDecodes) {
         EXPECT_EQ(encode_rn(format, v), code) << f.name << " code " << code;
       }
     }
-    if (f.bits < 8) EXPECT_THROW(decode(format, static_cast<uint8_t>(1u << f.bits)), Error) << f.name;
+    if (f.bits < 8) {
+      EXPECT_THROW(decode(format, static_cast<uint8_t>(1u << f.bits)), Error) << f.name;
+    }
   }
   // E8M0: 2^(code - 127), 0xFF NaN; UE4M3: the positive half of E4M3.
   for (int code = 0; code < 255; ++code) EXPECT_EQ(decode(Format::E8M0, code), std::ldexp(1.0f, code - 127));
