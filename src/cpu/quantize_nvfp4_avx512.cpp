@@ -407,16 +407,27 @@ MICROSCALE_AVX512_INLINE void pack_rht_outputs(const __m512 even[16], const __m5
   out.max[1] = _mm512_and_si512(max16, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
 }
 
-// The smallest nonzero |x| of each column of a unit (16-bit lanes) minus one: |x| - 1 wraps zeros
-// to 0xFFFF (an all-zero column keeps 0xFFFF, whose "exponent" in the tests reads 0: exact, its
-// outputs are zeros).
-MICROSCALE_AVX512_INLINE __m512i min_nonzero_less_one(const std::byte* src, int64_t row_bytes) {
+// The smallest nonzero |x| of each column minus one (16-bit lanes), updated with a row's |x|:
+// |x| - 1 wraps zeros to 0xFFFF (an all-zero column keeps 0xFFFF, whose "exponent" in the tests
+// reads 0: exact, its outputs are zeros). Starts from all ones.
+MICROSCALE_AVX512_INLINE __m512i min_nonzero_less_one(__m512i min_less_one, __m512i abs_row) {
+  return _mm512_min_epu16(min_less_one, _mm512_sub_epi16(abs_row, _mm512_set1_epi16(1)));
+}
+
+// min_nonzero_less_one over the 16 rows of a unit.
+MICROSCALE_AVX512_INLINE __m512i unit_min_nonzero_less_one(const std::byte* src, int64_t row_bytes) {
   __m512i min_less_one = _mm512_set1_epi16(-1);
   for (int i = 0; i < kBlock; ++i) {
-    const __m512i a = _mm512_and_si512(_mm512_loadu_si512(src + i * row_bytes), _mm512_set1_epi16(0x7FFF));
-    min_less_one = _mm512_min_epu16(min_less_one, _mm512_sub_epi16(a, _mm512_set1_epi16(1)));
+    min_less_one = min_nonzero_less_one(
+        min_less_one, _mm512_and_si512(_mm512_loadu_si512(src + i * row_bytes), _mm512_set1_epi16(0x7FFF)));
   }
   return min_less_one;
+}
+
+// Per column, the exponent of its max |x| less that of its smallest nonzero |x| (in binades).
+MICROSCALE_AVX512_INLINE __m512i exponent_spread(__m512i col_max, __m512i min_less_one) {
+  return _mm512_sub_epi16(_mm512_srli_epi16(col_max, 7),
+                          _mm512_srli_epi16(_mm512_add_epi16(min_less_one, _mm512_set1_epi16(1)), 7));
 }
 
 // One half's outputs in fp32: the input signs and 1/4 (input_scale), then the butterfly.
@@ -436,9 +447,7 @@ MICROSCALE_AVX512 __attribute__((noinline)) bool rht_unit_bf16_tested(const std:
                                                                       const RhtCoefficients& c,
                                                                       const float* input_scale, bool convert,
                                                                       RhtUnit& out) {
-  const __m512i spread =
-      _mm512_sub_epi16(_mm512_srli_epi16(col_max, 7),
-                       _mm512_srli_epi16(_mm512_add_epi16(min_less_one, _mm512_set1_epi16(1)), 7));
+  const __m512i spread = exponent_spread(col_max, min_less_one);
   const __mmask32 in_double = _mm512_cmplt_epu16_mask(col_max, _mm512_set1_epi16(0x7F80)) &     // finite
                               _mm512_cmpge_epu16_mask(min_less_one, _mm512_set1_epi16(0x7F)) &  // normal
                               _mm512_cmple_epi16_mask(spread, _mm512_set1_epi16(40));
@@ -492,9 +501,7 @@ MICROSCALE_AVX512_INLINE bool rht_unit_bf16(const std::byte* src, int64_t row_by
   // A column over 16 binades fails the check anyway (the outputs' max is at least max |x| / 4:
   // the inputs are the butterfly's first partial sums), so the tested form goes first there and
   // data of a wide range do not pay for both forms.
-  const __m512i spread =
-      _mm512_sub_epi16(_mm512_srli_epi16(col_max, 7),
-                       _mm512_srli_epi16(_mm512_add_epi16(min_less_one, _mm512_set1_epi16(1)), 7));
+  const __m512i spread = exponent_spread(col_max, min_less_one);
   const __mmask32 fp32 = _mm512_cmplt_epu16_mask(col_max, _mm512_set1_epi16(0x7C00)) &
                          _mm512_cmpge_epu16_mask(min_less_one, _mm512_set1_epi16(0x7F)) &
                          _mm512_cmple_epi16_mask(spread, _mm512_set1_epi16(16));
@@ -664,12 +671,11 @@ MICROSCALE_AVX512 bool quantize_unit_bf16(const Group& g, const std::byte* src, 
   src += col * 2;
   __m512i a[16];
   __m512i col_max = _mm512_setzero_si512();
-  [[maybe_unused]] __m512i min_less_one = _mm512_set1_epi16(-1);  // with the RHT: see min_nonzero_less_one
+  [[maybe_unused]] __m512i min_less_one = _mm512_set1_epi16(-1);  // with the RHT
   for (int i = 0; i < kBlock; ++i) {
     a[i] = _mm512_and_si512(_mm512_loadu_si512(src + i * g.row_bytes), _mm512_set1_epi16(0x7FFF));
     col_max = _mm512_max_epu16(col_max, a[i]);
-    if constexpr (kRht)
-      min_less_one = _mm512_min_epu16(min_less_one, _mm512_sub_epi16(a[i], _mm512_set1_epi16(1)));
+    if constexpr (kRht) min_less_one = min_nonzero_less_one(min_less_one, a[i]);
   }
   if (_mm512_cmpgt_epu16_mask(col_max, _mm512_set1_epi16(0x7F80)) != 0) return false;
   __m512i even_max = _mm512_slli_epi32(col_max, 16);
@@ -1024,8 +1030,8 @@ MICROSCALE_AVX512_INLINE bool rht_unit_amaxes(const std::byte* src, int64_t row_
     return true;
   }
   RhtUnit rht;
-  if (!rht_unit_bf16<false>(src, row_bytes, col_max, min_nonzero_less_one(src, row_bytes), c, input_scale,
-                            false, rht))
+  if (!rht_unit_bf16<false>(src, row_bytes, col_max, unit_min_nonzero_less_one(src, row_bytes), c,
+                            input_scale, false, rht))
     return false;
   *max16 = _mm512_max_epu16(*max16, col_max);
   *rht_max = _mm512_max_epu32(*rht_max, _mm512_max_epu32(rht.max[0], rht.max[1]));
