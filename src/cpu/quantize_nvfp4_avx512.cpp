@@ -1029,7 +1029,7 @@ MICROSCALE_AVX512_INLINE bool rht_unit_amaxes(const std::byte* src, int64_t row_
     *max16 = _mm512_max_epu16(*max16, col_max);
     return true;
   }
-  RhtUnit rht;
+  RhtUnit rht;  // the smallest |x| re-read only here: most units skip the transform
   if (!rht_unit_bf16<false>(src, row_bytes, col_max, unit_min_nonzero_less_one(src, row_bytes), c,
                             input_scale, false, rht))
     return false;

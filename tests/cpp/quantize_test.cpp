@@ -141,31 +141,38 @@ TEST(Quantize, FastEqualsReferenceNvfp4RhtAmaxGiven) {
 }
 
 TEST(Quantize, FastEqualsReferenceNvfp4RhtSumNotExactInFp32) {
-  // A column whose RHT outputs cannot be summed exactly in fp32: -4, -2^-6 and two values near
-  // -2^-16 (16 binades apart). Eight outputs sum to 1 + 2^-8 + 0.75 x 2^-23 (a bf16 tie plus less
-  // than an fp32 ulp): the reference truncates to the tie, which rounds to even (1.0); an fp32 sum
-  // rounds up to the next ulp, then to 1.0078125. The max output is the columnwise amax, so a fast
-  // path that took fp32 here would show in it.
-  for (int column : {0, 1, 6}) {     // even and odd lanes of a unit
-    for (int offset : {0, 3, 10}) {  // the second small value is 2^-16 (1 + (offset + 3) / 128)
-      Tensor x(DType::BF16, {16, 32});
-      const float values[4] = {-4.0f, -0x1p-6f, -0x1p-16f * (1.0f + offset / 128.0f),
-                               -0x1p-16f * (1.0f + (offset + 3) / 128.0f)};
-      for (int i = 0; i < 4; ++i) x.data_as<uint16_t>()[i * 32 + column] = float_to_bf16(values[i]);
-      QuantizeOptions o;
-      o.rowwise = o.columnwise = true;
-      o.rht = true;
-      EXPECT_EQ(quantize_ref(x.view(), o).columnwise_amax, 1.0f);
-      expect_fast_equals_ref(x.view(), o,
-                             "column " + std::to_string(column) + " offset " + std::to_string(offset));
+  // A column whose RHT outputs cannot be summed exactly in fp32, yet within 16 binades (so the fast
+  // path tries fp32 and must reject it after): rows 0-7 hold +-a, signed so that outputs 0 and 8
+  // sum to 2a; row 8 adds half a bf16 ulp of 2a; rows 9 and 10 (15 binades below a) add 0.75 of
+  // an fp32 ulp. Output 0 is then a bf16 tie plus less than an fp32 ulp: the reference truncates
+  // to the tie, which rounds to even (2a); an fp32 sum rounds up to the next ulp, then to the next
+  // bf16 value. Output 0 is the columnwise amax, so taking the fp32 sums would show in it.
+  const float row_sign[8] = {1, 1, 1, -1, 1, -1, -1, -1};  // the sign mask 0xD7E8's rows 0-7
+  for (float a : {1.0f, 1.015625f, 1.5f}) {                // 2a has an even bf16 significand
+    for (int b : {0, 5}) {
+      for (int column : {0, 1, 6}) {  // even and odd lanes of a unit
+        Tensor x(DType::BF16, {16, 32});
+        float values[11];
+        for (int i = 0; i < 8; ++i) values[i] = row_sign[i] * a;
+        values[8] = -0x1p-5f;
+        values[9] = -0x1p-15f * (1.0f + (b + 3) / 128.0f);
+        values[10] = 0x1p-15f * (1.0f + b / 128.0f);
+        for (int i = 0; i < 11; ++i) x.data_as<uint16_t>()[i * 32 + column] = float_to_bf16(values[i]);
+        QuantizeOptions o;
+        o.rowwise = o.columnwise = true;
+        o.rht = true;
+        EXPECT_EQ(quantize_ref(x.view(), o).columnwise_amax, 2.0f * a);
+        expect_fast_equals_ref(
+            x.view(), o,
+            "a " + std::to_string(a) + " b " + std::to_string(b) + " column " + std::to_string(column));
+      }
     }
   }
 }
 
 TEST(Quantize, FastEqualsReferenceNvfp4ManyGroupsPerThread) {
-  // Several 256-row groups per thread: each group's columnwise lines are written while the next
-  // group is quantized (by slices of K / 16 columnwise rows, rounded up to 64), the last group's
-  // after it; and the columnwise scales of 4 groups share a line. A last group of one band.
+  // Several 256-row groups per thread: each group's columnwise stage is flushed and reused by the
+  // next, and the columnwise scales of 4 groups share a line. A last group of one band.
   uint32_t seed = 900;
   for (DType dtype : {DType::BF16, DType::F32}) {
     for (auto shape : {std::vector<int64_t>{1040, 96}, {1536, 1056}}) {
