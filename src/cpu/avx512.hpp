@@ -70,23 +70,24 @@ constexpr int64_t element_bytes() {
   return kDType == DType::F32 ? 4 : 2;
 }
 
-/// vcvtne2ps2bf16 (AVX512-BF16): lo's lanes rounded to nearest even bf16 in words 0-15, hi's in
-/// words 16-31. Unlike an IEEE conversion it flushes subnormal inputs and results to signed zeros.
-/// Run only where kernel_set() is KernelSet::Avx512Bf16.
-/// NOTE: inline assembly, not the intrinsic: the intrinsic needs the avx512bf16 target on every
-/// function it is inlined into, the whole kernel, which must also run on CPUs without it (a target
-/// attribute cannot follow a template parameter or a run-time flag).
-MICROSCALE_AVX512_INLINE __m512i cvtne2ps_bf16(__m512 hi, __m512 lo) {
-  __m512i packed;
-  asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(packed) : "v"(hi), "v"(lo));
-  return packed;
+/// fp32 lanes rounded to nearest even bf16 (as fp32 values), in integer steps: any finite input,
+/// subnormals included.
+MICROSCALE_AVX512_INLINE __m512 round_to_bf16(__m512 f) {
+  const __m512i u = _mm512_castps_si512(f);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb);
+  return _mm512_castsi512_ps(_mm512_and_si512(rounded, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
 }
 
-/// The _mm512_permutexvar_epi16 index that interleaves the two 256-bit halves word by word:
-/// word 2l <- word l, word 2l + 1 <- word 16 + l.
-MICROSCALE_AVX512_INLINE __m512i interleave_halves_index() {
-  return _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5,
-                          20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+/// round_to_bf16 in two FMAs (five operations above), for lanes that are zero or normal and below
+/// 2^111 in magnitude. With C = y 2^16 (exact inside the FMA; its last place is y's bf16 last
+/// place), C - y rounds y to that place, ties to even (at a tie C's last bit is 0), and
+/// C - (C - y) is exact. The difference rather than the sum: C + y leaves C's binade when y is
+/// within 2^-16 below a power of two, C - y only when y is within 2^-16 above one, which rounds to
+/// it on either grid. Subnormals would round to the wrong place; from 2^111 on, C - y overflows.
+MICROSCALE_AVX512_INLINE __m512 round_to_bf16_normal(__m512 y) {
+  const __m512 c = _mm512_set1_ps(0x1p16f);
+  return _mm512_fmsub_ps(y, c, _mm512_fmsub_ps(y, c, y));
 }
 
 MICROSCALE_AVX512_INLINE __m512i abs_bits(__m512 v) {

@@ -1,6 +1,5 @@
 #include "cpu/kernel_set.hpp"
 
-#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -16,7 +15,7 @@ KernelSet cpu_kernel_set() {
         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))) {
     return KernelSet::Portable;
   }
-  return __builtin_cpu_supports("avx512bf16") ? KernelSet::Avx512Bf16 : KernelSet::Avx512;
+  return KernelSet::Avx512;
 #else
   return KernelSet::Portable;
 #endif
@@ -26,7 +25,6 @@ KernelSet kernel_set() {
   static const KernelSet best = cpu_kernel_set();
   const char* forced = std::getenv("MICROSCALE_CPU_KERNELS");
   if (forced != nullptr && std::strcmp(forced, "portable") == 0) return KernelSet::Portable;
-  if (forced != nullptr && std::strcmp(forced, "avx512") == 0) return std::min(best, KernelSet::Avx512);
   return best;
 }
 

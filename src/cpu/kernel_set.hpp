@@ -1,17 +1,15 @@
 // Which CPU kernels quantize() runs: the hand-vectorised AVX-512 ones (quantize_*_avx512.cpp) when
 // the CPU has AVX-512 F/BW/DQ/VL, else the portable fast path (quantize_nvfp4.cpp,
-// quantize_mx.cpp). Where the CPU also has AVX512-BF16 (Cooper Lake, Sapphire Rapids and later,
-// Zen 4), the NVFP4 kernel rounds its RHT outputs to bf16 with that extension's conversion
-// instruction. All sets equal the reference bit for bit; the choice only changes speed.
+// quantize_mx.cpp). Both equal the reference bit for bit; the choice only changes speed.
 //
-// The environment variable MICROSCALE_CPU_KERNELS forces a lesser set: "avx512" (AVX-512 without
-// the BF16 extension) or "portable". It is read on every call, so a test can switch it (the tests
-// run every set the CPU has; benchmarks compare them).
+// The environment variable MICROSCALE_CPU_KERNELS=portable forces the portable set ("avx512" or
+// "auto" keep the best one). It is read on every call, so a test can switch it (the tests run
+// every set the CPU has; benchmarks compare them).
 #pragma once
 
 namespace microscale::cpu {
 
-enum class KernelSet { Portable, Avx512, Avx512Bf16 };  // each one a superset of the one before
+enum class KernelSet { Portable, Avx512 };
 
 /// The best set this CPU (and its OS) runs, whatever the environment says.
 KernelSet cpu_kernel_set();

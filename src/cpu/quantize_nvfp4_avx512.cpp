@@ -63,7 +63,6 @@ struct Group {
   bool tile_2d = false;
   const RhtCoefficients* rht = nullptr;    // columnwise through the RHT when set
   const float* rht_input_scale = nullptr;  // [16] with the RHT: s_i / 4 (column 0 of *rht) in fp32
-  bool bf16_convert = false;               // the CPU has AVX512-BF16 (pack_rht_outputs)
   // Rowwise (row_data null: not requested): group row r at row_data + r * row_data_stride (K/2
   // bytes) and row_scale + r * row_scale_stride (K/16 bytes).
   uint8_t* row_data = nullptr;
@@ -146,14 +145,6 @@ MICROSCALE_AVX512_INLINE void fwht16(Vector z[16]) {
       z[i + h] = p - q;
     }
   }
-}
-
-// Round to nearest even bf16, as an fp32 value (finite inputs: no NaN case).
-MICROSCALE_AVX512_INLINE __m512 round_to_bf16(__m512 f) {
-  const __m512i u = _mm512_castps_si512(f);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb);
-  return _mm512_castsi512_ps(_mm512_and_si512(rounded, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
 }
 
 // y[j] (lane c) = RHT of column c's 16 values, rounded as rht16 does: the exact sum truncated to
@@ -352,9 +343,9 @@ MICROSCALE_AVX512_INLINE void store_row_quad(__m512i packed, RowStage& stage, in
 // exact in neither (Inf, subnormal inputs, more than 40 binades: rare) make these return false,
 // and the unit goes by tiles.
 struct RhtUnit {
-  // [output j]: the outputs as bf16 in the input's layout (word 2l: column 2l, word 2l + 1: column
-  // 2l + 1), so that pass 2 encodes them as it does input rows; kept only where asked (pass 2).
-  __m512i y[16];
+  // [even / odd columns][output j]: the outputs, bf16 values as fp32 (lane l: column 2l or 2l + 1,
+  // as unit_half gives the input), kept only where asked (pass 2).
+  __m512 y[2][16];
   __m512i max[2];  // per even / odd lane the max |y_j| (fp32 bits)
 };
 
@@ -387,24 +378,28 @@ MICROSCALE_AVX512_INLINE void rht_half_double(const std::byte* src, int64_t row_
     out[j] = _mm512_insertf32x8(_mm512_castps256_ps512(part[0][j]), part[1][j], 1);
 }
 
-// Rounds both halves' outputs to bf16 and packs them into out.y (words 2l / 2l + 1: even / odd lane
-// l). With AVX512-BF16, one conversion per output (vcvtne2ps2bf16 rounds to nearest even, but
-// flushes subnormal inputs and results to zero: only for outputs known to be normal or zero) and a
-// word permute into the input's layout; without it, the rounding in integer steps.
-MICROSCALE_AVX512_INLINE void pack_rht_outputs(const __m512 even[16], const __m512 odd[16], bool convert,
-                                               RhtUnit& out) {
-  __m512i max16 = _mm512_setzero_si512();
+// Rounds both halves' outputs to bf16 values into out.y and takes their maxes: by two FMAs where
+// `normal_range` (rht_outputs_in_normal_range), else in integer steps.
+MICROSCALE_AVX512_INLINE void round_rht_outputs(const __m512 even[16], const __m512 odd[16],
+                                                bool normal_range, RhtUnit& out) {
+  __m512 max[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
   for (int j = 0; j < kBlock; ++j) {
-    if (convert) {
-      out.y[j] = _mm512_permutexvar_epi16(interleave_halves_index(), cvtne2ps_bf16(odd[j], even[j]));
-    } else {  // round_to_bf16 leaves the low 16 bits zero
-      out.y[j] = _mm512_or_si512(_mm512_srli_epi32(_mm512_castps_si512(round_to_bf16(even[j])), 16),
-                                 _mm512_castps_si512(round_to_bf16(odd[j])));
+    for (int half = 0; half < 2; ++half) {
+      const __m512 y = half == 0 ? even[j] : odd[j];
+      const __m512 r = normal_range ? round_to_bf16_normal(y) : round_to_bf16(y);
+      out.y[half][j] = r;
+      max[half] = _mm512_range_ps(max[half], r, 0x0B);  // max |.|, sign cleared
     }
-    max16 = _mm512_max_epu16(max16, _mm512_and_si512(out.y[j], _mm512_set1_epi16(0x7FFF)));
   }
-  out.max[0] = _mm512_slli_epi32(max16, 16);
-  out.max[1] = _mm512_and_si512(max16, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  out.max[0] = _mm512_castps_si512(max[0]);
+  out.max[1] = _mm512_castps_si512(max[1]);
+}
+
+// Columns whose outputs are zero or normal below 2^111 (round_to_bf16_normal): nonzero inputs
+// >= 2^-100 make the exact sums multiples of 2^-109, inputs below 2^109 keep them below 2^111.
+MICROSCALE_AVX512_INLINE __mmask32 rht_outputs_in_normal_range(__m512i col_max, __m512i min_less_one) {
+  return _mm512_cmpge_epu16_mask(min_less_one, _mm512_set1_epi16(0x0D7F)) &
+         _mm512_cmplt_epu16_mask(col_max, _mm512_set1_epi16(0x7600));
 }
 
 // The smallest nonzero |x| of each column minus one (16-bit lanes), updated with a row's |x|:
@@ -445,7 +440,7 @@ template <bool kKeep>
 MICROSCALE_AVX512 __attribute__((noinline)) bool rht_unit_bf16_tested(const std::byte* src, int64_t row_bytes,
                                                                       __m512i col_max, __m512i min_less_one,
                                                                       const RhtCoefficients& c,
-                                                                      const float* input_scale, bool convert,
+                                                                      const float* input_scale,
                                                                       RhtUnit& out) {
   const __m512i spread = exponent_spread(col_max, min_less_one);
   const __mmask32 in_double = _mm512_cmplt_epu16_mask(col_max, _mm512_set1_epi16(0x7F80)) &     // finite
@@ -454,9 +449,8 @@ MICROSCALE_AVX512 __attribute__((noinline)) bool rht_unit_bf16_tested(const std:
   if (in_double != ~__mmask32{0}) return false;
   const __mmask32 in_float = _mm512_cmplt_epu16_mask(col_max, _mm512_set1_epi16(0x7C00)) &  // < 2^121
                              _mm512_cmple_epi16_mask(spread, _mm512_set1_epi16(12));
-  // Nonzero inputs >= 2^-100 make the fp32 sums multiples of 2^-109: nonzero outputs are normal.
-  convert = convert && kKeep &&
-            (in_float & _mm512_cmpge_epu16_mask(min_less_one, _mm512_set1_epi16(0x0D7F))) == ~__mmask32{0};
+  const bool normal_range =
+      kKeep && (in_float & rht_outputs_in_normal_range(col_max, min_less_one)) == ~__mmask32{0};
   __m512 z[2][16];  // [even / odd columns][output j]
   // NOTE: unrolled, z can stay in registers (rolled, GCC 12 keeps it on the stack, indexed).
 #pragma GCC unroll 2
@@ -473,7 +467,7 @@ MICROSCALE_AVX512 __attribute__((noinline)) bool rht_unit_bf16_tested(const std:
       out.max[half] = _mm512_castps_si512(round_to_bf16(_mm512_castsi512_ps(m)));
     }
   }
-  if constexpr (kKeep) pack_rht_outputs(z[0], z[1], convert, out);
+  if constexpr (kKeep) round_rht_outputs(z[0], z[1], normal_range, out);
   return true;
 }
 
@@ -492,11 +486,10 @@ MICROSCALE_AVX512 __attribute__((noinline)) bool rht_unit_bf16_tested(const std:
 // computing (rht_unit_bf16_tested) can only take 12 binades of the inputs' max: on Gaussian data,
 // 1 unit in 7 failed that test (one |x| below max / 2^12 in a column) and went to double, 1 in 26
 // fails this check.
-// `convert`: the CPU has AVX512-BF16 (pack_rht_outputs).
 template <bool kKeep>
 MICROSCALE_AVX512_INLINE bool rht_unit_bf16(const std::byte* src, int64_t row_bytes, __m512i col_max,
                                             __m512i min_less_one, const RhtCoefficients& c,
-                                            const float* input_scale, bool convert, RhtUnit& out) {
+                                            const float* input_scale, RhtUnit& out) {
   // fp32 needs normal inputs (subnormal ones carry fewer bits) below 2^121 (no sum overflows).
   // A column over 16 binades fails the check anyway (the outputs' max is at least max |x| / 4:
   // the inputs are the butterfly's first partial sums), so the tested form goes first there and
@@ -506,15 +499,13 @@ MICROSCALE_AVX512_INLINE bool rht_unit_bf16(const std::byte* src, int64_t row_by
                          _mm512_cmpge_epu16_mask(min_less_one, _mm512_set1_epi16(0x7F)) &
                          _mm512_cmple_epi16_mask(spread, _mm512_set1_epi16(16));
   if (fp32 != ~__mmask32{0})
-    return rht_unit_bf16_tested<kKeep>(src, row_bytes, col_max, min_less_one, c, input_scale, convert, out);
-  // Nonzero inputs >= 2^-100 make the exact sums multiples of 2^-109: nonzero outputs are normal.
-  convert =
-      convert && kKeep && _mm512_cmpge_epu16_mask(min_less_one, _mm512_set1_epi16(0x0D7F)) == ~__mmask32{0};
+    return rht_unit_bf16_tested<kKeep>(src, row_bytes, col_max, min_less_one, c, input_scale, out);
+  const bool normal_range = kKeep && rht_outputs_in_normal_range(col_max, min_less_one) == ~__mmask32{0};
   __m512 z[2][16];  // [even / odd columns][output j]
   rht_half_float(src, row_bytes, 0, input_scale, z[0]);
   rht_half_float(src, row_bytes, 1, input_scale, z[1]);
   if constexpr (kKeep) {
-    pack_rht_outputs(z[0], z[1], convert, out);
+    round_rht_outputs(z[0], z[1], normal_range, out);
   } else {  // rounding is monotone: the max of the rounded values is the rounded max
     for (int half = 0; half < 2; ++half) {
       __m512i m = _mm512_setzero_si512();
@@ -529,7 +520,7 @@ MICROSCALE_AVX512_INLINE bool rht_unit_bf16(const std::byte* src, int64_t row_by
       _mm512_and_si512(_mm512_add_epi16(min_less_one, _mm512_set1_epi16(1)), _mm512_set1_epi16(0x7F80)),
       _mm512_set1_epi16((14 << 7) | 0x7E));
   if (_mm512_cmple_epu16_mask(max16, limit) != ~__mmask32{0})
-    return rht_unit_bf16_tested<kKeep>(src, row_bytes, col_max, min_less_one, c, input_scale, convert, out);
+    return rht_unit_bf16_tested<kKeep>(src, row_bytes, col_max, min_less_one, c, input_scale, out);
   return true;
 }
 
@@ -591,11 +582,8 @@ MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, 
         ce = nvfp4_e2m1_codes<kBounded>(row_even_index, row_even_negative, shift);
         co = nvfp4_e2m1_codes<kBounded>(row_odd_index, row_odd_negative, shift);
       } else if constexpr (kRht) {  // the transformed values: their own signs
-        const __m512i y = rht->y[i];
-        const __m512 y_even = _mm512_castsi512_ps(_mm512_slli_epi32(y, 16));
-        const __m512 y_odd =
-            _mm512_castsi512_ps(_mm512_and_si512(y, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
-        const __m512 pe = _mm512_mul_ps(y_even, s.col_even), po = _mm512_mul_ps(y_odd, s.col_odd);
+        const __m512 pe = _mm512_mul_ps(rht->y[0][i], s.col_even),
+                     po = _mm512_mul_ps(rht->y[1][i], s.col_odd);
         ce = nvfp4_e2m1_codes<kBounded>(nvfp4_e2m1_index<true, kBounded>(pe), is_negative(pe), shift);
         co = nvfp4_e2m1_codes<kBounded>(nvfp4_e2m1_index<true, kBounded>(po), is_negative(po), shift);
       } else {
@@ -683,8 +671,7 @@ MICROSCALE_AVX512 bool quantize_unit_bf16(const Group& g, const std::byte* src, 
   // The RHT (columnwise only; never with 16x16 tiles): the columnwise values and their maxes.
   [[maybe_unused]] RhtUnit rht;
   if constexpr (kRht) {
-    if (!rht_unit_bf16<true>(src, g.row_bytes, col_max, min_less_one, *g.rht, g.rht_input_scale,
-                             g.bf16_convert, rht))
+    if (!rht_unit_bf16<true>(src, g.row_bytes, col_max, min_less_one, *g.rht, g.rht_input_scale, rht))
       return false;
     even_max = rht.max[0];
     odd_max = rht.max[1];
@@ -1031,7 +1018,7 @@ MICROSCALE_AVX512_INLINE bool rht_unit_amaxes(const std::byte* src, int64_t row_
   }
   RhtUnit rht;  // the smallest |x| re-read only here: most units skip the transform
   if (!rht_unit_bf16<false>(src, row_bytes, col_max, unit_min_nonzero_less_one(src, row_bytes), c,
-                            input_scale, false, rht))
+                            input_scale, rht))
     return false;
   *max16 = _mm512_max_epu16(*max16, col_max);
   *rht_max = _mm512_max_epu32(*rht_max, _mm512_max_epu32(rht.max[0], rht.max[1]));
@@ -1131,7 +1118,6 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, QuantizedTens
   base.tile_2d = o.tile == Tile::k16x16;
   base.rht = rht ? &coefficients : nullptr;
   base.rht_input_scale = input_scale;
-  base.bf16_convert = kernel_set() == KernelSet::Avx512Bf16;
   auto group = [&](int64_t index) {
     Group g = base;
     g.src = static_cast<const std::byte*>(x.data) + index * kGroupRows * row_bytes;

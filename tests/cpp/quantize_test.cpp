@@ -29,11 +29,11 @@ void expect_same(const QuantizedTensor& a, const QuantizedTensor& b, const std::
   }
 }
 
-// quantize() on each CPU kernel set (src/cpu/kernel_set.hpp: the best one the CPU has, AVX-512
-// without its BF16 extension where the CPU has AVX-512, and the portable one) equals quantize_ref().
+// quantize() on each CPU kernel set (src/cpu/kernel_set.hpp: the best one the CPU has, and the
+// portable one) equals quantize_ref().
 void expect_fast_equals_ref(const TensorView& x, const QuantizeOptions& o, const std::string& what) {
   const QuantizedTensor ref = quantize_ref(x, o);
-  for (const char* kernels : {"auto", "avx512", "portable"}) {
+  for (const char* kernels : {"auto", "portable"}) {
     setenv("MICROSCALE_CPU_KERNELS", kernels, 1);
     expect_same(quantize(x, o), ref, what + " [" + kernels + " kernels]");
   }
