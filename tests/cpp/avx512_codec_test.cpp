@@ -195,9 +195,13 @@ TEST(Avx512Codec, Nvfp4BlockScalesEqualScalar) {
       alignas(64) float amax[16], enc[16];
       alignas(64) uint32_t codes[16];
       for (float& a : amax) {
-        a = trial < 2048
-                ? std::ldexp(static_cast<float>(rng() % 4096) / 4096.0f, static_cast<int>(rng() % 40) - 20)
-                : bits_to_float(rng() % 0x7F800001u);  // any finite or +Inf
+        if (trial < 1024) {  // within 2^14 of the tensor's amax: every code normal (the short form)
+          a = std::ldexp(static_cast<float>(1 + rng() % 4096) / 4096.0f, -static_cast<int>(rng() % 14));
+        } else if (trial < 2048) {
+          a = std::ldexp(static_cast<float>(rng() % 4096) / 4096.0f, static_cast<int>(rng() % 40) - 20);
+        } else {
+          a = bits_to_float(rng() % 0x7F800001u);  // any finite or +Inf
+        }
         a = std::fabs(a) * (global_amax > 0.0f && std::isfinite(global_amax) ? global_amax : 1.0f);
       }
       scale_lanes(amax, multiplier, s_dec, codes, enc);
