@@ -395,6 +395,14 @@ MICROSCALE_AVX512_INLINE void round_rht_outputs(const __m512 even[16], const __m
   out.max[1] = _mm512_castps_si512(max[1]);
 }
 
+// Per lane the max |y_j| of one half's outputs before rounding, rounded to bf16 (fp32 bits), for
+// pass 1, which keeps no outputs: rounding is monotone, so this is the max of the rounded values.
+MICROSCALE_AVX512_INLINE __m512i rounded_max(const __m512 y[16]) {
+  __m512i m = _mm512_setzero_si512();
+  for (int j = 0; j < kBlock; ++j) m = _mm512_max_epu32(m, abs_bits(y[j]));
+  return _mm512_castps_si512(round_to_bf16(_mm512_castsi512_ps(m)));
+}
+
 // Columns whose outputs are zero or normal below 2^111 (round_to_bf16_normal): nonzero inputs
 // >= 2^-100 make the exact sums multiples of 2^-109, inputs below 2^109 keep them below 2^111.
 MICROSCALE_AVX512_INLINE __mmask32 rht_outputs_in_normal_range(__m512i col_max, __m512i min_less_one) {
@@ -461,11 +469,7 @@ MICROSCALE_AVX512 __attribute__((noinline)) bool rht_unit_bf16_tested(const std:
     } else {
       rht_half_double(src, row_bytes, half, c, z[half]);
     }
-    if constexpr (!kKeep) {  // rounding is monotone: the max of the rounded values is the rounded max
-      __m512i m = _mm512_setzero_si512();
-      for (int j = 0; j < kBlock; ++j) m = _mm512_max_epu32(m, abs_bits(z[half][j]));
-      out.max[half] = _mm512_castps_si512(round_to_bf16(_mm512_castsi512_ps(m)));
-    }
+    if constexpr (!kKeep) out.max[half] = rounded_max(z[half]);
   }
   if constexpr (kKeep) round_rht_outputs(z[0], z[1], normal_range, out);
   return true;
@@ -506,12 +510,9 @@ MICROSCALE_AVX512_INLINE bool rht_unit_bf16(const std::byte* src, int64_t row_by
   rht_half_float(src, row_bytes, 1, input_scale, z[1]);
   if constexpr (kKeep) {
     round_rht_outputs(z[0], z[1], normal_range, out);
-  } else {  // rounding is monotone: the max of the rounded values is the rounded max
-    for (int half = 0; half < 2; ++half) {
-      __m512i m = _mm512_setzero_si512();
-      for (int j = 0; j < kBlock; ++j) m = _mm512_max_epu32(m, abs_bits(z[half][j]));
-      out.max[half] = _mm512_castps_si512(round_to_bf16(_mm512_castsi512_ps(m)));
-    }
+  } else {
+    out.max[0] = rounded_max(z[0]);
+    out.max[1] = rounded_max(z[1]);
   }
   // The check, on bf16 patterns (word l: column l): max |y| <= (1 - 2^-7) 2^(e + 15), that is
   // exponent e + 14 and significand at most 1.1111110b.
