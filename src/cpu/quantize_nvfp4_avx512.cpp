@@ -1095,7 +1095,7 @@ MICROSCALE_AVX512 void copy_line_bytes(const uint8_t* lines, int64_t count, int6
 
 // Columnwise scale lines for columnwise rows [c_begin, c_end), gathered from every group's pieces
 // (group_scales: [groups][K][16], band b of group j for row c at (j * K + c) * 16 + b): each
-// 64-byte line of a row (4 groups) assembled in registers and written once, to dst + c * stride.
+// 64-byte line of a row (4 groups) assembled in a local buffer and written once, to dst + c * stride.
 MICROSCALE_AVX512 void gather_scale_lines(const uint8_t* group_scales, int64_t groups, int64_t k,
                                           int64_t row_bytes, int64_t c_begin, int64_t c_end, uint8_t* dst,
                                           int64_t stride, bool stream) {
