@@ -5,10 +5,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# python3-dev: the headers torch.compile's CPU code needs (bench/torchao_cpu_baseline.py).
 APT_PACKAGES=(build-essential cmake ninja-build git pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev libopenblas-openmp-dev
   clang libclang-rt-dev
-  python3 python3-venv python3-pip)
+  python3 python3-venv python3-pip python3-dev)
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 

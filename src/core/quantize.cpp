@@ -53,7 +53,12 @@ std::string lowercase(std::string_view s) {
 void validate_quantize(const InputMatrix& x, const QuantizeOptions& o) {
   const SchemeRow& s = scheme_row(o.scheme);
   const std::string name(s.name);
-  const std::string shape = "[" + std::to_string(x.rows) + ", " + std::to_string(x.cols) + "]";
+  // NOTE: appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on "[" + to_string(...).
+  std::string shape = "[";
+  shape += std::to_string(x.rows);
+  shape += ", ";
+  shape += std::to_string(x.cols);
+  shape += "]";
   require(o.rowwise || o.columnwise, "ask for rowwise and/or columnwise output");
   require(o.num_threads >= 0, "num_threads must be >= 0");
   require(o.scale_layout == ScaleLayout::Compact || o.scale_layout == ScaleLayout::Swizzled,
