@@ -525,6 +525,14 @@ MICROSCALE_AVX512_INLINE bool rht_unit_bf16(const std::byte* src, int64_t row_by
   return true;
 }
 
+// Each 32-bit lane of v shifted left by `bits` (right where negative; v unchanged at 0). Codes held
+// in nibbles move between nibble positions without losing bits.
+MICROSCALE_AVX512_INLINE __m512i shift_lanes(__m512i v, int bits) {
+  if (bits > 0) return _mm512_slli_epi32(v, static_cast<unsigned>(bits));
+  if (bits < 0) return _mm512_srli_epi32(v, static_cast<unsigned>(-bits));
+  return v;
+}
+
 // The scales of a unit, per direction: rowwise in transpose_max16x2 order (row_scale[h] for rows
 // 8h..8h+7), columnwise per even and odd lane.
 struct UnitScales {
@@ -535,7 +543,8 @@ struct UnitScales {
 // The element loop of a unit: each row loaded once (from L1: the amax step read it), both
 // directions encoded. kSharedSign: no product underflows to -0, so a lane's sign is its input's,
 // one compare for both directions. kSameCodes (16x16 tiles, both directions on the same global
-// amax): the two directions' scales are equal, so are their codes: encoded once, packed twice.
+// amax): the two directions' scales are equal, so are their codes: encoded once (with their signs,
+// at the rowwise nibbles), then shifted to the columnwise ones.
 template <bool kRows, bool kCols, bool kSharedSign, bool kSameCodes, bool kRht, bool kBounded>
 MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, const UnitScales& s,
                                           const RhtUnit* rht, RowStage& stage, int line_tile,
@@ -559,6 +568,7 @@ MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, 
     }
     __m512i row_even_index, row_odd_index;
     __mmask16 row_even_negative = 0, row_odd_negative = 0;
+    __m512i row_even_codes, row_odd_codes;  // signed codes at their rowwise nibbles (kSameCodes reuses them)
     if constexpr (kRows) {
       const __m512 scale =
           kSameCodes ? s.col_even : _mm512_permutexvar_ps(row_scale_index(i % 8), s.row_scale[i / 8]);
@@ -568,9 +578,9 @@ MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, 
       row_even_negative = kSharedSign ? even_negative : is_negative(pe);
       row_odd_negative = kSharedSign ? odd_negative : is_negative(po);
       const int shift = 8 * (i % 4);  // byte i % 4 of each lane; odd columns in its high nibble
-      const __m512i ce = nvfp4_e2m1_codes<kBounded>(row_even_index, row_even_negative, shift);
-      const __m512i co = nvfp4_e2m1_codes<kBounded>(row_odd_index, row_odd_negative, shift + 4);
-      row_packed = _mm512_ternarylogic_epi32(row_packed, ce, co, 0xFE);  // a | b | c
+      row_even_codes = nvfp4_e2m1_codes<kBounded>(row_even_index, row_even_negative, shift);
+      row_odd_codes = nvfp4_e2m1_codes<kBounded>(row_odd_index, row_odd_negative, shift + 4);
+      row_packed = _mm512_ternarylogic_epi32(row_packed, row_even_codes, row_odd_codes, 0xFE);  // a | b | c
       if (i % 4 == 3) {
         store_row_quad(row_packed, stage, i - 3, line_tile * 8);
         row_packed = _mm512_setzero_si512();
@@ -579,9 +589,10 @@ MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, 
     if constexpr (kCols) {
       const int shift = 4 * (i % 8);  // element i of the column block: nibble i % 8 of word i / 8
       __m512i ce, co;
-      if constexpr (kSameCodes) {
-        ce = nvfp4_e2m1_codes<kBounded>(row_even_index, row_even_negative, shift);
-        co = nvfp4_e2m1_codes<kBounded>(row_odd_index, row_odd_negative, shift);
+      if constexpr (kSameCodes) {  // the rowwise codes moved from nibble 2 (i % 4) (+ 1 if odd) to i % 8
+        static_assert(kRows);
+        ce = shift_lanes(row_even_codes, shift - 8 * (i % 4));
+        co = shift_lanes(row_odd_codes, shift - 8 * (i % 4) - 4);
       } else if constexpr (kRht) {  // the transformed values: their own signs
         const __m512 pe = _mm512_mul_ps(rht->y[0][i], s.col_even),
                      po = _mm512_mul_ps(rht->y[1][i], s.col_odd);
