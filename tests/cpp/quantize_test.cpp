@@ -147,8 +147,13 @@ TEST(Quantize, FastEqualsReferenceNvfp4RhtSumNotExactInFp32) {
   // an fp32 ulp. Output 0 is then a bf16 tie plus less than an fp32 ulp: the reference truncates
   // to the tie, which rounds to even (2a); an fp32 sum rounds up to the next ulp, then to the next
   // bf16 value. Output 0 is the columnwise amax, so taking the fp32 sums would show in it.
+  // Pass 2 checks its own sums (with the amax given there is no pass 1). For 2a = 2.5 and the
+  // amax 2688 * 2^7 (S_enc = 2^-7) the block scale is the E4M3 subnormal 2^-8 either way
+  // (2.5 * 2^-7 / 6 = (5/3) 2^-9), the encode scale 1 / (2^-8 * 2^7) = 2, and output 0 encodes
+  // as 2.5 * 2 = 5 exactly: a tie, code 6 (4). The fp32 sum's next bf16 value gives
+  // 5 (1 + 2^-7), code 7 (6).
   const float row_sign[8] = {1, 1, 1, -1, 1, -1, -1, -1};  // the sign mask 0xD7E8's rows 0-7
-  for (float a : {1.0f, 1.015625f, 1.5f}) {                // 2a has an even bf16 significand
+  for (float a : {1.0f, 1.015625f, 1.25f, 1.5f}) {         // 2a has an even bf16 significand
     for (int b : {0, 5}) {
       for (int column : {0, 1, 6}) {  // even and odd lanes of a unit
         Tensor x(DType::BF16, {16, 32});
@@ -162,9 +167,16 @@ TEST(Quantize, FastEqualsReferenceNvfp4RhtSumNotExactInFp32) {
         o.rowwise = o.columnwise = true;
         o.rht = true;
         EXPECT_EQ(quantize_ref(x.view(), o).columnwise_amax, 2.0f * a);
-        expect_fast_equals_ref(
-            x.view(), o,
-            "a " + std::to_string(a) + " b " + std::to_string(b) + " column " + std::to_string(column));
+        const std::string what =
+            "a " + std::to_string(a) + " b " + std::to_string(b) + " column " + std::to_string(column);
+        expect_fast_equals_ref(x.view(), o, what);
+        if (a == 1.25f) {
+          o.amax_columnwise = 2688.0f * 128.0f;
+          const QuantizedTensor ref = quantize_ref(x.view(), o);
+          const uint8_t code0 = ref.columnwise_data.data_as<uint8_t>()[column * 8] & 0xF;  // output 0
+          EXPECT_EQ(code0, 6) << what;  // the tie at 5 went to 4: the case this test is for
+          expect_fast_equals_ref(x.view(), o, what + " amax given");
+        }
       }
     }
   }
