@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packs the built CPU quantize benchmark and the CLI with the dynamic loader and every shared library
-# they link against, so that it runs unchanged on a machine that has neither Google Benchmark nor this
+# they link against, so that they run unchanged on a machine that has neither Google Benchmark nor this
 # machine's glibc (docs/perf.md, eleventh session: the lent GPU machine's host CPU).
 # Usage: bash scripts/bundle_cpu_bench.sh [BUILD_DIR] [OUT_DIR]   (defaults: build/release, .gpu/cpubench)
 # Then, on the other machine:
