@@ -86,7 +86,7 @@ def torchao_rates(x, thread_counts, repeats, compile_too):
                 try:
                     rates[(name, threads, "compiled")] = moved / median_seconds(torch.compile(fn), x, repeats) / 1e9
                 except Exception as error:  # e.g. torch 2.11's inductor has no CPU type for float8_e8m0fnu
-                    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                    reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
                     print(f"  torch.compile failed for {name} ({reason}); its figure is left out")
             print(f"  torchao {name:14s} {threads:2d} threads done", flush=True)
     return rates
@@ -105,13 +105,13 @@ def microscale_rates(bench, thread_counts):
         with open(out) as f:
             report = json.load(f)
     rates = {}
-    for run in report["benchmarks"]:
-        if run.get("aggregate_name") != "median":
+    for entry in report["benchmarks"]:
+        if entry.get("aggregate_name") != "median":
             continue
-        parts = run["run_name"].split("/")  # memcpy/T/real_time or fast/CASE/T/real_time
+        parts = entry["run_name"].split("/")  # memcpy/T/real_time or fast/CASE/T/real_time
         name, threads = (parts[0], parts[1]) if parts[0] == "memcpy" else (parts[1], parts[2])
         if int(threads) in thread_counts:
-            rates[(name, int(threads))] = run["bytes_per_second"] / 1e9
+            rates[(name, int(threads))] = entry["bytes_per_second"] / 1e9
     return rates
 
 
@@ -136,8 +136,12 @@ def check_mxfp8_bytes(x, cli):
     for what, a, b in pairs:
         same = a.shape == b.shape and torch.equal(a, b)
         equal = equal and same
-        detail = "" if same else f" (shapes {tuple(a.shape)} / {tuple(b.shape)}, " \
-            f"{int((a != b).sum()) if a.shape == b.shape else 'n/a'} bytes differ)"
+        if same:
+            detail = ""
+        elif a.shape == b.shape:
+            detail = f" ({int((a != b).sum())} bytes differ)"
+        else:
+            detail = f" (shapes {tuple(a.shape)} / {tuple(b.shape)})"
         print(f"  MXFP8 {what:18s} equal to torchao's: {'yes' if same else 'NO'}{detail}")
     return equal
 
