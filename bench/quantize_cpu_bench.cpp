@@ -2,7 +2,8 @@
 //
 // Effective bandwidth = (bytes read + bytes written) / time, for a 4096x4096 bf16 input (32 MiB):
 // NVFP4 rowwise+columnwise with and without RHT, NVFP4 16x16 (both directions), MXFP8 E4M3
-// rowwise+columnwise; the fast path (AVX-512 kernels where the CPU has them) on 1 thread and on all
+// rowwise+columnwise, and NVFP4 and MXFP8 rowwise+columnwise of the same values as f16 (32 MiB
+// too); the fast path (AVX-512 kernels where the CPU has them) on 1 thread and on all
 // threads, its portable kernels and the reference path on 1.
 // The baseline is memcpy of the input (read 32 MiB + write 32 MiB) on the same thread counts.
 // The table printed last gives each figure as a ratio to memcpy and to the reference path.
@@ -29,15 +30,22 @@ using namespace microscale;
 
 constexpr int64_t kRows = 4096, kCols = 4096;
 
-const Tensor& input() {
-  static const Tensor x = [] {
+// The 4096 x 4096 input: Gaussian bf16 values, or the same values as f16.
+const Tensor& input(DType dtype = DType::BF16) {
+  static const Tensor bf16 = [] {
     Tensor t(DType::BF16, {kRows, kCols});
     std::mt19937 rng(0);
     std::normal_distribution<float> normal;
     for (int64_t i = 0; i < t.numel(); ++i) t.data_as<uint16_t>()[i] = float_to_bf16(normal(rng));
     return t;
   }();
-  return x;
+  static const Tensor f16 = [] {
+    Tensor t(DType::F16, {kRows, kCols});
+    for (int64_t i = 0; i < t.numel(); ++i)
+      t.data_as<uint16_t>()[i] = float_to_half(bf16_to_float(bf16.data_as<uint16_t>()[i]));
+    return t;
+  }();
+  return dtype == DType::F16 ? f16 : bf16;
 }
 
 int64_t output_bytes(const QuantizedTensor& q) {
@@ -51,6 +59,7 @@ int64_t output_bytes(const QuantizedTensor& q) {
 struct Case {
   const char* name;
   QuantizeOptions options;
+  DType dtype = DType::BF16;  // of the input
 };
 
 std::vector<Case> cases() {
@@ -65,7 +74,9 @@ std::vector<Case> cases() {
   return {{"nvfp4_row_col", nvfp4},
           {"nvfp4_row_col_rht", nvfp4_rht},
           {"nvfp4_16x16", nvfp4_2d},
-          {"mxfp8_row_col", mxfp8}};
+          {"mxfp8_row_col", mxfp8},
+          {"nvfp4_row_col_f16", nvfp4, DType::F16},
+          {"mxfp8_row_col_f16", mxfp8, DType::F16}};
 }
 
 void BM_memcpy(benchmark::State& state) {
@@ -95,15 +106,16 @@ void BM_quantize(benchmark::State& state, Case c, Path path) {
   int64_t moved = 0;
   // The fast paths write into the same buffers every iteration, as memcpy does; like memcpy's
   // destination, they are allocated and touched before the timed loop.
+  const Tensor& x = input(c.dtype);
   QuantizedTensor q;
-  if (path != Path::Reference) quantize_into(input().view(), o, q);
+  if (path != Path::Reference) quantize_into(x.view(), o, q);
   for (auto _ : state) {
     if (path == Path::Reference) {
-      q = quantize_ref(input().view(), o);
+      q = quantize_ref(x.view(), o);
     } else {
-      quantize_into(input().view(), o, q);
+      quantize_into(x.view(), o, q);
     }
-    moved = static_cast<int64_t>(input().nbytes()) + output_bytes(q);
+    moved = static_cast<int64_t>(x.nbytes()) + output_bytes(q);
     benchmark::DoNotOptimize(q.rowwise_data.data());
   }
   unsetenv("MICROSCALE_CPU_KERNELS");
@@ -137,7 +149,8 @@ int main(int argc, char** argv) {
   // The input is made before any benchmark: inside one, its ~0.6 s would be timed (an iteration
   // of whichever case the random interleaving runs first), and Google Benchmark would then give
   // that case a single iteration per repetition.
-  input();
+  input(DType::BF16);
+  input(DType::F16);
   const int all = omp_get_max_threads();
   for (int threads : {1, all}) {
     benchmark::RegisterBenchmark("memcpy", BM_memcpy)
@@ -178,7 +191,8 @@ int main(int argc, char** argv) {
     return it == reporter.rates.end() ? 0.0 : it->second;
   };
   std::printf(
-      "\n4096x4096 bf16, effective GB/s = (bytes read + written) / time, medians; %d hardware threads\n",
+      "\n4096x4096 bf16 (f16 where the case says so), effective GB/s = (bytes read + written) / time, "
+      "medians; %d hardware threads\n",
       all);
   std::printf("%-20s %8s %10s %12s %12s %16s\n", "case", "threads", "GB/s", "vs memcpy", "vs ref(1t)",
               "vs portable(1t)");

@@ -64,6 +64,21 @@ MICROSCALE_AVX512_INLINE __m512 load16(const void* p) {
   }
 }
 
+/// The low (kHigh false) or high (kHigh true) 16 bits of each 32-bit lane of `v`, bf16 or f16
+/// patterns, widened exactly to fp32: bf16 by a shift or a mask, f16 by vcvtph2ps (exact for every
+/// pattern). A 512-bit load of a 16-bit row gives its even columns (low halves) and odd columns
+/// (high halves) this way.
+template <DType kIn, bool kHigh>
+MICROSCALE_AVX512_INLINE __m512 widen_half_lanes(__m512i v) {
+  static_assert(kIn == DType::BF16 || kIn == DType::F16);
+  if constexpr (kIn == DType::BF16) {
+    return _mm512_castsi512_ps(kHigh ? _mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)))
+                                     : _mm512_slli_epi32(v, 16));
+  } else {
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(kHigh ? _mm512_srli_epi32(v, 16) : v));
+  }
+}
+
 /// Bytes per input element.
 template <DType kDType>
 constexpr int64_t element_bytes() {

@@ -254,67 +254,98 @@ MICROSCALE_AVX512_INLINE __m512 mx_inverse_scales(__m512i byte) {
   return _mm512_castsi512_ps(v);
 }
 
-/// MX element codes of bf16 inputs on 32 lanes of 16 bits, without widening to fp32. With the
-/// E8M0 block scale byte S the element is y = x * 2^(127 - S) (exact: a power of two), whose
-/// biased exponent in the element format (bias B, m mantissa bits) is e = exp(x) + B - S. Where
-/// e >= 1 (the normal range) the code is x's 15-bit |x| pattern with the exponent field moved by
-/// B - S and the 7 mantissa bits rounded to m, ties to even: one add and one shift (the carry of
-/// the rounding moves into the exponent, as in encode_rn). Elsewhere (format subnormals, zeros,
-/// bf16 subnormals) the mantissa with its leading bit is shifted right by 7 - m + 1 - e, rounded.
-/// Both equal encode_rn(mx_scaled_element(x, mx_inverse_scale(S))) for finite x and B <= S < 0xFF
-/// whenever |y| < 2^(emax + 1), which every MX scale rule guarantees for the block's elements
-/// (tests/cpp/avx512_codec_test.cpp checks every bf16 pattern against every such scale byte).
-/// NOTE: S >= B keeps every bf16 subnormal x in binade 1 or below, where the format's grid is
-/// linear; smaller scales (blocks of amax below ~2^(B - 127 + emax)) go to the fp32 encoders.
-template <typename Codec>
-struct MxBf16Format {
+/// MX element codes of 16-bit inputs (bf16 or f16) on 32 lanes of 16 bits, without widening to
+/// fp32. With the E8M0 block scale byte S the element is y = x * 2^(127 - S) (exact: a power of
+/// two), whose biased exponent in the element format (bias B, m mantissa bits) is
+/// e = exp(x) - d, d = S - kScaleBase (Mx16Format). Where e >= 1 (the normal range) and x is a
+/// normal input, the code is x's 15-bit |x| pattern with the exponent field moved by d and the
+/// input's mantissa bits rounded to m, ties to even: one subtract and one shift (the carry of the
+/// rounding moves into the exponent, as in encode_rn). Elsewhere (format subnormals, input
+/// subnormals) mx_bf16_codes or mx_f16_codes. Each equals
+/// encode_rn(mx_scaled_element(x, mx_inverse_scale(S))) for finite x and S < 0xFF whenever
+/// |y| < 2^(emax + 1), which every MX scale rule guarantees for the block's elements
+/// (tests/cpp/avx512_codec_test.cpp checks every bf16 and f16 pattern against every such scale
+/// byte; bf16 from S = B on, see mx_bf16_codes).
+template <typename Codec, DType kIn>
+struct Mx16Format {
+  static_assert(kIn == DType::BF16 || kIn == DType::F16);
+  static constexpr int kInputMantissaBits = kIn == DType::BF16 ? 7 : 10;
+  static constexpr int kInputBias = kIn == DType::BF16 ? 127 : 15;
+  static constexpr uint16_t kInfPattern = kIn == DType::BF16 ? 0x7F80 : 0x7C00;  // |x| >= it: Inf/NaN
   static constexpr int kBias = 1 - Codec::kEmin;
   static constexpr int kMantissaBits = 23 - Codec::kShift;
-  static constexpr int kDrop = 7 - kMantissaBits;        // bf16 mantissa bits dropped in the normal range
-  static constexpr int kSignShift = 16 - Codec::kWidth;  // bf16 sign bit -> the code's sign bit
+  static constexpr int kDrop = kInputMantissaBits - kMantissaBits;  // input mantissa bits dropped
+  static constexpr int kScaleBase = kBias + 127 - kInputBias;       // d = S - kScaleBase
+  static constexpr int kSignShift = 16 - Codec::kWidth;             // input sign bit -> the code's
 };
 
-/// code | (x >> kSignShift & sign bit): the sign of each bf16 lane of `x_shifted` on its code.
+/// code | (x >> kSignShift & sign bit): the sign of each 16-bit lane of `x_shifted` on its code.
 template <typename Codec>
-MICROSCALE_AVX512_INLINE __m512i with_bf16_sign(__m512i code, __m512i x_shifted) {
+MICROSCALE_AVX512_INLINE __m512i with_input_sign(__m512i code, __m512i x_shifted) {
   return _mm512_ternarylogic_epi32(code, x_shifted, _mm512_set1_epi16(static_cast<int16_t>(Codec::kSignBit)),
                                    0xF8);  // A | (B & C)
 }
 
-/// The per-block terms of mx_bf16_codes_normal for scale bytes S (16-bit lanes): `lower`, the
-/// amount subtracted from |x| + rounding bit, and `limit`: lanes with |x| - 1 <= limit (unsigned;
-/// zeros wrap to 0xFFFF and are never below) are outside the normal range and need mx_bf16_codes.
-/// Blocks with S <= B have every lane there (limit 0xFFFF): their zeros would not subtract to 0.
-template <typename Codec>
-MICROSCALE_AVX512_INLINE void mx_bf16_normal_terms(__m512i scale_bytes, __m512i* lower, __m512i* limit) {
-  using F = MxBf16Format<Codec>;
-  const __m512i d = _mm512_sub_epi16(scale_bytes, _mm512_set1_epi16(F::kBias));  // S - B
-  const __m512i shifted = _mm512_slli_epi16(d, 7);
-  // (S - B) << 7 minus the rounding's half step less one: |x| + lsb - lower = the rebased |x|
-  // pattern + (2^(kDrop - 1) - 1).
+/// The per-block terms of mx16_codes_normal for scale bytes S (16-bit lanes): `lower`, the amount
+/// subtracted from |x| + rounding bit, and `limit`: lanes with |x| - 1 <= limit (unsigned; zeros
+/// wrap to 0xFFFF and are never below) are outside the normal form and need the general one.
+/// bf16: blocks with d <= 0 have every lane there (limit 0xFFFF): their zeros would not subtract
+/// to 0. f16: there d <= 0 leaves only the input subnormals outside (e = exp(x) - d >= 1 for every
+/// normal x), and mx16_codes_normal zeroes zero lanes itself.
+template <typename Codec, DType kIn>
+MICROSCALE_AVX512_INLINE void mx16_normal_terms(__m512i scale_bytes, __m512i* lower, __m512i* limit) {
+  using F = Mx16Format<Codec, kIn>;
+  const __m512i d = _mm512_sub_epi16(scale_bytes, _mm512_set1_epi16(F::kScaleBase));
+  const __m512i shifted = _mm512_slli_epi16(d, F::kInputMantissaBits);
+  // d << mantissa bits minus the rounding's half step less one: |x| + lsb - lower = the rebased
+  // |x| pattern + (2^(kDrop - 1) - 1).
   *lower = _mm512_sub_epi16(shifted, _mm512_set1_epi16((1 << (F::kDrop - 1)) - 1));
-  // e >= 1 <=> |x| >= (S + 1 - B) << 7 <=> |x| - 1 <= ((S - B) << 7) + 126.
-  *limit = _mm512_mask_blend_epi16(_mm512_cmpgt_epi16_mask(d, _mm512_setzero_si512()), _mm512_set1_epi16(-1),
-                                   _mm512_add_epi16(shifted, _mm512_set1_epi16(126)));
+  // e >= 1 <=> |x| >= (d + 1) << mantissa bits <=> |x| - 1 <= (d << mantissa bits) + 2^bits - 2.
+  const __m512i top = _mm512_set1_epi16((1 << F::kInputMantissaBits) - 2);
+  const __mmask32 positive = _mm512_cmpgt_epi16_mask(d, _mm512_setzero_si512());
+  const __m512i otherwise = kIn == DType::BF16 ? _mm512_set1_epi16(-1) : top;
+  *limit = _mm512_mask_blend_epi16(positive, otherwise, _mm512_add_epi16(shifted, top));
 }
 
-/// mx_bf16 codes of lanes in the normal range or zero (see mx_bf16_normal_terms):
-/// `abs_plus_lsb` = |x| + (|x| >> kDrop & 1), `x_shifted` = x >> kSignShift.
-template <typename Codec>
-MICROSCALE_AVX512_INLINE __m512i mx_bf16_codes_normal(__m512i abs_plus_lsb, __m512i x_shifted,
-                                                      __m512i lower) {
-  // Saturating: a zero lane becomes 0 (lower > 0 wherever this form is used).
-  const __m512i rounded =
-      _mm512_srli_epi16(_mm512_subs_epu16(abs_plus_lsb, lower), MxBf16Format<Codec>::kDrop);
-  return with_bf16_sign<Codec>(
+/// MX codes of lanes in the normal form's range or zero (see mx16_normal_terms):
+/// `abs_plus_lsb` = |x| + (|x| >> kDrop & 1), `x_shifted` = x >> kSignShift, `nonzero` the lanes
+/// with |x| != 0 (f16 only: there `lower` may be negative, so a zero lane is zeroed by the mask
+/// instead of by a saturating subtract).
+template <typename Codec, DType kIn>
+MICROSCALE_AVX512_INLINE __m512i mx16_codes_normal(__m512i abs_plus_lsb, __m512i x_shifted, __m512i lower,
+                                                   __mmask32 nonzero) {
+  using F = Mx16Format<Codec, kIn>;
+  // bf16: saturating, a zero lane becomes 0 (lower > 0 wherever this form is used).
+  const __m512i rebased = kIn == DType::BF16 ? _mm512_subs_epu16(abs_plus_lsb, lower)
+                                             : _mm512_maskz_sub_epi16(nonzero, abs_plus_lsb, lower);
+  const __m512i rounded = _mm512_srli_epi16(rebased, F::kDrop);
+  return with_input_sign<Codec>(
       _mm512_min_epu16(rounded, _mm512_set1_epi16(static_cast<int16_t>(Codec::kMaxCode))), x_shifted);
 }
 
-/// mx_bf16 codes of any finite lanes: `abs` = |x| bits, `x_shifted` = x >> kSignShift,
+/// MX codes of any finite f16 lanes `x` (raw patterns) with scale bytes S per lane (16-bit): each
+/// half widened exactly to fp32 and encoded as the fp32 kernel does. Used for the few registers
+/// with an input subnormal or a format subnormal.
+template <typename Codec>
+MICROSCALE_AVX512_INLINE __m512i mx_f16_codes(__m512i x, __m512i scale_bytes) {
+  __m256i half_codes[2];
+  for (int h = 0; h < 2; ++h) {
+    const __m256i x_half = h == 0 ? _mm512_castsi512_si256(x) : _mm512_extracti64x4_epi64(x, 1);
+    const __m256i s_half =
+        h == 0 ? _mm512_castsi512_si256(scale_bytes) : _mm512_extracti64x4_epi64(scale_bytes, 1);
+    const __m512 y = _mm512_mul_ps(_mm512_cvtph_ps(x_half), mx_inverse_scales(_mm512_cvtepu16_epi32(s_half)));
+    half_codes[h] = _mm512_cvtepi32_epi16(encode_rn<Codec>(y));
+  }
+  return _mm512_inserti64x4(_mm512_castsi256_si512(half_codes[0]), half_codes[1], 1);
+}
+
+/// MX codes of any finite bf16 lanes with S >= B: `abs` = |x| bits, `x_shifted` = x >> kSignShift,
 /// `scale_bytes` = S per lane.
+/// NOTE: S >= B keeps every bf16 subnormal x in binade 1 or below, where the format's grid is
+/// linear; smaller scales (blocks of amax below ~2^(B - 127 + emax)) go to the fp32 encoders.
 template <typename Codec>
 MICROSCALE_AVX512_INLINE __m512i mx_bf16_codes(__m512i abs, __m512i x_shifted, __m512i scale_bytes) {
-  using F = MxBf16Format<Codec>;
+  using F = Mx16Format<Codec, DType::BF16>;
   const __m512i one = _mm512_set1_epi16(1);
   const __m512i exponent = _mm512_srli_epi16(abs, 7);
   const __m512i e_eff = _mm512_max_epu16(exponent, one);  // bf16 subnormals sit in binade 1
@@ -338,7 +369,7 @@ MICROSCALE_AVX512_INLINE __m512i mx_bf16_codes(__m512i abs, __m512i x_shifted, _
   const __m512i v = _mm512_add_epi16(_mm512_slli_epi16(binade, 7), mantissa);
   const __m512i lsb = _mm512_and_si512(_mm512_srlv_epi16(v, shift), one);
   const __m512i rounded = _mm512_srlv_epi16(_mm512_add_epi16(_mm512_add_epi16(v, half_less_one), lsb), shift);
-  return with_bf16_sign<Codec>(
+  return with_input_sign<Codec>(
       _mm512_min_epu16(rounded, _mm512_set1_epi16(static_cast<int16_t>(Codec::kMaxCode))), x_shifted);
 }
 

@@ -3,9 +3,10 @@
 // (tests/cpp/quantize_test.cpp runs it on random, special and boundary inputs, golden_test.cpp on
 // the golden cases). Inputs with strided columns take the portable fast path.
 //
-// Two kernels. bf16 inputs with byte-sized codes (FP8, FP6), the common case, stay in 16-bit lanes
-// (quantize_chunk_bf16 below: 32 lanes per register, codes by an integer add and shift since the
-// block scales are powers of two); it hands chunks with Inf/NaN or tiny scales to the general one.
+// Two kernels. bf16 and f16 inputs with byte-sized codes (FP8, FP6), the common case, stay in
+// 16-bit lanes (quantize_chunk16 below: 32 lanes per register, codes by an integer add and shift
+// since the block scales are powers of two); it hands chunks with Inf/NaN (bf16: also tiny
+// scales) to the general one.
 // The general kernel (fp32 lanes) takes everything else and is described here.
 //
 // The unit of work is a chunk of one band of 32 input rows x 64 columns (four 16-lane tiles;
@@ -240,21 +241,22 @@ MICROSCALE_AVX512_INLINE void quantize_chunk(const Band& b, int64_t col, float (
   }
 }
 
-// ---- bf16 inputs, byte-sized codes (FP8, FP6): 16-bit lanes throughout ----
+// ---- bf16 and f16 inputs, byte-sized codes (FP8, FP6): 16-bit lanes throughout ----
 //
-// A chunk is one full band of 32 rows x 64 columns (two registers of 32 bf16 per row; the last
+// A chunk is one full band of 32 rows x 64 columns (two registers of 32 inputs per row; the last
 // chunk of a band may be 32 columns, one register). The steps are those of quantize_chunk, but
 // nothing is widened: the amaxes are unsigned maxes of the 16-bit |x| patterns (a vertical max
-// per column, transpose_max16x2 per row block), and the codes come from mx_bf16_codes_normal, a
+// per column, transpose_max16x2 per row block), and the codes come from mx16_codes_normal, a
 // subtract and a shift per direction (avx512_codecs.hpp). Registers with a lane outside the normal
-// range of either direction (format subnormals; zeros are fine) take mx_bf16_codes; chunks with
-// Inf or NaN, or with a block scale below the format's bias (amax below ~2^-110), take
-// quantize_chunk.
-constexpr int kBf16Lanes = 32;
-constexpr int kBf16ChunkCols = 64;
+// form's range in either direction (format subnormals, input subnormals; zeros are fine) take
+// mx_bf16_codes or mx_f16_codes; chunks with Inf or NaN take quantize_chunk, and so do bf16 chunks
+// with a block scale below the format's bias (amax below ~2^-110).
+constexpr int k16Lanes = 32;
+constexpr int k16ChunkCols = 64;
 
-// Per 16 rows of row max patterns (fp32 bits) in row order: transpose_max16x2 on the rows' |x|
-// (block b = columns 16b..16b+15 of the register), then the max of the two blocks.
+// Per 16 rows of row max patterns (the 16-bit max shifted up: bf16's fp32 bits) in row order:
+// transpose_max16x2 on the rows' |x| (block b = columns 16b..16b+15 of the register), then the
+// max of the two blocks.
 MICROSCALE_AVX512_INLINE __m512i row_max16(const __m512i abs[16]) {
   __m512i out[2];
   transpose_max16x2(abs, out);
@@ -266,7 +268,7 @@ MICROSCALE_AVX512_INLINE __m512i row_max16(const __m512i abs[16]) {
   return _mm512_permutex2var_epi32(out[0], order, out[1]);
 }
 
-// Row block terms kept per band row: the scale byte and mx_bf16_normal_terms, each as a 16-bit
+// Row block terms kept per band row: the scale byte and mx16_normal_terms, each as a 16-bit
 // value repeated in both halves of a 32-bit word (a register is then one broadcast load).
 struct RowTerms {
   alignas(64) uint32_t scale[kBlock];
@@ -287,39 +289,49 @@ MICROSCALE_AVX512_INLINE void store_codes16(const __m512i* c, uint8_t* dst, bool
   }
 }
 
-// The codes of a register with a lane outside the normal range of a direction (rare): both
-// requested directions by mx_bf16_codes. `row_scale` is the row block's byte repeated in both
-// halves of a 32-bit word; null pointers mark a direction not requested.
+// One register's codes for one direction (scale bytes per 16-bit lane) by the general form.
+template <typename Codec, DType kIn>
+MICROSCALE_AVX512_INLINE __m512i codes_outside_normal(__m512i x, __m512i scale_bytes) {
+  if constexpr (kIn == DType::F16) {
+    return mx_f16_codes<Codec>(x, scale_bytes);
+  } else {
+    const __m512i abs = _mm512_and_si512(x, _mm512_set1_epi16(0x7FFF));
+    return mx_bf16_codes<Codec>(abs, _mm512_srli_epi16(x, Mx16Format<Codec, kIn>::kSignShift), scale_bytes);
+  }
+}
+
+// The codes of a register with a lane outside the normal form's range in a direction (rare): both
+// requested directions by mx_bf16_codes or mx_f16_codes. `row_scale` is the row block's byte
+// repeated in both halves of a 32-bit word; null pointers mark a direction not requested.
 // NOTE: kept out of line: the hot loop stays small, and GCC 12 with -fsanitize=address,undefined
 // and OpenMP miscompiled the inlined form (columnwise E3M2 codes took the normal form's values;
 // adding a print made it disappear), while -O2 and either sanitizer alone did not.
-template <typename Codec>
+template <typename Codec, DType kIn>
 MICROSCALE_AVX512 __attribute__((noinline)) void encode_outside_normal(__m512i x, uint32_t row_scale,
                                                                        const __m512i* col_scale,
                                                                        __m512i* row_codes,
                                                                        __m512i* col_codes) {
-  const __m512i abs = _mm512_and_si512(x, _mm512_set1_epi16(0x7FFF));
-  const __m512i x_shifted = _mm512_srli_epi16(x, MxBf16Format<Codec>::kSignShift);
   if (row_codes != nullptr)
-    *row_codes = mx_bf16_codes<Codec>(abs, x_shifted, _mm512_set1_epi32(static_cast<int>(row_scale)));
-  if (col_scale != nullptr) *col_codes = mx_bf16_codes<Codec>(abs, x_shifted, *col_scale);
+    *row_codes = codes_outside_normal<Codec, kIn>(x, _mm512_set1_epi32(static_cast<int>(row_scale)));
+  if (col_scale != nullptr) *col_codes = codes_outside_normal<Codec, kIn>(x, *col_scale);
 }
 
-// One chunk of a full band: columns [col, col + 32 * kRegs). False, with nothing written, when
-// the chunk holds an Inf or NaN or a scale byte below the bias (see mx_bf16_codes). `buffer` is
-// scratch: the chunk's rows, contiguous (see the file comment on L1 sets).
-template <typename Codec, MxScaleRule kRule, int kRegs>
-MICROSCALE_AVX512_INLINE bool quantize_chunk_bf16(const Band& b, int64_t col,
-                                                  uint16_t (*buffer)[kBf16ChunkCols]) {
+// One chunk of a full band of kIn (bf16 or f16) inputs: columns [col, col + 32 * kRegs). False,
+// with nothing written, when the chunk holds an Inf or NaN, or (bf16) a scale byte below the bias
+// (see mx_bf16_codes). `buffer` is scratch: the chunk's rows, contiguous (see the file comment on
+// L1 sets).
+template <typename Codec, MxScaleRule kRule, int kRegs, DType kIn>
+MICROSCALE_AVX512_INLINE bool quantize_chunk16(const Band& b, int64_t col, uint16_t (*buffer)[k16ChunkCols]) {
+  using F = Mx16Format<Codec, kIn>;
   const bool rowwise = b.row_data != nullptr, columnwise = b.col_data != nullptr;
   const auto* src = reinterpret_cast<const uint16_t*>(b.src) + col;  // [32, row_bytes / 2]
   const int64_t stride = b.row_bytes / 2;
   const __m512i abs_mask = _mm512_set1_epi16(0x7FFF);
 
   // 1. Load into the buffer; |x| maxes per column and per row block.
-  const int64_t ahead = std::min(kPrefetchCols, b.k - col - kRegs * kBf16Lanes) * 2;
+  const int64_t ahead = std::min(kPrefetchCols, b.k - col - kRegs * k16Lanes) * 2;
   __m512i col_max[kRegs];
-  alignas(64) uint32_t row_max[kRegs][kBlock];  // fp32 bit patterns (the 16-bit max shifted up)
+  alignas(64) uint32_t row_max[kRegs][kBlock];  // the 16-bit max shifted up
   for (int t = 0; t < kRegs; ++t) {
     col_max[t] = _mm512_setzero_si512();
     for (int h = 0; h < kBlock / 16; ++h) {
@@ -327,11 +339,11 @@ MICROSCALE_AVX512_INLINE bool quantize_chunk_bf16(const Band& b, int64_t col,
       for (int i = 0; i < 16; ++i) {
         const int r = 16 * h + i;
         if (t == 0 && ahead > 0) {
-          for (int64_t l = 0; l < kRegs * kBf16Lanes * 2; l += 64)
+          for (int64_t l = 0; l < kRegs * k16Lanes * 2; l += 64)
             _mm_prefetch(reinterpret_cast<const char*>(src + r * stride) + ahead + l, _MM_HINT_T0);
         }
-        const __m512i v = _mm512_loadu_si512(src + r * stride + t * kBf16Lanes);
-        _mm512_store_si512(buffer[r] + t * kBf16Lanes, v);
+        const __m512i v = _mm512_loadu_si512(src + r * stride + t * k16Lanes);
+        _mm512_store_si512(buffer[r] + t * k16Lanes, v);
         abs[i] = _mm512_and_si512(v, abs_mask);
         col_max[t] = _mm512_max_epu16(col_max[t], abs[i]);
       }
@@ -340,12 +352,12 @@ MICROSCALE_AVX512_INLINE bool quantize_chunk_bf16(const Band& b, int64_t col,
   }
   // Inf or NaN anywhere (every element is under a column max): the fp32 chunk handles them.
   for (int t = 0; t < kRegs; ++t) {
-    if (_mm512_cmpge_epu16_mask(col_max[t], _mm512_set1_epi16(0x7F80)) != 0) return false;
+    if (_mm512_cmpge_epu16_mask(col_max[t], _mm512_set1_epi16(F::kInfPattern)) != 0) return false;
   }
 
   // 2. Scales and the encoders' terms; a direction not requested gets limit 0 (it never sends a
-  // lane to mx_bf16_codes). Columnwise: kRegs * 32 contiguous bytes of the band's scale row.
-  const __m512i min_scale = _mm512_set1_epi8(static_cast<char>(MxBf16Format<Codec>::kBias));
+  // lane to the general form). Columnwise: kRegs * 32 contiguous bytes of the band's scale row.
+  const __m512i min_scale = _mm512_set1_epi8(static_cast<char>(F::kBias));
   __m512i col_bytes = _mm512_setzero_si512();
   if (columnwise) {
     __m512i s[2 * kRegs];
@@ -353,22 +365,25 @@ MICROSCALE_AVX512_INLINE bool quantize_chunk_bf16(const Band& b, int64_t col,
       for (int h = 0; h < 2; ++h) {
         const __m256i half =
             h == 0 ? _mm512_castsi512_si256(col_max[t]) : _mm512_extracti64x4_epi64(col_max[t], 1);
-        s[2 * t + h] = mx_scale_bytes<kRule>(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16), b.emax,
-                                             b.mantissa_bits, b.max_normal);
+        s[2 * t + h] = mx_scale_bytes<kRule>(
+            _mm512_castps_si512(widen_half_lanes<kIn, false>(_mm512_cvtepu16_epi32(half))), b.emax,
+            b.mantissa_bits, b.max_normal);
       }
     }
     col_bytes = pack_bytes<2 * kRegs>(s);  // byte j = column j's scale
     const __mmask64 valid = kRegs == 2 ? ~__mmask64{0} : __mmask64{0xFFFFFFFF};
-    if (_mm512_mask_cmplt_epu8_mask(valid, col_bytes, min_scale) != 0) return false;
+    if (kIn == DType::BF16 && _mm512_mask_cmplt_epu8_mask(valid, col_bytes, min_scale) != 0) return false;
   }
   // Rowwise: per row block its byte and terms, each 16 rows' in one register.
   __m512i row_bytes[kRegs][kBlock / 16];
   if (rowwise) {
     for (int t = 0; t < kRegs; ++t) {
       for (int h = 0; h < kBlock / 16; ++h) {
-        row_bytes[t][h] = mx_scale_bytes<kRule>(_mm512_load_si512(row_max[t] + 16 * h), b.emax,
-                                                b.mantissa_bits, b.max_normal);
-        if (_mm512_cmplt_epu32_mask(row_bytes[t][h], _mm512_set1_epi32(MxBf16Format<Codec>::kBias)) != 0)
+        // row_max holds each 16-bit max shifted up (bf16: its fp32 bits already).
+        __m512i amax = _mm512_load_si512(row_max[t] + 16 * h);
+        if constexpr (kIn == DType::F16) amax = _mm512_castps_si512(widen_half_lanes<kIn, true>(amax));
+        row_bytes[t][h] = mx_scale_bytes<kRule>(amax, b.emax, b.mantissa_bits, b.max_normal);
+        if (kIn == DType::BF16 && _mm512_cmplt_epu32_mask(row_bytes[t][h], _mm512_set1_epi32(F::kBias)) != 0)
           return false;
       }
     }
@@ -384,7 +399,7 @@ MICROSCALE_AVX512_INLINE bool quantize_chunk_bf16(const Band& b, int64_t col,
     for (int t = 0; t < kRegs; ++t) {
       col_scale[t] = _mm512_cvtepu8_epi16(t == 0 ? _mm512_castsi512_si256(col_bytes)
                                                  : _mm512_extracti64x4_epi64(col_bytes, 1));
-      mx_bf16_normal_terms<Codec>(col_scale[t], &col_lower[t], &col_limit[t]);
+      mx16_normal_terms<Codec, kIn>(col_scale[t], &col_lower[t], &col_limit[t]);
     }
   }
   RowTerms row[kRegs];  // (K/32 bytes apart per row in the output)
@@ -396,7 +411,7 @@ MICROSCALE_AVX512_INLINE bool quantize_chunk_bf16(const Band& b, int64_t col,
         _mm512_store_si512(bytes[t] + 16 * h, s);
         const __m512i repeated = _mm512_or_si512(s, _mm512_slli_epi32(s, 16));
         __m512i lower, limit;
-        mx_bf16_normal_terms<Codec>(repeated, &lower, &limit);
+        mx16_normal_terms<Codec, kIn>(repeated, &lower, &limit);
         _mm512_store_si512(row[t].scale + 16 * h, repeated);
         _mm512_store_si512(row[t].lower + 16 * h, lower);
         _mm512_store_si512(row[t].limit + 16 * h, limit);
@@ -415,22 +430,25 @@ MICROSCALE_AVX512_INLINE bool quantize_chunk_bf16(const Band& b, int64_t col,
   for (int i = 0; i < kBlock; ++i) {
     __m512i row_codes[kRegs], col_codes[kRegs];
     for (int t = 0; t < kRegs; ++t) {
-      const __m512i x = _mm512_load_si512(buffer[i] + t * kBf16Lanes);
+      const __m512i x = _mm512_load_si512(buffer[i] + t * k16Lanes);
       const __m512i abs = _mm512_and_si512(x, abs_mask);
-      const __m512i x_shifted = _mm512_srli_epi16(x, MxBf16Format<Codec>::kSignShift);
+      const __m512i x_shifted = _mm512_srli_epi16(x, F::kSignShift);
       const __m512i limit =
           _mm512_max_epu16(_mm512_set1_epi32(static_cast<int>(row[t].limit[i])), col_limit[t]);
       if (_mm512_cmple_epu16_mask(_mm512_sub_epi16(abs, one), limit) == 0) [[likely]] {
         const __m512i abs_plus_lsb =
-            _mm512_add_epi16(abs, _mm512_and_si512(_mm512_srli_epi16(abs, MxBf16Format<Codec>::kDrop), one));
+            _mm512_add_epi16(abs, _mm512_and_si512(_mm512_srli_epi16(abs, F::kDrop), one));
+        const __mmask32 nonzero = kIn == DType::F16 ? _mm512_test_epi16_mask(abs, abs) : 0;
         if (rowwise) {
-          row_codes[t] = mx_bf16_codes_normal<Codec>(abs_plus_lsb, x_shifted,
-                                                     _mm512_set1_epi32(static_cast<int>(row[t].lower[i])));
+          row_codes[t] = mx16_codes_normal<Codec, kIn>(
+              abs_plus_lsb, x_shifted, _mm512_set1_epi32(static_cast<int>(row[t].lower[i])), nonzero);
         }
-        if (columnwise) col_codes[t] = mx_bf16_codes_normal<Codec>(abs_plus_lsb, x_shifted, col_lower[t]);
+        if (columnwise)
+          col_codes[t] = mx16_codes_normal<Codec, kIn>(abs_plus_lsb, x_shifted, col_lower[t], nonzero);
       } else {
-        encode_outside_normal<Codec>(x, rowwise ? row[t].scale[i] : 0, columnwise ? &col_scale[t] : nullptr,
-                                     rowwise ? &row_codes[t] : nullptr, &col_codes[t]);
+        encode_outside_normal<Codec, kIn>(x, rowwise ? row[t].scale[i] : 0,
+                                          columnwise ? &col_scale[t] : nullptr,
+                                          rowwise ? &row_codes[t] : nullptr, &col_codes[t]);
       }
     }
     if (rowwise) store_codes16<kRegs>(row_codes, b.row_data + i * b.data_stride + col, b.stream);
@@ -444,14 +462,14 @@ MICROSCALE_AVX512 void quantize_band(const Band& b) {
   constexpr int kTiles = kChunkTiles<kPacked>;
   alignas(64) float buffer[kBlock][kMaxChunkCols];  // the chunk as fp32 [32, 16 * kTiles]
   int64_t col = 0;
-  if constexpr (kDType == DType::BF16 && !kPacked) {
+  if constexpr ((kDType == DType::BF16 || kDType == DType::F16) && !kPacked) {
     if (b.rows == kBlock) {
-      alignas(64) uint16_t buffer16[kBlock][kBf16ChunkCols];  // the chunk as bf16 [32, 64]
-      for (; col + kBf16ChunkCols <= b.k; col += kBf16ChunkCols) {
-        if (!quantize_chunk_bf16<Codec, kRule, 2>(b, col, buffer16))
+      alignas(64) uint16_t buffer16[kBlock][k16ChunkCols];  // the chunk's inputs [32, 64]
+      for (; col + k16ChunkCols <= b.k; col += k16ChunkCols) {
+        if (!quantize_chunk16<Codec, kRule, 2, kDType>(b, col, buffer16))
           quantize_chunk<Codec, kPacked, kRule, kDType, kTiles>(b, col, buffer);
       }
-      if (col < b.k && !quantize_chunk_bf16<Codec, kRule, 1>(b, col, buffer16))
+      if (col < b.k && !quantize_chunk16<Codec, kRule, 1, kDType>(b, col, buffer16))
         quantize_chunk<Codec, kPacked, kRule, kDType, 2>(b, col, buffer);
       if (b.stream) _mm_sfence();
       return;

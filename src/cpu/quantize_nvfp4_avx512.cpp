@@ -3,10 +3,10 @@
 // quantize_test.cpp runs it on random, special and boundary inputs, golden_test.cpp on the golden
 // cases). Stochastic rounding and inputs with strided columns take the portable fast path.
 //
-// bf16 inputs go by units of 16 rows x 32 columns (quantize_unit_bf16: one 512-bit load per row,
-// 16-bit amaxes, codes looked up already in their packed nibbles; with the RHT, the transform of
-// each column in fp32 or double, rht_unit_bf16). The rest (f32, f16, NaN units, RHT columns exact
-// in neither, a last odd tile, a last partial band) goes by tiles of 16 input
+// bf16 and f16 inputs go by units of 16 rows x 32 columns (quantize_unit16: one 512-bit load per
+// row, 16-bit amaxes, codes looked up already in their packed nibbles; with the RHT (bf16 only),
+// the transform of each column in fp32 or double, rht_unit_bf16). The rest (f32, NaN units, RHT
+// columns exact in neither, a last odd tile, a last partial band) goes by tiles of 16 input
 // rows x 16 columns in 16 registers (register i = row i, lane j = column j), loaded once for both
 // directions:
 //   rowwise:    block amax per register: one transposing max tree (16 -> 1 register);
@@ -275,11 +275,12 @@ MICROSCALE_AVX512_INLINE void quantize_tile(const Group& g, const std::byte* src
   }
 }
 
-// ---- bf16 units: 16 rows x 32 columns (two tiles side by side) ----
+// ---- bf16 and f16 units: 16 rows x 32 columns (two tiles side by side) ----
 //
-// A 512-bit load of a bf16 row gives 32 columns; its 32-bit lane j holds column 2j (low half) and
-// 2j + 1 (high half), so a shift gives the "even" columns as fp32 and a mask the "odd" ones: no
-// conversion instructions, and the two share each lane's block. Amaxes come from the packed 16-bit
+// A 512-bit load of a 16-bit row gives 32 columns; its 32-bit lane j holds column 2j (low half)
+// and 2j + 1 (high half), so widen_half_lanes gives the "even" and the "odd" columns as fp32 (bf16:
+// a shift and a mask, no conversion instructions; f16: two conversions), and the two share each
+// lane's block. Amaxes come from the packed 16-bit
 // |x| (32 lanes per operation). Codes are looked up already shifted to their nibble of the packed
 // output (nvfp4_e2m1_table), so packing is a few ORs: rowwise, the codes of 4 rows fill one
 // register (byte q of lane j = row q, columns 2j and 2j + 1); columnwise, rows 0-7 and 8-15 of a
@@ -352,9 +353,7 @@ struct RhtUnit {
 // The even (half 0) or odd (half 1) columns of a bf16 row as fp32.
 MICROSCALE_AVX512_INLINE __m512 unit_half(const std::byte* row, int half) {
   const __m512i raw = _mm512_loadu_si512(row);
-  return _mm512_castsi512_ps(half == 0
-                                 ? _mm512_slli_epi32(raw, 16)
-                                 : _mm512_and_si512(raw, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  return half == 0 ? widen_half_lanes<DType::BF16, false>(raw) : widen_half_lanes<DType::BF16, true>(raw);
 }
 
 // One half's 16 outputs before the bf16 rounding, the sums in double (exact within 40 binades),
@@ -545,7 +544,7 @@ struct UnitScales {
 // one compare for both directions. kSameCodes (16x16 tiles, both directions on the same global
 // amax): the two directions' scales are equal, so are their codes: encoded once (with their signs,
 // at the rowwise nibbles), then shifted to the columnwise ones.
-template <bool kRows, bool kCols, bool kSharedSign, bool kSameCodes, bool kRht, bool kBounded>
+template <DType kIn, bool kRows, bool kCols, bool kSharedSign, bool kSameCodes, bool kRht, bool kBounded>
 MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, const UnitScales& s,
                                           const RhtUnit* rht, RowStage& stage, int line_tile,
                                           __m512i col_words[4]) {
@@ -558,9 +557,7 @@ MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, 
   for (int i = 0; i < kBlock; ++i) {
     prefetch_unit_row<_MM_HINT_T1>(src + i * g.row_bytes);
     const __m512i raw = _mm512_loadu_si512(src + i * g.row_bytes);
-    const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
-    const __m512 odd =
-        _mm512_castsi512_ps(_mm512_and_si512(raw, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+    const __m512 even = widen_half_lanes<kIn, false>(raw), odd = widen_half_lanes<kIn, true>(raw);
     __mmask16 even_negative = 0, odd_negative = 0;
     if constexpr (kSharedSign) {
       even_negative = is_negative(even);
@@ -650,24 +647,27 @@ MICROSCALE_AVX512_INLINE __mmask16 block_may_reach_seven(__m512i amax_bits, __m5
 
 // encode_unit in the fastest form the unit allows: kSharedSign unless a scale is tiny, kBounded
 // unless a block may reach 7 (block_may_reach_seven).
-template <bool kRows, bool kCols, bool kSameCodes, bool kRht>
+template <DType kIn, bool kRows, bool kCols, bool kSameCodes, bool kRht>
 MICROSCALE_AVX512_INLINE void encode_unit_form(bool tiny, bool unbounded, const Group& g,
                                                const std::byte* src, const UnitScales& s, const RhtUnit* rht,
                                                RowStage& stage, int line_tile, __m512i col_words[4]) {
   if (tiny) {
-    encode_unit<kRows, kCols, false, kSameCodes, kRht, false>(g, src, s, rht, stage, line_tile, col_words);
+    encode_unit<kIn, kRows, kCols, false, kSameCodes, kRht, false>(g, src, s, rht, stage, line_tile,
+                                                                   col_words);
   } else if (unbounded) {
-    encode_unit<kRows, kCols, true, kSameCodes, kRht, false>(g, src, s, rht, stage, line_tile, col_words);
+    encode_unit<kIn, kRows, kCols, true, kSameCodes, kRht, false>(g, src, s, rht, stage, line_tile,
+                                                                  col_words);
   } else {
-    encode_unit<kRows, kCols, true, kSameCodes, kRht, true>(g, src, s, rht, stage, line_tile, col_words);
+    encode_unit<kIn, kRows, kCols, true, kSameCodes, kRht, true>(g, src, s, rht, stage, line_tile, col_words);
   }
 }
 
-// Pass 2 on the unit at `col` of a full band (16 rows at src). Returns false, having written
-// nothing, when the unit holds a NaN (quantize_tile handles it).
-template <bool kRows, bool kCols, bool kRht>
-MICROSCALE_AVX512 bool quantize_unit_bf16(const Group& g, const std::byte* src, int64_t col, int band,
-                                          RowStage& stage, ColumnStage cs) {
+// Pass 2 on the unit at `col` of a full band (16 rows of kIn, bf16 or f16, at src). Returns false,
+// having written nothing, when the unit holds a NaN (quantize_tile handles it).
+template <DType kIn, bool kRows, bool kCols, bool kRht>
+MICROSCALE_AVX512 bool quantize_unit16(const Group& g, const std::byte* src, int64_t col, int band,
+                                       RowStage& stage, ColumnStage cs) {
+  static_assert(!kRht || kIn == DType::BF16);  // as in TransformerEngine, the RHT takes bf16 only
   src += col * 2;
   __m512i a[16];
   __m512i col_max = _mm512_setzero_si512();
@@ -677,9 +677,10 @@ MICROSCALE_AVX512 bool quantize_unit_bf16(const Group& g, const std::byte* src, 
     col_max = _mm512_max_epu16(col_max, a[i]);
     if constexpr (kRht) min_less_one = min_nonzero_less_one(min_less_one, a[i]);
   }
-  if (_mm512_cmpgt_epu16_mask(col_max, _mm512_set1_epi16(0x7F80)) != 0) return false;
-  __m512i even_max = _mm512_slli_epi32(col_max, 16);
-  __m512i odd_max = _mm512_and_si512(col_max, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  const int16_t inf = kIn == DType::BF16 ? 0x7F80 : 0x7C00;
+  if (_mm512_cmpgt_epu16_mask(col_max, _mm512_set1_epi16(inf)) != 0) return false;
+  __m512i even_max = _mm512_castps_si512(widen_half_lanes<kIn, false>(col_max));  // fp32 bits
+  __m512i odd_max = _mm512_castps_si512(widen_half_lanes<kIn, true>(col_max));
   // The RHT (columnwise only; never with 16x16 tiles): the columnwise values and their maxes.
   [[maybe_unused]] RhtUnit rht;
   if constexpr (kRht) {
@@ -694,15 +695,19 @@ MICROSCALE_AVX512 bool quantize_unit_bf16(const Group& g, const std::byte* src, 
 
   UnitScales s;
   __mmask16 tiny = 0;  // scales so small that a product may underflow to -0 (sign lost)
-  const __m512 min_shared = _mm512_set1_ps(0x1p-16f);  // bf16 |x| >= 2^-133: the product >= 2^-149
-  __mmask16 unbounded = 0;                             // blocks where block_may_reach_seven
+  // bf16 |x| >= 2^-133 (f16: >= 2^-24): the product >= 2^-149.
+  const __m512 min_shared = _mm512_set1_ps(0x1p-16f);
+  __mmask16 unbounded = 0;  // blocks where block_may_reach_seven
   if constexpr (kRows) {
     __m512i amax[2], codes[2];
     if (g.tile_2d) {  // tile_max laid out as the tree's lanes: block (d / 4) % 2
       amax[0] = amax[1] = _mm512_permutexvar_epi32(
           _mm512_setr_epi32(0, 0, 0, 0, 8, 8, 8, 8, 0, 0, 0, 0, 8, 8, 8, 8), tile_max);
     } else {
-      transpose_max16x2(a, amax);
+      transpose_max16x2(a, amax);  // each 16-bit max shifted up: bf16's fp32 bits
+      if constexpr (kIn == DType::F16) {
+        for (__m512i& m : amax) m = _mm512_castps_si512(widen_half_lanes<kIn, true>(m));
+      }
     }
     for (int h = 0; h < 2; ++h) {  // rows 8h..8h+7, 2 bytes each (line_tile is even)
       s.row_scale[h] = nvfp4_block_scales(amax[h], g.row.multiplier, g.row.encode_scale, &codes[h]);
@@ -736,14 +741,14 @@ MICROSCALE_AVX512 bool quantize_unit_bf16(const Group& g, const std::byte* src, 
   const bool same_codes =
       kRows && kCols && g.tile_2d && g.row.multiplier == g.col.multiplier && g.row.s_dec == g.col.s_dec;
   if constexpr (kRht) {
-    encode_unit_form<kRows, kCols, false, true>(tiny != 0, unbounded != 0, g, src, s, &rht, stage, line_tile,
-                                                col_words);
+    encode_unit_form<kIn, kRows, kCols, false, true>(tiny != 0, unbounded != 0, g, src, s, &rht, stage,
+                                                     line_tile, col_words);
   } else if (same_codes) {
-    encode_unit_form<kRows, kCols, kRows && kCols, false>(tiny != 0, unbounded != 0, g, src, s, nullptr,
-                                                          stage, line_tile, col_words);
+    encode_unit_form<kIn, kRows, kCols, kRows && kCols, false>(tiny != 0, unbounded != 0, g, src, s, nullptr,
+                                                               stage, line_tile, col_words);
   } else {
-    encode_unit_form<kRows, kCols, false, false>(tiny != 0, unbounded != 0, g, src, s, nullptr, stage,
-                                                 line_tile, col_words);
+    encode_unit_form<kIn, kRows, kCols, false, false>(tiny != 0, unbounded != 0, g, src, s, nullptr, stage,
+                                                      line_tile, col_words);
   }
   if constexpr (kCols) {  // 32 columns x 8 bytes, in column order
     // col_words[w], 128-bit chunk l: columns 8l + 2w, 8l + 2w + 1; a 4x4 transpose of the chunks.
@@ -895,6 +900,22 @@ MICROSCALE_AVX512_INLINE void prefetch_band_ahead(const Group& g, const std::byt
   }
 }
 
+// quantize_unit16 in the form the group asks for: its directions, and the RHT (bf16 only).
+template <DType kIn>
+MICROSCALE_AVX512_INLINE bool quantize_unit_as_asked(const Group& g, const std::byte* src, int64_t col,
+                                                     int band, RowStage& stage, ColumnStage cs) {
+  const bool rowwise = g.row_data != nullptr, columnwise = g.col_data != nullptr;
+  if constexpr (kIn == DType::BF16) {
+    if (g.rht != nullptr) {
+      return rowwise ? quantize_unit16<kIn, true, true, true>(g, src, col, band, stage, cs)
+                     : quantize_unit16<kIn, false, true, true>(g, src, col, band, stage, cs);
+    }
+  }
+  if (!rowwise) return quantize_unit16<kIn, false, true, false>(g, src, col, band, stage, cs);
+  return columnwise ? quantize_unit16<kIn, true, true, false>(g, src, col, band, stage, cs)
+                    : quantize_unit16<kIn, true, false, false>(g, src, col, band, stage, cs);
+}
+
 // Pass 2 for one group, band after band (16 input rows: few enough read streams for the
 // hardware prefetcher). Outputs are staged and written a whole 64-byte line at a time: 8 tiles
 // fill a line of each of the band's 16 rowwise rows, and the group's 16 bands two lines of each
@@ -906,24 +927,20 @@ template <DType kDType>
 MICROSCALE_AVX512 void quantize_group(const Group& g, ColumnStage cs) {
   const int bands = (g.rows + kBlock - 1) / kBlock;
   const bool rowwise = g.row_data != nullptr, columnwise = g.col_data != nullptr;
-  // bf16 full bands go by units of two tiles.
-  const bool units = kDType == DType::BF16;
+  // bf16 and f16 full bands go by units of two tiles.
+  constexpr bool kUnits = kDType == DType::BF16 || kDType == DType::F16;
   for (int band = 0; band < bands; ++band) {
     const int rows = std::min(kBlock, g.rows - band * kBlock);
     const std::byte* src = g.src + band * kBlock * g.row_bytes;
     RowStage stage;
     for (int64_t col = 0; col < g.k;) {
-      const bool unit = units && rows == kBlock && col + kUnitColumns <= g.k;
+      const bool unit = kUnits && rows == kBlock && col + kUnitColumns <= g.k;
       if (!unit) prefetch_band_ahead<kDType, _MM_HINT_T1>(g, src, rows, col);  // units: prefetch_unit_row
       int64_t next = col + kBlock;
       if (unit) {
         next = col + kUnitColumns;
-        const bool done =
-            g.rht != nullptr ? (rowwise ? quantize_unit_bf16<true, true, true>(g, src, col, band, stage, cs)
-                                        : quantize_unit_bf16<false, true, true>(g, src, col, band, stage, cs))
-            : rowwise ? (columnwise ? quantize_unit_bf16<true, true, false>(g, src, col, band, stage, cs)
-                                    : quantize_unit_bf16<true, false, false>(g, src, col, band, stage, cs))
-                      : quantize_unit_bf16<false, true, false>(g, src, col, band, stage, cs);
+        bool done = false;
+        if constexpr (kUnits) done = quantize_unit_as_asked<kDType>(g, src, col, band, stage, cs);
         if (!done) {
           quantize_tile<kDType>(g, src, rows, col, band, stage, cs);
           quantize_tile<kDType>(g, src, rows, col + kBlock, band, stage, cs);

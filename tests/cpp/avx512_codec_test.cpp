@@ -254,55 +254,67 @@ TEST(Avx512Codec, MxScaleBytesEqualScalar) {
   expect_mx_rule<MxScaleRule::RCeil>();
 }
 
-// The bf16 MX encoders on `x` (a multiple of 32 patterns) with scale byte `scale`: every lane by
-// mx_bf16_codes into `general`; by mx_bf16_codes_normal into `normal`, and whether its lane is
-// outside the normal range (mx_bf16_normal_terms) into `outside`.
-template <typename Codec>
-MICROSCALE_AVX512 void mx_bf16_lanes(const std::vector<uint16_t>& x, uint8_t scale,
-                                     std::vector<uint16_t>& general, std::vector<uint16_t>& normal,
-                                     std::vector<uint8_t>& outside) {
-  using F = MxBf16Format<Codec>;
+// The 16-bit MX encoders (kIn: bf16 or f16) on `x` (a multiple of 32 patterns) with scale byte
+// `scale`: every lane by the general form (mx_bf16_codes, mx_f16_codes) into `general`; by
+// mx16_codes_normal into `normal`, and whether its lane is outside the normal form's range
+// (mx16_normal_terms) into `outside`.
+template <typename Codec, DType kIn>
+MICROSCALE_AVX512 void mx16_lanes(const std::vector<uint16_t>& x, uint8_t scale,
+                                  std::vector<uint16_t>& general, std::vector<uint16_t>& normal,
+                                  std::vector<uint8_t>& outside) {
+  using F = Mx16Format<Codec, kIn>;
   const __m512i s = _mm512_set1_epi16(scale), one = _mm512_set1_epi16(1);
   __m512i lower, limit;
-  mx_bf16_normal_terms<Codec>(s, &lower, &limit);
+  mx16_normal_terms<Codec, kIn>(s, &lower, &limit);
   for (size_t i = 0; i < x.size(); i += 32) {
     const __m512i v = _mm512_loadu_si512(&x[i]);
     const __m512i abs = _mm512_and_si512(v, _mm512_set1_epi16(0x7FFF));
     const __m512i shifted = _mm512_srli_epi16(v, F::kSignShift);
-    _mm512_storeu_si512(&general[i], mx_bf16_codes<Codec>(abs, shifted, s));
+    if constexpr (kIn == DType::BF16) {
+      _mm512_storeu_si512(&general[i], mx_bf16_codes<Codec>(abs, shifted, s));
+    } else {
+      _mm512_storeu_si512(&general[i], mx_f16_codes<Codec>(v, s));
+    }
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi16(abs, F::kDrop), one);
-    _mm512_storeu_si512(&normal[i], mx_bf16_codes_normal<Codec>(_mm512_add_epi16(abs, lsb), shifted, lower));
+    _mm512_storeu_si512(&normal[i], mx16_codes_normal<Codec, kIn>(_mm512_add_epi16(abs, lsb), shifted, lower,
+                                                                  _mm512_test_epi16_mask(abs, abs)));
     const __mmask32 out = _mm512_cmple_epu16_mask(_mm512_sub_epi16(abs, one), limit);
     for (int l = 0; l < 32; ++l) outside[i + l] = (out >> l) & 1;
   }
 }
 
-// Every finite bf16 pattern against every scale byte from the format's bias B to 0xFE (0xFF is
-// NaN; the kernels send smaller bytes to the fp32 encoders), wherever the scaled value is below
-// 2^(emax + 1) (the range every MX scale rule keeps a block in).
-template <typename Codec>
-void expect_mx_bf16(Format format) {
+// Every finite bf16 or f16 pattern against every scale byte a block of such inputs can have
+// (bf16: from the format's bias B to 0xFE, 0xFF being NaN; the kernel sends smaller bytes to the
+// fp32 encoders. f16: from the byte of the smallest f16 subnormal to that of the largest f16,
+// each with a margin of two), wherever the scaled value is below 2^(emax + 1) (the range every MX
+// scale rule keeps a block in).
+template <typename Codec, DType kIn>
+void expect_mx16(Format format) {
   const FormatInfo& f = format_info(format);
+  const bool bf16 = kIn == DType::BF16;
   std::vector<uint16_t> x;
   for (uint32_t h = 0; h < 65536; ++h) {
-    if (((h >> 7) & 0xFF) != 0xFF) x.push_back(static_cast<uint16_t>(h));
+    const bool finite = bf16 ? ((h >> 7) & 0xFF) != 0xFF : ((h >> 10) & 0x1F) != 0x1F;
+    if (finite) x.push_back(static_cast<uint16_t>(h));
   }
   while (x.size() % 32 != 0) x.push_back(0);
   std::vector<uint16_t> general(x.size()), normal(x.size());
   std::vector<uint8_t> outside(x.size());
   int failures = 0, normal_lanes = 0;
-  for (int scale = f.bias; scale < 255; ++scale) {
-    mx_bf16_lanes<Codec>(x, static_cast<uint8_t>(scale), general, normal, outside);
+  // f16 amaxes lie in [2^-24, 65504]: scale bytes floor/ceil(log2 amax) - emax + 127.
+  const int first = bf16 ? f.bias : 127 - 24 - f.emax - 2, last = bf16 ? 254 : 127 + 16 - f.emax + 2;
+  for (int scale = first; scale <= last; ++scale) {
+    mx16_lanes<Codec, kIn>(x, static_cast<uint8_t>(scale), general, normal, outside);
     const float inverse = mx_inverse_scale(static_cast<uint8_t>(scale));
     for (size_t i = 0; i < x.size() && failures < 10; ++i) {
-      const float v = bits_to_float(uint32_t{x[i]} << 16);
+      const float v = bf16 ? bits_to_float(uint32_t{x[i]} << 16) : half_to_float(x[i]);
       if (std::ldexp(std::fabs(static_cast<double>(v)), 127 - scale) >= std::ldexp(1.0, f.emax + 1)) continue;
       const uint8_t expected = Codec::encode_rn(mx_scaled_element(v, inverse));
       if (general[i] != expected || (!outside[i] && normal[i] != expected)) {
         ++failures;
-        ADD_FAILURE() << f.name << " S=" << scale << " x=0x" << std::hex << x[i] << " want 0x"
-                      << int{expected} << " general 0x" << general[i] << " normal 0x" << normal[i]
-                      << (outside[i] ? " (outside)" : "");
+        ADD_FAILURE() << f.name << (bf16 ? " bf16" : " f16") << " S=" << scale << " x=0x" << std::hex << x[i]
+                      << " want 0x" << int{expected} << " general 0x" << general[i] << " normal 0x"
+                      << normal[i] << (outside[i] ? " (outside)" : "");
       }
       normal_lanes += !outside[i];
     }
@@ -312,11 +324,19 @@ void expect_mx_bf16(Format format) {
 
 TEST(Avx512Codec, MxBf16EncodersEqualScalar) {
   if (cpu_kernel_set() == KernelSet::Portable) GTEST_SKIP() << "no AVX-512 on this CPU";
-  expect_mx_bf16<E2M1Codec>(Format::E2M1);
-  expect_mx_bf16<E2M3Codec>(Format::E2M3);
-  expect_mx_bf16<E3M2Codec>(Format::E3M2);
-  expect_mx_bf16<E4M3Codec>(Format::E4M3);
-  expect_mx_bf16<E5M2Codec>(Format::E5M2);
+  expect_mx16<E2M1Codec, DType::BF16>(Format::E2M1);
+  expect_mx16<E2M3Codec, DType::BF16>(Format::E2M3);
+  expect_mx16<E3M2Codec, DType::BF16>(Format::E3M2);
+  expect_mx16<E4M3Codec, DType::BF16>(Format::E4M3);
+  expect_mx16<E5M2Codec, DType::BF16>(Format::E5M2);
+}
+
+TEST(Avx512Codec, MxF16EncodersEqualScalar) {
+  if (cpu_kernel_set() == KernelSet::Portable) GTEST_SKIP() << "no AVX-512 on this CPU";
+  expect_mx16<E2M3Codec, DType::F16>(Format::E2M3);
+  expect_mx16<E3M2Codec, DType::F16>(Format::E3M2);
+  expect_mx16<E4M3Codec, DType::F16>(Format::E4M3);
+  expect_mx16<E5M2Codec, DType::F16>(Format::E5M2);
 }
 
 MICROSCALE_AVX512 void transpose_max(const uint32_t* in, uint32_t* out) {

@@ -69,21 +69,23 @@ TEST(Quantize, FastEqualsReferenceMx) {
   }
 }
 
-// One direction at a time: the bf16 MX kernel encodes both directions from one pass over a chunk.
+// One direction at a time: the 16-bit MX kernel encodes both directions from one pass over a chunk.
 TEST(Quantize, FastEqualsReferenceMxOneDirection) {
   uint32_t seed = 700;
   for (Scheme scheme : {Scheme::MXFP8_E4M3, Scheme::MXFP8_E5M2, Scheme::MXFP6_E3M2}) {
-    for (Fill fill : {Fill::Normal, Fill::Extreme, Fill::Sparse, Fill::Tiny}) {
-      for (bool rowwise : {false, true}) {
-        for (auto shape : {std::vector<int64_t>{64, 96}, {96, 416}}) {
-          const Tensor x = random_tensor(DType::BF16, shape, fill, seed++);
-          QuantizeOptions o;
-          o.scheme = scheme;
-          o.rowwise = rowwise;
-          o.columnwise = !rowwise;
-          const std::string what = std::string(scheme_name(scheme)) +
-                                   (rowwise ? " rowwise " : " columnwise ") + shape_string(shape);
-          expect_fast_equals_ref(x.view(), o, what);
+    for (DType dtype : {DType::BF16, DType::F16}) {
+      for (Fill fill : {Fill::Normal, Fill::Heavy, Fill::Extreme, Fill::Sparse, Fill::Tiny}) {
+        for (bool rowwise : {false, true}) {
+          for (auto shape : {std::vector<int64_t>{64, 96}, {96, 416}}) {
+            const Tensor x = random_tensor(dtype, shape, fill, seed++);
+            QuantizeOptions o;
+            o.scheme = scheme;
+            o.rowwise = rowwise;
+            o.columnwise = !rowwise;
+            const std::string what = std::string(scheme_name(scheme)) + " " + std::string(dtype_name(dtype)) +
+                                     (rowwise ? " rowwise " : " columnwise ") + shape_string(shape);
+            expect_fast_equals_ref(x.view(), o, what);
+          }
         }
       }
     }
