@@ -292,6 +292,9 @@ MICROSCALE_AVX512_INLINE __m512i with_input_sign(__m512i code, __m512i x_shifted
 /// bf16: blocks with d <= 0 have every lane there (limit 0xFFFF): their zeros would not subtract
 /// to 0. f16: there d <= 0 leaves only the input subnormals outside (e = exp(x) - d >= 1 for every
 /// normal x), and mx16_codes_normal zeroes zero lanes itself.
+/// NOTE: f16 blocks have d < 32 (the largest f16 is below 2^16, so S <= 16 - emax + 128), so d << 10
+/// fits 16 bits where d > 0. Where d is very negative it wraps; the normal form's arithmetic is
+/// then right modulo 2^16, and its result (a code << kDrop) is below 2^16.
 template <typename Codec, DType kIn>
 MICROSCALE_AVX512_INLINE void mx16_normal_terms(__m512i scale_bytes, __m512i* lower, __m512i* limit) {
   using F = Mx16Format<Codec, kIn>;
