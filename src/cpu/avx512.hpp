@@ -140,7 +140,7 @@ MICROSCALE_AVX512_INLINE __m512i transpose_max16(const __m512i v[16]) {
 
 /// The same on packed 16-bit lanes, two 16-lane blocks per register: v[i] holds row i of a 16 x 32
 /// unit (|x| bits of bf16 or f16 columns 0..31; block b = columns 16b..16b+15). out[h], lane d
-/// (fp32 bits: the 16-bit max shifted up) is the max of row 8h + 2(d % 4) + d / 8 over block
+/// (the 16-bit max shifted up: bf16's fp32 bits) is the max of row 8h + 2(d % 4) + d / 8 over block
 /// (d / 4) % 2 (transpose_max16x2_lane gives the lane of a row and block).
 /// NOTE: four levels, each halving the registers and the lanes per block: 128-bit chunks, 64-bit
 /// halves, 32-bit pairs, then the two 16-bit halves of each 32-bit lane.

@@ -288,13 +288,15 @@ MICROSCALE_AVX512_INLINE __m512i with_input_sign(__m512i code, __m512i x_shifted
 
 /// The per-block terms of mx16_codes_normal for scale bytes S (16-bit lanes): `lower`, the amount
 /// subtracted from |x| + rounding bit, and `limit`: lanes with |x| - 1 <= limit (unsigned; zeros
-/// wrap to 0xFFFF and are never below) are outside the normal form and need the general one.
+/// wrap to 0xFFFF, above every limit but bf16's 0xFFFF below) are outside the normal form and
+/// need the general one.
 /// bf16: blocks with d <= 0 have every lane there (limit 0xFFFF): their zeros would not subtract
 /// to 0. f16: there d <= 0 leaves only the input subnormals outside (e = exp(x) - d >= 1 for every
 /// normal x), and mx16_codes_normal zeroes zero lanes itself.
-/// NOTE: f16 blocks have d < 32 (the largest f16 is below 2^16, so S <= 16 - emax + 128), so d << 10
-/// fits 16 bits where d > 0. Where d is very negative it wraps; the normal form's arithmetic is
-/// then right modulo 2^16, and its result (a code << kDrop) is below 2^16.
+/// NOTE: d << 10 fits 16 bits for f16 wherever a lane uses it: d < 32 (the largest f16 is below
+/// 2^16, so S <= 16 - emax + 128), and a block holding a normal f16 has d >= 1 - emax - B (-29 for
+/// E5M2). Lower d (blocks of zeros and f16 subnormals only) wraps, but those lanes are zeroed by
+/// the mask or take the general form.
 template <typename Codec, DType kIn>
 MICROSCALE_AVX512_INLINE void mx16_normal_terms(__m512i scale_bytes, __m512i* lower, __m512i* limit) {
   using F = Mx16Format<Codec, kIn>;

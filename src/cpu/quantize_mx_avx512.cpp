@@ -4,7 +4,7 @@
 // the golden cases). Inputs with strided columns take the portable fast path.
 //
 // Two kernels. bf16 and f16 inputs with byte-sized codes (FP8, FP6), the common case, stay in
-// 16-bit lanes (quantize_chunk16 below: 32 lanes per register, codes by an integer add and shift
+// 16-bit lanes (quantize_chunk16 below: 32 lanes per register, codes by an integer subtract and shift
 // since the block scales are powers of two); it hands chunks with Inf/NaN (bf16: also tiny
 // scales) to the general one.
 // The general kernel (fp32 lanes) takes everything else and is described here.
@@ -355,9 +355,11 @@ MICROSCALE_AVX512_INLINE bool quantize_chunk16(const Band& b, int64_t col, uint1
     if (_mm512_cmpge_epu16_mask(col_max[t], _mm512_set1_epi16(F::kInfPattern)) != 0) return false;
   }
 
-  // 2. Scales and the encoders' terms; a direction not requested gets limit 0 (it never sends a
-  // lane to the general form). Columnwise: kRegs * 32 contiguous bytes of the band's scale row.
-  const __m512i min_scale = _mm512_set1_epi8(static_cast<char>(F::kBias));
+  // 2. Scales and the encoders' terms; a direction not requested gets limit 0 (it sends only
+  // |x| = 1, the smallest subnormal, to the general form, which is right for any lane). Columnwise:
+  // kRegs * 32 contiguous bytes of the band's scale row. bf16 chunks with a scale byte below the
+  // bias go to the fp32 kernel (see mx_bf16_codes); f16 takes any scale.
+  [[maybe_unused]] const __m512i min_scale = _mm512_set1_epi8(static_cast<char>(F::kBias));
   __m512i col_bytes = _mm512_setzero_si512();
   if (columnwise) {
     __m512i s[2 * kRegs];
@@ -372,7 +374,9 @@ MICROSCALE_AVX512_INLINE bool quantize_chunk16(const Band& b, int64_t col, uint1
     }
     col_bytes = pack_bytes<2 * kRegs>(s);  // byte j = column j's scale
     const __mmask64 valid = kRegs == 2 ? ~__mmask64{0} : __mmask64{0xFFFFFFFF};
-    if (kIn == DType::BF16 && _mm512_mask_cmplt_epu8_mask(valid, col_bytes, min_scale) != 0) return false;
+    if constexpr (kIn == DType::BF16) {
+      if (_mm512_mask_cmplt_epu8_mask(valid, col_bytes, min_scale) != 0) return false;
+    }
   }
   // Rowwise: per row block its byte and terms, each 16 rows' in one register.
   __m512i row_bytes[kRegs][kBlock / 16];
@@ -383,8 +387,9 @@ MICROSCALE_AVX512_INLINE bool quantize_chunk16(const Band& b, int64_t col, uint1
         __m512i amax = _mm512_load_si512(row_max[t] + 16 * h);
         if constexpr (kIn == DType::F16) amax = _mm512_castps_si512(widen_half_lanes<kIn, true>(amax));
         row_bytes[t][h] = mx_scale_bytes<kRule>(amax, b.emax, b.mantissa_bits, b.max_normal);
-        if (kIn == DType::BF16 && _mm512_cmplt_epu32_mask(row_bytes[t][h], _mm512_set1_epi32(F::kBias)) != 0)
-          return false;
+        if constexpr (kIn == DType::BF16) {
+          if (_mm512_cmplt_epu32_mask(row_bytes[t][h], _mm512_set1_epi32(F::kBias)) != 0) return false;
+        }
       }
     }
   }

@@ -280,15 +280,15 @@ MICROSCALE_AVX512_INLINE void quantize_tile(const Group& g, const std::byte* src
 // A 512-bit load of a 16-bit row gives 32 columns; its 32-bit lane j holds column 2j (low half)
 // and 2j + 1 (high half), so widen_half_lanes gives the "even" and the "odd" columns as fp32 (bf16:
 // a shift and a mask, no conversion instructions; f16: two conversions), and the two share each
-// lane's block. Amaxes come from the packed 16-bit
-// |x| (32 lanes per operation). Codes are looked up already shifted to their nibble of the packed
-// output (nvfp4_e2m1_table), so packing is a few ORs: rowwise, the codes of 4 rows fill one
+// lane's block. Amaxes come from the packed 16-bit |x| (32 lanes per operation; f16 patterns order
+// as their magnitudes, as bf16's do). Codes are looked up already shifted to their nibble of the
+// packed output (nvfp4_e2m1_table), so packing is a few ORs: rowwise, the codes of 4 rows fill one
 // register (byte q of lane j = row q, columns 2j and 2j + 1); columnwise, rows 0-7 and 8-15 of a
 // column fill the two 32-bit halves of its 8 output bytes.
 
 constexpr int kUnitColumns = 32;
 
-// In a bf16 unit's row loop: row i (at `row`) kPrefetchCols columns ahead, the unit's line 4 units
+// In a unit's row loop: row i (at `row`) kPrefetchCols columns ahead, the unit's line 4 units
 // on. Near a row's end this reaches into the next row or past the tensor: a prefetch never faults,
 // so no bounds test (prefetch_band_ahead's would cost a branch per row step).
 // NOTE: one prefetch per row step, spread over the unit's work. Issued together at each line
@@ -677,7 +677,7 @@ MICROSCALE_AVX512 bool quantize_unit16(const Group& g, const std::byte* src, int
     col_max = _mm512_max_epu16(col_max, a[i]);
     if constexpr (kRht) min_less_one = min_nonzero_less_one(min_less_one, a[i]);
   }
-  const int16_t inf = kIn == DType::BF16 ? 0x7F80 : 0x7C00;
+  const int16_t inf = kIn == DType::BF16 ? 0x7F80 : 0x7C00;  // |x| above it: NaN (Inf goes on)
   if (_mm512_cmpgt_epu16_mask(col_max, _mm512_set1_epi16(inf)) != 0) return false;
   __m512i even_max = _mm512_castps_si512(widen_half_lanes<kIn, false>(col_max));  // fp32 bits
   __m512i odd_max = _mm512_castps_si512(widen_half_lanes<kIn, true>(col_max));
@@ -695,7 +695,8 @@ MICROSCALE_AVX512 bool quantize_unit16(const Group& g, const std::byte* src, int
 
   UnitScales s;
   __mmask16 tiny = 0;  // scales so small that a product may underflow to -0 (sign lost)
-  // bf16 |x| >= 2^-133 (f16: >= 2^-24): the product >= 2^-149.
+  // Scales at least this: a nonzero product is >= 2^-149 (bf16 |x| >= 2^-133; f16 |x| >= 2^-24,
+  // whose products are then >= 2^-40), so no product underflows to a zero of the wrong sign.
   const __m512 min_shared = _mm512_set1_ps(0x1p-16f);
   __mmask16 unbounded = 0;  // blocks where block_may_reach_seven
   if constexpr (kRows) {
@@ -900,7 +901,8 @@ MICROSCALE_AVX512_INLINE void prefetch_band_ahead(const Group& g, const std::byt
   }
 }
 
-// quantize_unit16 in the form the group asks for: its directions, and the RHT (bf16 only).
+// quantize_unit16 in the form the group asks for: its directions, and the RHT (bf16 only: for other
+// inputs validate_quantize rejects the RHT before any kernel runs, so g.rht is null here).
 template <DType kIn>
 MICROSCALE_AVX512_INLINE bool quantize_unit_as_asked(const Group& g, const std::byte* src, int64_t col,
                                                      int band, RowStage& stage, ColumnStage cs) {

@@ -285,9 +285,9 @@ MICROSCALE_AVX512 void mx16_lanes(const std::vector<uint16_t>& x, uint8_t scale,
 
 // Every finite bf16 or f16 pattern against every scale byte a block of such inputs can have
 // (bf16: from the format's bias B to 0xFE, 0xFF being NaN; the kernel sends smaller bytes to the
-// fp32 encoders. f16: from the byte of the smallest f16 subnormal to that of the largest f16,
-// each with a margin of two), wherever the scaled value is below 2^(emax + 1) (the range every MX
-// scale rule keeps a block in).
+// fp32 encoders. f16: from 0, an all-zero block's byte, to that of the largest f16 with a margin
+// of two), wherever the scaled value is below 2^(emax + 1) (the range every MX scale rule keeps a
+// block in).
 template <typename Codec, DType kIn>
 void expect_mx16(Format format) {
   const FormatInfo& f = format_info(format);
@@ -301,8 +301,8 @@ void expect_mx16(Format format) {
   std::vector<uint16_t> general(x.size()), normal(x.size());
   std::vector<uint8_t> outside(x.size());
   int failures = 0, normal_lanes = 0;
-  // f16 amaxes lie in [2^-24, 65504]: scale bytes floor/ceil(log2 amax) - emax + 127.
-  const int first = bf16 ? f.bias : 127 - 24 - f.emax - 2, last = bf16 ? 254 : 127 + 16 - f.emax + 2;
+  // Nonzero f16 amaxes lie in [2^-24, 65504]: scale bytes floor/ceil(log2 amax) - emax + 127.
+  const int first = bf16 ? f.bias : 0, last = bf16 ? 254 : 127 + 16 - f.emax + 2;
   for (int scale = first; scale <= last; ++scale) {
     mx16_lanes<Codec, kIn>(x, static_cast<uint8_t>(scale), general, normal, outside);
     const float inverse = mx_inverse_scale(static_cast<uint8_t>(scale));

@@ -189,7 +189,7 @@ TEST(Quantize, FastEqualsReferenceNvfp4ManyGroupsPerThread) {
   // next, and the columnwise scales of 4 groups share a line. A last group of one band. With 2 and
   // 5 threads, threads share lines of columnwise scales (gathered after a barrier instead).
   uint32_t seed = 900;
-  for (DType dtype : {DType::BF16, DType::F32}) {
+  for (DType dtype : {DType::BF16, DType::F16, DType::F32}) {
     for (auto shape : {std::vector<int64_t>{1040, 96}, {1536, 1056}}) {
       for (bool rht : {false, true}) {
         if (rht && dtype != DType::BF16) continue;
@@ -211,7 +211,7 @@ TEST(Quantize, FastEqualsReferenceNvfp4ManyGroupsPerThread) {
 TEST(Quantize, FastEqualsReferenceNvfp4OneDirection) {
   // Each direction alone: the AVX-512 kernels have a form for each.
   uint32_t seed = 500;
-  for (DType dtype : {DType::BF16, DType::F32}) {
+  for (DType dtype : {DType::BF16, DType::F16, DType::F32}) {
     for (Fill fill : {Fill::Normal, Fill::Specials, Fill::SpecialsNoNan, Fill::Extreme}) {
       for (Tile tile : {Tile::k1x16, Tile::k16x16}) {
         for (bool rowwise : {true, false}) {
@@ -225,6 +225,29 @@ TEST(Quantize, FastEqualsReferenceNvfp4OneDirection) {
                                  std::string(dtype_name(dtype)) + (rowwise ? " rowwise" : " columnwise") +
                                      (tile == Tile::k16x16 ? " 16x16" : " 1x16"));
         }
+      }
+    }
+  }
+}
+
+TEST(Quantize, FastEqualsReferenceNvfp4F16AmaxGiven) {
+  // f16 units with both amaxes given (no pass 1): the amax found, one below the data's (saturated
+  // block scales, products that may reach 7) and one far above it.
+  uint32_t seed = 1100;
+  for (Fill fill : {Fill::Normal, Fill::Heavy, Fill::Extreme, Fill::SpecialsNoNan}) {
+    const Tensor x = random_tensor(DType::F16, {160, 96}, fill, seed++);
+    for (Tile tile : {Tile::k1x16, Tile::k16x16}) {
+      QuantizeOptions o;
+      o.rowwise = o.columnwise = true;
+      o.tile = tile;
+      o.num_threads = 2;
+      const float found = quantize_ref(x.view(), o).rowwise_amax;
+      for (float amax : {found, 1.5f, 1e4f}) {
+        if (!std::isfinite(amax) || amax <= 0.0f) continue;
+        o.amax_rowwise = o.amax_columnwise = amax;
+        expect_fast_equals_ref(
+            x.view(), o,
+            std::string(tile == Tile::k16x16 ? "16x16" : "1x16") + " f16 amax given " + std::to_string(amax));
       }
     }
   }
