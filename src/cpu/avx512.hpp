@@ -50,17 +50,27 @@ MICROSCALE_AVX512_INLINE void store_line(uint8_t* dst, __m512i line, bool stream
   }
 }
 
-/// 16 consecutive input elements at `p` widened exactly to fp32 (bf16: a shift; f16: vcvtph2ps,
-/// exact for every input including subnormals; f32: a plain load).
+/// The |x| pattern of +Inf in a 16-bit input type: |x| patterns above it are NaN.
+template <DType kIn>
+constexpr uint16_t kInf16Bits = kIn == DType::BF16 ? 0x7F80 : 0x7C00;
+
+/// 16 bf16 or f16 patterns widened exactly to fp32 (bf16: a shift; f16: vcvtph2ps, exact for
+/// every pattern including subnormals).
+template <DType kIn>
+MICROSCALE_AVX512_INLINE __m512 widen16(__m256i h) {
+  static_assert(kIn == DType::BF16 || kIn == DType::F16);
+  if constexpr (kIn == DType::BF16)
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  return _mm512_cvtph_ps(h);
+}
+
+/// 16 consecutive input elements at `p` widened exactly to fp32 (widen16; f32: a plain load).
 template <DType kDType>
 MICROSCALE_AVX512_INLINE __m512 load16(const void* p) {
-  if constexpr (kDType == DType::BF16) {
-    const __m256i h = _mm256_loadu_si256(static_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  } else if constexpr (kDType == DType::F16) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i*>(p)));
-  } else {
+  if constexpr (kDType == DType::F32) {
     return _mm512_loadu_ps(p);
+  } else {
+    return widen16<kDType>(_mm256_loadu_si256(static_cast<const __m256i*>(p)));
   }
 }
 

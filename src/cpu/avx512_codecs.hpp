@@ -271,7 +271,6 @@ struct Mx16Format {
   static_assert(kIn == DType::BF16 || kIn == DType::F16);
   static constexpr int kInputMantissaBits = kIn == DType::BF16 ? 7 : 10;
   static constexpr int kInputBias = kIn == DType::BF16 ? 127 : 15;
-  static constexpr uint16_t kInfPattern = kIn == DType::BF16 ? 0x7F80 : 0x7C00;  // |x| >= it: Inf/NaN
   static constexpr int kBias = 1 - Codec::kEmin;
   static constexpr int kMantissaBits = 23 - Codec::kShift;
   static constexpr int kDrop = kInputMantissaBits - kMantissaBits;  // input mantissa bits dropped

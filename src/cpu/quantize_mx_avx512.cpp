@@ -352,7 +352,7 @@ MICROSCALE_AVX512_INLINE bool quantize_chunk16(const Band& b, int64_t col, uint1
   }
   // Inf or NaN anywhere (every element is under a column max): the fp32 chunk handles them.
   for (int t = 0; t < kRegs; ++t) {
-    if (_mm512_cmpge_epu16_mask(col_max[t], _mm512_set1_epi16(F::kInfPattern)) != 0) return false;
+    if (_mm512_cmpge_epu16_mask(col_max[t], _mm512_set1_epi16(kInf16Bits<kIn>)) != 0) return false;
   }
 
   // 2. Scales and the encoders' terms; a direction not requested gets limit 0 (it sends only
@@ -367,9 +367,8 @@ MICROSCALE_AVX512_INLINE bool quantize_chunk16(const Band& b, int64_t col, uint1
       for (int h = 0; h < 2; ++h) {
         const __m256i half =
             h == 0 ? _mm512_castsi512_si256(col_max[t]) : _mm512_extracti64x4_epi64(col_max[t], 1);
-        s[2 * t + h] = mx_scale_bytes<kRule>(
-            _mm512_castps_si512(widen_half_lanes<kIn, false>(_mm512_cvtepu16_epi32(half))), b.emax,
-            b.mantissa_bits, b.max_normal);
+        s[2 * t + h] = mx_scale_bytes<kRule>(_mm512_castps_si512(widen16<kIn>(half)), b.emax, b.mantissa_bits,
+                                             b.max_normal);
       }
     }
     col_bytes = pack_bytes<2 * kRegs>(s);  // byte j = column j's scale

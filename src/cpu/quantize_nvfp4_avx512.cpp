@@ -677,8 +677,8 @@ MICROSCALE_AVX512 bool quantize_unit16(const Group& g, const std::byte* src, int
     col_max = _mm512_max_epu16(col_max, a[i]);
     if constexpr (kRht) min_less_one = min_nonzero_less_one(min_less_one, a[i]);
   }
-  const int16_t inf = kIn == DType::BF16 ? 0x7F80 : 0x7C00;  // |x| above it: NaN (Inf goes on)
-  if (_mm512_cmpgt_epu16_mask(col_max, _mm512_set1_epi16(inf)) != 0) return false;
+  // NaN: back to the tiles (Inf goes on).
+  if (_mm512_cmpgt_epu16_mask(col_max, _mm512_set1_epi16(kInf16Bits<kIn>)) != 0) return false;
   __m512i even_max = _mm512_castps_si512(widen_half_lanes<kIn, false>(col_max));  // fp32 bits
   __m512i odd_max = _mm512_castps_si512(widen_half_lanes<kIn, true>(col_max));
   // The RHT (columnwise only; never with 16x16 tiles): the columnwise values and their maxes.
@@ -1005,7 +1005,7 @@ MICROSCALE_AVX512_INLINE bool raw_abs_max(const std::byte* src, int64_t row_byte
   } else {
     const uint32_t half = _mm512_reduce_max_epu32(
         _mm512_max_epu32(_mm512_and_si512(m, _mm512_set1_epi32(0xFFFF)), _mm512_srli_epi32(m, 16)));
-    if (half > (kDType == DType::BF16 ? 0x7F80u : 0x7C00u)) return false;
+    if (half > kInf16Bits<kDType>) return false;
     bits = kDType == DType::BF16 ? half << 16 : float_bits(half_to_float(static_cast<uint16_t>(half)));
   }
   *max_bits = _mm512_max_epu32(*max_bits, _mm512_set1_epi32(static_cast<int>(bits)));
