@@ -3,9 +3,14 @@
 // resolved once per process): dispatch happens once, never per element. The code is the same C++
 // in each clone and uses no fast-math, so every clone computes the same bytes; the tests run the
 // clone of the machine they run on. Other compilers and targets get the plain function.
+//
+// A build may define MICROSCALE_CPU_DISPATCH itself (empty, with -march=x86-64-v3 say) to get one
+// clone only: that is how the AVX2 clone is measured on an AVX-512 machine (docs/perf.md).
 #pragma once
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#ifdef MICROSCALE_CPU_DISPATCH
+// Set by the build.
+#elif defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
 #define MICROSCALE_CPU_DISPATCH __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define MICROSCALE_CPU_DISPATCH
