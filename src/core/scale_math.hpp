@@ -12,6 +12,16 @@
 
 namespace microscale {
 
+/// min(a, limit) for a >= 0 (+Inf included) and a finite limit >= 0, compared on the bits (for
+/// such floats the integer order is the float order). NOTE: branch-free on purpose: GCC keeps a
+/// branch for a `?:` between floats (-ftrapping-math), and CPU loops over blocks then vectorise
+/// only with AVX-512's masked operations, not with AVX2.
+MICROSCALE_HOST_DEVICE float min_nonnegative(float a, float limit) {
+  const uint32_t ua = float_bits(a), ul = float_bits(limit);
+  const uint32_t below = 0u - static_cast<uint32_t>(ua < ul);
+  return bits_to_float((ua & below) | (ul & ~below));
+}
+
 // ---- NVFP4 (numerics-te.md §1.1-1.4, TE >= 2.14) ------------------------------------------------
 
 /// Global encode scale S_enc = 2688 / amax, clamped to FLT_MAX; 1 when amax is 0 or S_enc is 0.
@@ -41,9 +51,8 @@ MICROSCALE_HOST_DEVICE float e4m3_code_value(uint32_t code) {
 /// Block encode scale from the decoded E4M3 block scale: min(1 / RN(scale * S_dec), FLT_MAX).
 /// A zero scale gives FLT_MAX, so the block's nonzero elements saturate (as TE does).
 MICROSCALE_HOST_DEVICE float nvfp4_block_encode_scale(float block_scale, float s_dec) {
-  const float product = block_scale * s_dec;
-  const float inverse = 1.0f / product;
-  return inverse < FLT_MAX ? inverse : FLT_MAX;
+  const float product = block_scale * s_dec;  // >= 0: a decoded scale times 1 / S_enc
+  return min_nonnegative(1.0f / product, FLT_MAX);
 }
 
 // ---- MX E8M0 scale (numerics-mx.md §3.3-3.4, torchao main) --------------------------------------
@@ -78,7 +87,14 @@ MICROSCALE_HOST_DEVICE uint8_t mx_scale_byte(float amax, MxScaleRule rule, int e
 /// An MX element times its block's inverse scale. A NaN element stays itself, sign included (x86's
 /// product of two NaNs returns the first; a GPU returns a canonical +NaN): stated here, since a
 /// compiler may swap a product's operands and the inverse of a block holding a NaN is NaN too.
-MICROSCALE_HOST_DEVICE float mx_scaled_element(float x, float inverse) { return x != x ? x : x * inverse; }
+/// NOTE: the product is computed for every x and chosen by a mask on the bits: GCC keeps a branch
+/// for a `?:` between floats (-ftrapping-math), and then the CPU loops over a block vectorise only
+/// with AVX-512's masked operations, not with AVX2.
+MICROSCALE_HOST_DEVICE float mx_scaled_element(float x, float inverse) {
+  const uint32_t product = float_bits(x * inverse), u = float_bits(x);
+  const uint32_t is_nan = 0u - static_cast<uint32_t>((u & 0x7FFFFFFFu) > 0x7F800000u);
+  return bits_to_float((u & is_nan) | (product & ~is_nan));
+}
 
 /// fp32 2^(127 - byte): the multiplier applied to a block's elements; NaN for byte 0xFF.
 MICROSCALE_HOST_DEVICE float mx_inverse_scale(uint8_t byte) {

@@ -25,15 +25,16 @@ struct MxParams {
   float max_normal;
 };
 
-// Largest |v| of the 32 elements v[0], v[stride], ..., or NaN when any is NaN (torch.amax
-// propagates NaN). NOTE: computed on the bits: for |v| the integer order of the patterns is the
-// float order, and any NaN pattern is above +Inf's, so one vectorisable integer max does both.
-float block_amax(const float* v, int64_t stride) {
+// The amax whose |x| bit pattern is `max_bits`, or NaN for a NaN pattern. NOTE: amaxes are
+// computed on the bits: for |v| the integer order of the patterns is the float order, and any NaN
+// pattern is above +Inf's, so one vectorisable integer max does both (torch.amax propagates NaN).
+float amax_from_bits(uint32_t max_bits) { return max_bits > 0x7F800000u ? NAN : bits_to_float(max_bits); }
+
+// Largest |v| of the 32 elements v[0..31], or NaN when any is NaN.
+float block_amax(const float* v) {
   uint32_t m = 0;
-  for (int i = 0; i < kBlock; ++i)
-    m = std::max(m, float_bits(v[i * stride]) & 0x7FFFFFFFu);  // std::max vectorises
-  const uint32_t result = m;
-  return result > 0x7F800000u ? NAN : bits_to_float(result);
+  for (int i = 0; i < kBlock; ++i) m = std::max(m, float_bits(v[i]) & 0x7FFFFFFFu);  // std::max vectorises
+  return amax_from_bits(m);
 }
 
 // codes[c] of n elements v[c] * inverse[c] (per-element scale) ...
@@ -67,7 +68,7 @@ MICROSCALE_CPU_DISPATCH void rowwise_rows(const float* band, int64_t rows, int64
     const float* v = band + r * k;
     for (int64_t blk = 0; blk < k / kBlock; ++blk) {
       const uint8_t s =
-          mx_scale_byte(block_amax(v + blk * kBlock, 1), p.rule, p.emax, p.mantissa_bits, p.max_normal);
+          mx_scale_byte(block_amax(v + blk * kBlock), p.rule, p.emax, p.mantissa_bits, p.max_normal);
       scale[row * (k / kBlock) + blk] = s;
       encode_scaled<Codec>(v + blk * kBlock, mx_inverse_scale(s), kBlock, codes + blk * kBlock);
     }
@@ -75,13 +76,25 @@ MICROSCALE_CPU_DISPATCH void rowwise_rows(const float* band, int64_t rows, int64
   }
 }
 
-// Columnwise: the 32 rows of band `b` ([32, k] fp32) form one block per column.
+// Columnwise: the 32 rows of band `b` ([32, k] fp32) form one block per column. `amax` is
+// scratch ([k]).
 template <typename Codec, bool kPacked>
 MICROSCALE_CPU_DISPATCH void columnwise_band(const float* band, int64_t k, int64_t b, const MxParams& p,
-                                             float* inverse, uint8_t* codes, uint8_t* data, uint8_t* scale) {
+                                             uint32_t* amax, float* inverse, uint8_t* codes, uint8_t* data,
+                                             uint8_t* scale) {
   const int64_t data_cols = kPacked ? k / 2 : k;
+  // Every column's block amax at once, row after row (on the bits, as block_amax): contiguous loads
+  // that vectorise across columns, where one column at a time reads 32 lines k floats apart
+  // (measured: 80 % of this function's time at K = 4096).
+  uint32_t* __restrict max_bits = amax;
+  std::fill_n(max_bits, k, 0u);
+  for (int i = 0; i < kBlock; ++i) {
+    const float* __restrict row = band + i * k;
+    for (int64_t c = 0; c < k; ++c) max_bits[c] = std::max(max_bits[c], float_bits(row[c]) & 0x7FFFFFFFu);
+  }
   for (int64_t c = 0; c < k; ++c) {
-    const uint8_t s = mx_scale_byte(block_amax(band + c, k), p.rule, p.emax, p.mantissa_bits, p.max_normal);
+    const uint8_t s =
+        mx_scale_byte(amax_from_bits(max_bits[c]), p.rule, p.emax, p.mantissa_bits, p.max_normal);
     scale[b * k + c] = s;
     inverse[c] = mx_inverse_scale(s);
   }
@@ -103,6 +116,7 @@ void quantize_mx_with(const InputMatrix& x, const QuantizeOptions& o, const MxPa
   {
     std::vector<float> band(static_cast<size_t>(band_rows * k));
     std::vector<float> inverse(static_cast<size_t>(k));
+    std::vector<uint32_t> column_amax(static_cast<size_t>(k));
     std::vector<uint8_t> codes(static_cast<size_t>(k));
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < bands; ++b) {
@@ -114,8 +128,8 @@ void quantize_mx_with(const InputMatrix& x, const QuantizeOptions& o, const MxPa
                                      out.rowwise_scale.data_as<uint8_t>());
       }
       if (o.columnwise) {
-        columnwise_band<Codec, kPacked>(band.data(), k, b, p, inverse.data(), codes.data(),
-                                        out.columnwise_data.data_as<uint8_t>(),
+        columnwise_band<Codec, kPacked>(band.data(), k, b, p, column_amax.data(), inverse.data(),
+                                        codes.data(), out.columnwise_data.data_as<uint8_t>(),
                                         out.columnwise_scale.data_as<uint8_t>());
       }
     }

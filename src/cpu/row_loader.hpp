@@ -19,6 +19,9 @@ inline void load_rows(const InputMatrix& x, int64_t first_row, int64_t rows, flo
     if (x.col_stride == 1 && x.dtype == DType::BF16) {
       const auto* src = static_cast<const uint16_t*>(x.data) + base;
       for (int64_t c = 0; c < k; ++c) dst[c] = bits_to_float(static_cast<uint32_t>(src[c]) << 16);
+    } else if (x.col_stride == 1 && x.dtype == DType::F16) {
+      const auto* src = static_cast<const uint16_t*>(x.data) + base;
+      for (int64_t c = 0; c < k; ++c) dst[c] = half_to_float(src[c]);  // branch-free: vectorises
     } else if (x.col_stride == 1 && x.dtype == DType::F32) {
       std::copy_n(static_cast<const float*>(x.data) + base, k, dst);
     } else {

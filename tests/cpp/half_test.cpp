@@ -19,6 +19,27 @@ TEST(Half, EveryBf16RoundTrips) {
   }
 }
 
+TEST(Half, EveryHalfWidensToItsValue) {
+  // The value from the fields, computed in double: (-1)^s 2^(e-15) (1 + m/1024), or 2^-14 m/1024.
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const uint32_t e = (b >> 10) & 0x1Fu, m = b & 0x3FFu;
+    const double sign = (b & 0x8000u) != 0 ? -1.0 : 1.0;
+    const float x = half_to_float(static_cast<uint16_t>(b));
+    if (e == 0x1F) {
+      if (m == 0) {
+        EXPECT_EQ(x, static_cast<float>(sign * INFINITY)) << b;
+      } else {
+        EXPECT_TRUE(std::isnan(x)) << b;
+        EXPECT_EQ(float_bits(x), ((b & 0x8000u) << 16) | 0x7F800000u | (m << 13)) << b;  // payload kept
+      }
+      continue;
+    }
+    const double value = e == 0 ? std::ldexp(m, -24) : std::ldexp(1024.0 + m, static_cast<int>(e) - 25);
+    EXPECT_EQ(x, static_cast<float>(sign * value)) << b;
+    EXPECT_EQ(std::signbit(x), (b & 0x8000u) != 0) << b;  // -0 stays -0
+  }
+}
+
 TEST(Half, EveryHalfRoundTrips) {
   for (uint32_t b = 0; b < 65536; ++b) {
     const float x = half_to_float(static_cast<uint16_t>(b));
