@@ -7,10 +7,10 @@
 // 16 x K tile transposed to K x 16 (through the RHT when asked): row c of that tile is block
 // `band` of columnwise row c. The global scale needs the whole-tensor amax, hence two passes.
 //
-// RHT: the reference sums the 16 products in double in i order. When a chunk's nonzero inputs
-// span at most 40 binades (and none is subnormal, Inf or NaN), every partial sum is exact in
-// double, so a 4-stage butterfly (4 adds per output instead of 16) gives the same bits; other
-// chunks take the reference order.
+// RHT: the reference sums the 16 products in double in i order. Where every partial sum is exact,
+// a 4-stage butterfly (4 adds per output instead of 16) gives the same bits: in fp32 for columns
+// of bf16 values within 12 binades (almost all), in double within 40 (see rht_band); other
+// columns take the reference order.
 #include <algorithm>
 #include <array>
 #include <cfloat>
@@ -157,39 +157,67 @@ MICROSCALE_CPU_DISPATCH void transpose_band(const float* band, int64_t k, float*
   }
 }
 
+// Column c's 16 RHT outputs (x[0], x[stride], ...) without fp32: a butterfly in double when its
+// nonzero inputs are normal and span at most 40 binades (every partial sum is then exact in
+// double, so equal to the reference's sum), else the reference order.
+void rht_column(const float* x, int64_t stride, const RhtCoefficients& t, bool exact_in_double, float* out) {
+  if (!exact_in_double) {
+    for (int j = 0; j < kBlock; ++j) out[j] = rht_output_reference_order(t, x, stride, j);
+    return;
+  }
+  double z[kBlock];
+  for (int i = 0; i < kBlock; ++i) z[i] = t[i * 16] * static_cast<double>(x[i * stride]);  // exact
+  for (int h = 1; h < kBlock; h <<= 1) {
+    for (int i = 0; i < kBlock; ++i) {
+      if (i & h) continue;
+      const double a = z[i], b = z[i + h];
+      z[i] = a + b;
+      z[i + h] = a - b;
+    }
+  }
+  for (int j = 0; j < kBlock; ++j) out[j] = rht_output_to_bf16_value(z[j]);
+}
+
 // tile[c * 16 + j] = RHT of column c's 16 values of the band, rounded as rht16 does.
+// A 4-stage butterfly in fp32 (Sylvester order: y_j = sum_i (-1)^popcount(i&j) s_i x_i / 4),
+// vectorised across columns, gives the reference's bits for every column whose nonzero inputs
+// are bf16 values, normal, below 2^121 and within 12 binades: each partial sum is then a multiple
+// of 2^(emin - 9) below 2^(emax + 3), exact in fp32's 24 bits, and so is the double sum of the
+// reference. The other columns (a few in a thousand for Gaussian data) go to rht_column.
 MICROSCALE_CPU_DISPATCH void rht_band(const float* band, int64_t k, const RhtCoefficients& t, float* tile) {
   constexpr int64_t kChunk = 64;
-  double z[kBlock][kChunk];
-  uint32_t exact[kChunk];
+  float z[kBlock][kChunk];
+  float sign[kBlock];  // s_i / 4, exact in fp32
+  for (int i = 0; i < kBlock; ++i) sign[i] = static_cast<float>(t[i * 16]);
   for (int64_t c0 = 0; c0 < k; c0 += kChunk) {
     const int64_t w = std::min(kChunk, k - c0);
-    // Signed inputs (exact) and the exactness test: nonzero exponents within 40 binades.
-    uint32_t emax[kChunk], emin[kChunk], special[kChunk];
+    // Signed inputs and the exactness tests' terms: nonzero exponents' range, subnormal/Inf/NaN
+    // inputs (`special`), inputs that are not bf16 values (fp32 inputs with low bits).
+    uint32_t emax[kChunk], emin[kChunk], special[kChunk], wide[kChunk];
     for (int64_t c = 0; c < w; ++c) {
       emax[c] = 0;
       emin[c] = 255;
       special[c] = 0;
+      wide[c] = 0;
     }
     for (int i = 0; i < kBlock; ++i) {
       const float* x = band + i * k + c0;
       for (int64_t c = 0; c < w; ++c) {
-        const uint32_t e = (float_bits(x[c]) >> 23) & 0xFFu;
-        const uint32_t nonzero = static_cast<uint32_t>((float_bits(x[c]) & 0x7FFFFFFFu) != 0);
+        const uint32_t u = float_bits(x[c]);
+        const uint32_t e = (u >> 23) & 0xFFu;
+        const uint32_t nonzero = static_cast<uint32_t>((u & 0x7FFFFFFFu) != 0);
         special[c] |= (e == 0u || e == 255u) & nonzero;
+        wide[c] |= static_cast<uint32_t>((u & 0xFFFFu) != 0);
         emax[c] = select(nonzero && e > emax[c], e, emax[c]);
         emin[c] = select(nonzero && e < emin[c], e, emin[c]);
-        z[i][c] = t[i * 16] * static_cast<double>(x[c]);  // s_i / 4 * x, exact
+        z[i][c] = sign[i] * x[c];  // exact wherever the fp32 result is used
       }
     }
-    for (int64_t c = 0; c < w; ++c)
-      exact[c] = static_cast<uint32_t>(!special[c] && (emax[c] < emin[c] || emax[c] - emin[c] <= 40));
-    // Fast Walsh-Hadamard transform (Sylvester order: y_j = sum_i (-1)^popcount(i&j) z_i).
     for (int h = 1; h < kBlock; h <<= 1) {
       for (int i = 0; i < kBlock; ++i) {
         if (i & h) continue;
         for (int64_t c = 0; c < w; ++c) {
-          const double a = z[i][c], b = z[i + h][c];
+          const float a = z[i][c], b = z[i + h][c];
           z[i][c] = a + b;
           z[i + h][c] = a - b;
         }
@@ -197,10 +225,13 @@ MICROSCALE_CPU_DISPATCH void rht_band(const float* band, int64_t k, const RhtCoe
     }
     for (int64_t c = 0; c < w; ++c) {
       float* out = tile + (c0 + c) * kBlock;
-      if (exact[c]) {
-        for (int j = 0; j < kBlock; ++j) out[j] = rht_output_to_bf16_value(z[j][c]);
-      } else {  // the reference order
-        for (int j = 0; j < kBlock; ++j) out[j] = rht_output_reference_order(t, band + c0 + c, k, j);
+      const bool all_zero = emax[c] < emin[c];
+      const uint32_t span = all_zero ? 0 : emax[c] - emin[c];
+      if (!special[c] && !wide[c] && emax[c] < 127 + 121 && span <= 12) {
+        // The sum is exact in fp32, so the reference's truncation to fp32 changes nothing.
+        for (int j = 0; j < kBlock; ++j) out[j] = bf16_to_float(float_to_bf16(z[j][c]));
+      } else {
+        rht_column(band + c0 + c, k, t, !special[c] && span <= 40, out);
       }
     }
   }
