@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Sets everything up and runs every test: the C++ suite (ctest, incl. all golden cases) on the
-# release build and again under AddressSanitizer + UBSan, then the Python cross-checks.
+# release build, on an AVX2-only build (x86-64 CPUs with AVX2: the portable kernels' x86-64-v3
+# code, which the release build's tests would not run on an AVX-512 machine) and under
+# AddressSanitizer + UBSan, then the Python cross-checks.
 # Usage: bash scripts/test.sh   (the README's test command; .ci/run calls it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +11,13 @@ if [ -d /usr/local/cuda/bin ]; then export PATH="$PATH:/usr/local/cuda/bin"; fi
 
 echo "== ctest (release)"
 ctest --preset release -j "$(nproc)"
+
+if [ "$(uname -m)" = x86_64 ] && grep -qw avx2 /proc/cpuinfo; then
+  echo "== ctest (AVX2 only: the portable kernels as CPUs without AVX-512 run them)"
+  cmake --preset avx2 >/dev/null
+  cmake --build --preset avx2 -j "$(nproc)"
+  ctest --preset avx2 -j "$(nproc)"
+fi
 
 echo "== ctest (AddressSanitizer + UBSan)"
 cmake --preset asan >/dev/null
