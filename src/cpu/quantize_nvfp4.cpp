@@ -157,9 +157,9 @@ MICROSCALE_CPU_DISPATCH void transpose_band(const float* band, int64_t k, float*
   }
 }
 
-// Column c's 16 RHT outputs (x[0], x[stride], ...) without fp32: a butterfly in double when its
-// nonzero inputs are normal and span at most 40 binades (every partial sum is then exact in
-// double, so equal to the reference's sum), else the reference order.
+// Column c's 16 RHT outputs (x[0], x[stride], ...) without fp32: a butterfly in double when
+// `exact_in_double` (every partial sum exact in double, so equal to the reference's sum: nonzero
+// inputs normal and within 40 binades for bf16 values, 25 for fp32 ones), else the reference order.
 void rht_column(const float* x, int64_t stride, const RhtCoefficients& t, bool exact_in_double, float* out) {
   if (!exact_in_double) {
     for (int j = 0; j < kBlock; ++j) out[j] = rht_output_reference_order(t, x, stride, j);
@@ -231,7 +231,7 @@ MICROSCALE_CPU_DISPATCH void rht_band(const float* band, int64_t k, const RhtCoe
         // The sum is exact in fp32, so the reference's truncation to fp32 changes nothing.
         for (int j = 0; j < kBlock; ++j) out[j] = bf16_to_float(float_to_bf16(z[j][c]));
       } else {
-        rht_column(band + c0 + c, k, t, !special[c] && span <= 40, out);
+        rht_column(band + c0 + c, k, t, !special[c] && span <= (wide[c] ? 25u : 40u), out);
       }
     }
   }
