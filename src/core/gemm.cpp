@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "core/fp_environment.hpp"
 #include "core/operand_access.hpp"
 #include "core/require.hpp"
 #include "cpu/gemm_kernels.hpp"
@@ -126,6 +127,7 @@ std::pair<GemmOperand, GemmOperand> te_gemm_operands(const QuantizedTensor& a, c
 }
 
 void gemm_into(const GemmOperand& a, const GemmOperand& b, const GemmProblem& p, const TensorView& d) {
+  const IeeeSubnormals ieee;  // the dequantized operands can be subnormal (fp_environment.hpp)
   const auto [m, k, la] = check_operand(a, "A");
   const auto [n, kb, lb] = check_operand(b, "B");
   require(k == kb, "A is [" + std::to_string(m) + ", " + std::to_string(k) + "] and B is [" +

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/fp_environment.hpp"
 #include "microscale/format.hpp"
 #include "microscale/gemm.hpp"
 #include "microscale/half.hpp"
@@ -65,6 +66,7 @@ class OperandReader {
     if (!op_.quantized || op_.stored_transposed || data_strides_[1] != 1) {
 #pragma omp parallel for schedule(static)
       for (int64_t r = 0; r < n; ++r) {
+        const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
         for (int64_t j = 0; j < width; ++j) out[r * width + j] = at(l, r, k0 + j);
       }
       return;
@@ -74,6 +76,7 @@ class OperandReader {
     const int64_t batch_offset = data_strides_.size() == 3 ? l * data_strides_[2] : 0;
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < n; ++r) {
+      const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
       const uint8_t* row = bytes + r * data_strides_[0] + batch_offset;
       float* dst = out + r * width;
       for (int64_t kb = k0 / block_; kb < (k0 + width) / block_; ++kb) {

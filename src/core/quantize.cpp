@@ -7,6 +7,7 @@
 #include <cmath>
 #include <string>
 
+#include "core/fp_environment.hpp"
 #include "core/input_matrix.hpp"
 #include "core/quantize_checks.hpp"
 #include "core/require.hpp"
@@ -161,6 +162,7 @@ using Kernel = void (*)(const InputMatrix&, const QuantizeOptions&, QuantizedTen
 
 QuantizedTensor run(const TensorView& input, const QuantizeOptions& options, Kernel nvfp4, Kernel mx,
                     const QuantizedTensor* reuse = nullptr) {
+  const IeeeSubnormals ieee;  // whatever FTZ/DAZ the caller set (fp_environment.hpp)
   const InputMatrix x = make_input_matrix(input);
   validate_quantize(x, options);
   QuantizedTensor q = allocate(input, x, options, reuse);
@@ -285,6 +287,7 @@ QuantizedTensor quantize_ref(const TensorView& input, const QuantizeOptions& opt
 }
 
 Tensor dequantize(const QuantizedTensor& q, Usage usage, DType out_dtype) {
+  const IeeeSubnormals ieee;  // code x scale can be subnormal (fp_environment.hpp)
   if (!q.has(usage)) {
     throw Error(std::string("this quantized tensor has no ") +
                 (usage == Usage::Rowwise ? "rowwise" : "columnwise") + " data");

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/fp_environment.hpp"
 #include "cpu/cpu_dispatch.hpp"
 #include "cpu/encode_fast.hpp"
 #include "cpu/quantize_kernels.hpp"
@@ -114,6 +115,7 @@ void quantize_mx_with(const InputMatrix& x, const QuantizeOptions& o, const MxPa
   const int64_t bands = (m + band_rows - 1) / band_rows;
 #pragma omp parallel num_threads(thread_count(o.num_threads))
   {
+    const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
     std::vector<float> band(static_cast<size_t>(band_rows * k));
     std::vector<float> inverse(static_cast<size_t>(k));
     std::vector<uint32_t> column_amax(static_cast<size_t>(k));

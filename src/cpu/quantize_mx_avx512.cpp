@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/fp_environment.hpp"
 #include "cpu/avx512.hpp"
 #include "cpu/avx512_codecs.hpp"
 #include "cpu/encode_fast.hpp"
@@ -517,6 +518,7 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, QuantizedTens
                 (!o.columnwise || line_aligned(out.columnwise_data));
 #pragma omp parallel for num_threads(thread_count(o.num_threads)) schedule(static)
   for (int64_t i = 0; i < bands; ++i) {
+    const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
     Band b = base;
     b.src = static_cast<const std::byte*>(x.data) + i * kBlock * row_bytes;
     b.rows = static_cast<int>(std::min<int64_t>(kBlock, m - i * kBlock));

@@ -16,6 +16,7 @@
 #include <cfloat>
 #include <vector>
 
+#include "core/fp_environment.hpp"
 #include "cpu/cpu_dispatch.hpp"
 #include "cpu/encode_fast.hpp"
 #include "cpu/quantize_kernels.hpp"
@@ -263,6 +264,7 @@ void quantize_nvfp4(const InputMatrix& x, const QuantizeOptions& o, QuantizedTen
   if (need_amax) {
 #pragma omp parallel num_threads(threads) reduction(max : amax_x, amax_rht)
     {
+      const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
       std::vector<float> band(static_cast<size_t>(kBlock * k)), tile(static_cast<size_t>(kBlock * k));
 #pragma omp for schedule(static)
       for (int64_t b = 0; b < bands; ++b) {
@@ -284,6 +286,7 @@ void quantize_nvfp4(const InputMatrix& x, const QuantizeOptions& o, QuantizedTen
   const Direction col_dir = make_direction(out.columnwise_amax, o, static_cast<uint64_t>(m * k / kBlock));
 #pragma omp parallel num_threads(threads)
   {
+    const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
     std::vector<float> band(static_cast<size_t>(kBlock * k)), tile(static_cast<size_t>(kBlock * k));
     std::vector<float> tile_amax(static_cast<size_t>(k / kBlock)), col_amax(static_cast<size_t>(k));
     Scratch scratch(k);  // runs: K/16 blocks (a row) or K blocks (the transposed tile)

@@ -23,6 +23,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/fp_environment.hpp"
 #include "cpu/avx512.hpp"
 #include "cpu/avx512_codecs.hpp"
 #include "cpu/kernel_set.hpp"
@@ -1187,6 +1188,7 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, QuantizedTens
   if (need_x || need_rht) {
 #pragma omp parallel num_threads(threads) reduction(max : amax_x, amax_rht)
     {
+      const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
       // Each thread reads the groups it quantizes in pass 2, last first: pass 2 starts on what
       // is still in its caches.
       const GroupRange range = thread_groups(groups);
@@ -1236,6 +1238,7 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, QuantizedTens
   std::vector<uint8_t> group_scales;  // [groups][K][16] when lines are shared between threads
 #pragma omp parallel num_threads(threads)
   {
+    const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
     // This thread's groups: a contiguous range, so that its scale lines fill up.
     const auto [begin, end] = thread_groups(groups);
     const int team = omp_get_num_threads();

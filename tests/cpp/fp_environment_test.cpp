@@ -1,0 +1,102 @@
+// A caller's flush-to-zero / denormals-are-zero setting (x86 MXCSR FTZ and DAZ, as
+// torch.set_flush_denormal(True) sets) changes no byte of quantize, quantize_ref, dequantize or
+// the GEMM, and is still set when they return (src/core/fp_environment.hpp).
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "microscale/gemm.hpp"
+#include "microscale/quantize.hpp"
+#include "test_data.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
+namespace microscale {
+namespace {
+
+using testing_data::same_bytes;
+
+#if defined(__x86_64__) || defined(__i386__)
+constexpr unsigned kFlushBits = 0x8040u;  // FTZ | DAZ
+
+// Sets (or clears) FTZ and DAZ on the calling thread and on every thread of the OpenMP pool.
+void set_flush_everywhere(bool on) {
+  const auto apply = [on] { _mm_setcsr(on ? (_mm_getcsr() | kFlushBits) : (_mm_getcsr() & ~kFlushBits)); };
+  apply();
+#pragma omp parallel
+  apply();
+}
+
+// [64, 64] fp32: row 0 ordinary values, the rest fp32 subnormals of both signs, so that most
+// blocks lie wholly in the subnormal range (their scales bring them into the formats' range).
+std::vector<float> subnormal_rows() {
+  std::vector<float> x(64 * 64);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float tiny = std::ldexp(static_cast<float>((i * 2654435761u) % 1000 + 1), -140);
+    x[i] = (i % 2 == 1) ? -tiny : tiny;
+  }
+  for (int c = 0; c < 64; ++c) x[c] = (c + 1) * 1.0e-3f;
+  return x;
+}
+
+struct Outputs {
+  QuantizedTensor fast, ref;
+  std::vector<float> dequantized, product;
+};
+
+Outputs run_all(const TensorView& x, const QuantizeOptions& o) {
+  Outputs r;
+  r.fast = quantize(x, o);
+  r.ref = quantize_ref(x, o);
+  const Tensor d = dequantize(r.fast, Usage::Rowwise);
+  r.dequantized.assign(d.data_as<float>(), d.data_as<float>() + d.numel());
+  const Tensor p = gemm(GemmOperand::from(r.fast, Usage::Rowwise), GemmOperand::from(r.fast, Usage::Rowwise));
+  r.product.assign(p.data_as<float>(), p.data_as<float>() + p.numel());
+  return r;
+}
+
+bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST(FpEnvironment, CallersFlushToZeroChangesNoByte) {
+  const std::vector<float> data = subnormal_rows();
+  const TensorView x = TensorView::from_buffer(data.data(), data.size() * sizeof(float), DType::F32, {64, 64});
+  for (const Scheme scheme : {Scheme::MXFP8_E4M3, Scheme::MXFP4, Scheme::NVFP4}) {
+    QuantizeOptions o;
+    o.scheme = scheme;
+    o.rowwise = o.columnwise = true;
+    o.scale_mode = ScaleMode::Floor;
+    for (const char* kernels : {"auto", "portable"}) {
+      setenv("MICROSCALE_CPU_KERNELS", kernels, 1);
+      const std::string what = std::string(scheme_name(scheme)) + " [" + kernels + " kernels]";
+      const Outputs ieee = run_all(x, o);
+      set_flush_everywhere(true);
+      const Outputs flushed = run_all(x, o);
+      const unsigned after = _mm_getcsr() & kFlushBits;
+      set_flush_everywhere(false);
+      EXPECT_EQ(after, kFlushBits) << what << ": the caller's FTZ/DAZ must be back after the calls";
+      for (const auto* q : {&flushed.fast, &flushed.ref}) {
+        EXPECT_TRUE(same_bytes(q->rowwise_data, ieee.ref.rowwise_data)) << what;
+        EXPECT_TRUE(same_bytes(q->rowwise_scale, ieee.ref.rowwise_scale)) << what;
+        EXPECT_TRUE(same_bytes(q->columnwise_data, ieee.ref.columnwise_data)) << what;
+        EXPECT_TRUE(same_bytes(q->columnwise_scale, ieee.ref.columnwise_scale)) << what;
+      }
+      EXPECT_TRUE(same_floats(flushed.dequantized, ieee.dequantized)) << what << ": dequantize";
+      EXPECT_TRUE(same_floats(flushed.product, ieee.product)) << what << ": gemm";
+    }
+  }
+  unsetenv("MICROSCALE_CPU_KERNELS");
+}
+#else
+TEST(FpEnvironment, CallersFlushToZeroChangesNoByte) { GTEST_SKIP() << "x86 only (MXCSR)"; }
+#endif
+
+}  // namespace
+}  // namespace microscale
