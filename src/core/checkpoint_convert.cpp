@@ -7,6 +7,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "core/fp_environment.hpp"
 #include "core/scale_math.hpp"
 #include "microscale/checkpoint.hpp"
 #include "microscale/error.hpp"
@@ -171,6 +172,7 @@ void write_text(const fs::path& path, const std::string& text) {
 
 std::vector<TensorReport> convert_checkpoint(const std::string& input, const std::string& output_dir,
                                              const ConvertOptions& o) {
+  const IeeeSubnormals ieee;  // scales and reports in fp32 (fp_environment.hpp)
   check_supported(o.format, o.convention);
   const Checkpoint ckpt = Checkpoint::open(input);
   std::error_code ec;

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "core/fp_environment.hpp"
 #include "microscale/checkpoint.hpp"
 #include "microscale/error.hpp"
 #include "microscale/format.hpp"
@@ -72,6 +73,7 @@ Convention mxfp8_convention(const Checkpoint& c) {
 }  // namespace
 
 std::vector<DetectedWeight> read_quantized_weights(const Checkpoint& c) {
+  const IeeeSubnormals ieee;  // dequantizes with fp32 scales (fp_environment.hpp)
   std::vector<DetectedWeight> found;
   for (const Checkpoint::Entry& entry : c.tensors()) {
     const SafetensorsEntry& e = *entry.tensor;

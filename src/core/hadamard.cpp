@@ -1,5 +1,6 @@
 #include "microscale/hadamard.hpp"
 
+#include "core/fp_environment.hpp"
 #include "core/input_matrix.hpp"
 #include "cpu/rht.hpp"
 #include "microscale/error.hpp"
@@ -7,6 +8,7 @@
 namespace microscale {
 
 Tensor hadamard16(const TensorView& x, uint16_t sign_mask, bool inverse) {
+  const IeeeSubnormals ieee;  // whatever FTZ/DAZ the caller set (fp_environment.hpp)
   const InputMatrix in = make_input_matrix(x);
   if (in.cols % 16 != 0)
     throw Error("hadamard16 needs the last dim divisible by 16, got " + shape_string(x.shape));

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 
+#include "core/fp_environment.hpp"
 #include "core/input_matrix.hpp"
 #include "microscale/error.hpp"
 #include "microscale/gemm.hpp"
@@ -51,6 +52,7 @@ TensorView rht_ready(const TensorView& x, int64_t rows, int64_t cols, const Quan
 
 Tensor linear_forward(const TensorView& x, const TensorView& weight, const std::optional<TensorView>& bias,
                       const Recipe& recipe, LinearSaved* saved, const QuantizedTensor* cached_weight) {
+  const IeeeSubnormals ieee;  // whatever FTZ/DAZ the caller set (fp_environment.hpp)
   const InputMatrix xm = make_input_matrix(x);
   const InputMatrix wm = make_input_matrix(weight);
   if (weight.ndim() != 2) throw Error("weight must be 2-D [N, K], got " + shape_string(weight.shape));
@@ -98,6 +100,7 @@ Tensor linear_forward(const TensorView& x, const TensorView& weight, const std::
 
 LinearGrads linear_backward(const TensorView& grad_output, const LinearSaved& saved,
                             const LinearBackwardOptions& options) {
+  const IeeeSubnormals ieee;  // the bias gradient sums in fp32 (fp_environment.hpp)
   if (!saved.recipe) throw Error("linear_backward needs the context saved by a training linear_forward");
   const InputMatrix dym = make_input_matrix(grad_output);
   if (dym.rows != saved.m || dym.cols != saved.n) {
@@ -194,6 +197,7 @@ Tensor Linear::forward(const TensorView& x) {
 }
 
 Tensor Linear::backward(const TensorView& grad_output) {
+  const IeeeSubnormals ieee;  // the bias gradient accumulates in fp32 (fp_environment.hpp)
   LinearBackwardOptions o;
   o.main_grad = main_grad_.view();
   o.compute_grad_bias = bias_.defined();
@@ -212,6 +216,7 @@ void Linear::zero_grad() {
 }
 
 void Linear::sgd_step(float learning_rate) {
+  const IeeeSubnormals ieee;  // the update is fp32 arithmetic (fp_environment.hpp)
   for (int64_t i = 0; i < weight_.numel(); ++i)
     weight_.data_as<float>()[i] -= learning_rate * main_grad_.data_as<float>()[i];
   if (bias_.defined()) {

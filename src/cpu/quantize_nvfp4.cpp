@@ -260,9 +260,12 @@ void quantize_nvfp4(const InputMatrix& x, const QuantizeOptions& o, QuantizedTen
 
   // Pass 1: amaxes (max|x| for rowwise, and columnwise without RHT; max|RHT(X^T)| with it).
   const bool need_amax = (o.rowwise && !o.amax_rowwise) || (o.columnwise && !o.amax_columnwise);
-  float amax_x = 0.0f, amax_rht = 0.0f;
+  // NOTE: reduced as bit patterns (amaxes are >= 0, so the integer order is the float order): an
+  // OpenMP reduction combines after the region's body, outside its IeeeSubnormals, where a caller's
+  // DAZ would compare subnormal amaxes as equal (fp_environment.hpp).
+  uint32_t amax_x_bits = 0, amax_rht_bits = 0;
   if (need_amax) {
-#pragma omp parallel num_threads(threads) reduction(max : amax_x, amax_rht)
+#pragma omp parallel num_threads(threads) reduction(max : amax_x_bits, amax_rht_bits)
     {
       const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
       std::vector<float> band(static_cast<size_t>(kBlock * k)), tile(static_cast<size_t>(kBlock * k));
@@ -270,14 +273,15 @@ void quantize_nvfp4(const InputMatrix& x, const QuantizeOptions& o, QuantizedTen
       for (int64_t b = 0; b < bands; ++b) {
         const int64_t rows = std::min<int64_t>(kBlock, m - b * kBlock);
         load_rows(x, b * kBlock, rows, band.data());
-        amax_x = std::max(amax_x, band_max_abs(band.data(), rows * k));
+        amax_x_bits = std::max(amax_x_bits, float_bits(band_max_abs(band.data(), rows * k)));
         if (rht && !o.amax_columnwise) {
           rht_band(band.data(), k, tables, tile.data());
-          amax_rht = std::max(amax_rht, band_max_abs(tile.data(), kBlock * k));
+          amax_rht_bits = std::max(amax_rht_bits, float_bits(band_max_abs(tile.data(), kBlock * k)));
         }
       }
     }
   }
+  const float amax_x = bits_to_float(amax_x_bits), amax_rht = bits_to_float(amax_rht_bits);
   if (o.rowwise) out.rowwise_amax = o.amax_rowwise ? *o.amax_rowwise : amax_x;
   if (o.columnwise) out.columnwise_amax = o.amax_columnwise ? *o.amax_columnwise : (rht ? amax_rht : amax_x);
 

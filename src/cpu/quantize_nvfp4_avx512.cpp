@@ -1184,9 +1184,12 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, QuantizedTens
   // Pass 1: the global amaxes (those not given).
   const bool need_x = (o.rowwise && !o.amax_rowwise) || (o.columnwise && !rht && !o.amax_columnwise);
   const bool need_rht = rht && !o.amax_columnwise;
-  float amax_x = 0.0f, amax_rht = 0.0f;
+  // NOTE: reduced as bit patterns (amaxes are >= 0, so the integer order is the float order): an
+  // OpenMP reduction combines after the region's body, outside its IeeeSubnormals, where a caller's
+  // DAZ would compare subnormal amaxes as equal (fp_environment.hpp).
+  uint32_t amax_x_bits = 0, amax_rht_bits = 0;
   if (need_x || need_rht) {
-#pragma omp parallel num_threads(threads) reduction(max : amax_x, amax_rht)
+#pragma omp parallel num_threads(threads) reduction(max : amax_x_bits, amax_rht_bits)
     {
       const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
       // Each thread reads the groups it quantizes in pass 2, last first: pass 2 starts on what
@@ -1196,11 +1199,12 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, QuantizedTens
       for (int64_t i = range.end - 1; i >= range.begin; --i) {
         float gx = 0.0f, gr = 0.0f;
         group_amaxes<kDType>(group(i), need_rht, &gx, &gr, &rht_floor);
-        amax_x = std::max(amax_x, gx);
-        amax_rht = std::max(amax_rht, gr);
+        amax_x_bits = std::max(amax_x_bits, float_bits(gx));
+        amax_rht_bits = std::max(amax_rht_bits, float_bits(gr));
       }
     }
   }
+  const float amax_x = bits_to_float(amax_x_bits), amax_rht = bits_to_float(amax_rht_bits);
   if (o.rowwise) out.rowwise_amax = o.amax_rowwise ? *o.amax_rowwise : amax_x;
   if (o.columnwise) out.columnwise_amax = o.amax_columnwise ? *o.amax_columnwise : (rht ? amax_rht : amax_x);
 

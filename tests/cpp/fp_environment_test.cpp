@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -33,15 +34,26 @@ void set_flush_everywhere(bool on) {
   apply();
 }
 
-// [64, 64] fp32: row 0 ordinary values, the rest fp32 subnormals of both signs, so that most
-// blocks lie wholly in the subnormal range (their scales bring them into the formats' range).
-std::vector<float> subnormal_rows() {
+// The FTZ and DAZ bits of every thread of the OpenMP pool, one entry per thread.
+std::vector<unsigned> pool_flush_bits() {
+  std::vector<unsigned> bits(static_cast<size_t>(omp_get_max_threads()), 0u);
+#pragma omp parallel
+  bits[static_cast<size_t>(omp_get_thread_num())] = _mm_getcsr() & kFlushBits;
+  return bits;
+}
+
+// [64, 64] fp32 subnormals of both signs, so that blocks lie wholly in the subnormal range (their
+// scales bring them into the formats' range); with `normal_first_row`, row 0 holds ordinary values
+// (the NVFP4 amax is then normal), else the whole tensor is subnormal.
+std::vector<float> subnormal_rows(bool normal_first_row) {
   std::vector<float> x(64 * 64);
   for (size_t i = 0; i < x.size(); ++i) {
     const float tiny = std::ldexp(static_cast<float>((i * 2654435761u) % 1000 + 1), -140);
     x[i] = (i % 2 == 1) ? -tiny : tiny;
   }
-  for (int c = 0; c < 64; ++c) x[c] = (c + 1) * 1.0e-3f;
+  if (normal_first_row) {
+    for (int c = 0; c < 64; ++c) x[c] = (c + 1) * 1.0e-3f;
+  }
   return x;
 }
 
@@ -66,33 +78,47 @@ bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 TEST(FpEnvironment, CallersFlushToZeroChangesNoByte) {
-  const std::vector<float> data = subnormal_rows();
-  const TensorView x = TensorView::from_buffer(data.data(), data.size() * sizeof(float), DType::F32, {64, 64});
-  for (const Scheme scheme : {Scheme::MXFP8_E4M3, Scheme::MXFP4, Scheme::NVFP4}) {
-    QuantizeOptions o;
-    o.scheme = scheme;
-    o.rowwise = o.columnwise = true;
-    o.scale_mode = ScaleMode::Floor;
-    for (const char* kernels : {"auto", "portable"}) {
-      setenv("MICROSCALE_CPU_KERNELS", kernels, 1);
-      const std::string what = std::string(scheme_name(scheme)) + " [" + kernels + " kernels]";
-      const Outputs ieee = run_all(x, o);
-      set_flush_everywhere(true);
-      const Outputs flushed = run_all(x, o);
-      const unsigned after = _mm_getcsr() & kFlushBits;
-      set_flush_everywhere(false);
-      EXPECT_EQ(after, kFlushBits) << what << ": the caller's FTZ/DAZ must be back after the calls";
-      for (const auto* q : {&flushed.fast, &flushed.ref}) {
-        EXPECT_TRUE(same_bytes(q->rowwise_data, ieee.ref.rowwise_data)) << what;
-        EXPECT_TRUE(same_bytes(q->rowwise_scale, ieee.ref.rowwise_scale)) << what;
-        EXPECT_TRUE(same_bytes(q->columnwise_data, ieee.ref.columnwise_data)) << what;
-        EXPECT_TRUE(same_bytes(q->columnwise_scale, ieee.ref.columnwise_scale)) << what;
+  // At least two threads, so that blocks are quantized on pool threads other than this one.
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(std::max(2, saved_threads));
+  for (const bool normal_first_row : {true, false}) {
+    const std::vector<float> data = subnormal_rows(normal_first_row);
+    const TensorView x =
+        TensorView::from_buffer(data.data(), data.size() * sizeof(float), DType::F32, {64, 64});
+    for (const Scheme scheme : {Scheme::MXFP8_E4M3, Scheme::MXFP4, Scheme::NVFP4}) {
+      QuantizeOptions o;
+      o.scheme = scheme;
+      o.rowwise = o.columnwise = true;
+      o.scale_mode = ScaleMode::Floor;
+      for (const char* kernels : {"auto", "portable"}) {
+        setenv("MICROSCALE_CPU_KERNELS", kernels, 1);
+        const std::string what = std::string(scheme_name(scheme)) + " [" + kernels + " kernels" +
+                                 (normal_first_row ? "" : ", all subnormal") + "]";
+        const Outputs ieee = run_all(x, o);
+        set_flush_everywhere(true);
+        volatile float tiny = 1.0e-30f;
+        EXPECT_EQ(tiny * 1.0e-10f, 0.0f) << "FTZ did not take effect";
+        const Outputs flushed = run_all(x, o);
+        const unsigned after = _mm_getcsr() & kFlushBits;
+        const std::vector<unsigned> pool_after = pool_flush_bits();
+        set_flush_everywhere(false);
+        EXPECT_EQ(after, kFlushBits) << what << ": the caller's FTZ/DAZ must be back after the calls";
+        for (const unsigned bits : pool_after) EXPECT_EQ(bits, kFlushBits) << what << ": a pool thread's";
+        for (const auto* q : {&flushed.fast, &flushed.ref}) {
+          EXPECT_TRUE(same_bytes(q->rowwise_data, ieee.ref.rowwise_data)) << what;
+          EXPECT_TRUE(same_bytes(q->rowwise_scale, ieee.ref.rowwise_scale)) << what;
+          EXPECT_TRUE(same_bytes(q->columnwise_data, ieee.ref.columnwise_data)) << what;
+          EXPECT_TRUE(same_bytes(q->columnwise_scale, ieee.ref.columnwise_scale)) << what;
+          EXPECT_EQ(float_bits(q->rowwise_amax), float_bits(ieee.ref.rowwise_amax)) << what;
+          EXPECT_EQ(float_bits(q->columnwise_amax), float_bits(ieee.ref.columnwise_amax)) << what;
+        }
+        EXPECT_TRUE(same_floats(flushed.dequantized, ieee.dequantized)) << what << ": dequantize";
+        EXPECT_TRUE(same_floats(flushed.product, ieee.product)) << what << ": gemm";
       }
-      EXPECT_TRUE(same_floats(flushed.dequantized, ieee.dequantized)) << what << ": dequantize";
-      EXPECT_TRUE(same_floats(flushed.product, ieee.product)) << what << ": gemm";
     }
   }
   unsetenv("MICROSCALE_CPU_KERNELS");
+  omp_set_num_threads(saved_threads);
 }
 #else
 TEST(FpEnvironment, CallersFlushToZeroChangesNoByte) { GTEST_SKIP() << "x86 only (MXCSR)"; }
