@@ -64,28 +64,35 @@ class OperandReader {
   void dequantize_panel(int64_t l, int64_t k0, int64_t width, float* out) const {
     const int64_t n = rows();
     if (!op_.quantized || op_.stored_transposed || data_strides_[1] != 1) {
-#pragma omp parallel for schedule(static)
-      for (int64_t r = 0; r < n; ++r) {
+#pragma omp parallel
+      {
         const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
-        for (int64_t j = 0; j < width; ++j) out[r * width + j] = at(l, r, k0 + j);
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < n; ++r) {
+          for (int64_t j = 0; j < width; ++j) out[r * width + j] = at(l, r, k0 + j);
+        }
       }
       return;
     }
     // K-major codes: one scale lookup per block, then a table decode per element.
     const auto* bytes = static_cast<const uint8_t*>(op_.data.data);
     const int64_t batch_offset = data_strides_.size() == 3 ? l * data_strides_[2] : 0;
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < n; ++r) {
+#pragma omp parallel
+    {
       const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
-      const uint8_t* row = bytes + r * data_strides_[0] + batch_offset;
-      float* dst = out + r * width;
-      for (int64_t kb = k0 / block_; kb < (k0 + width) / block_; ++kb) {
-        const float scale = block_scale(l, r, kb);
-        const int64_t first = kb * block_;
-        for (int64_t j = 0; j < block_; ++j) {
-          const int64_t k = first + j;
-          const uint8_t code = packed_ ? static_cast<uint8_t>((row[k / 2] >> (4 * (k % 2))) & 0x0F) : row[k];
-          dst[k - k0] = codes_[code] * scale;
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < n; ++r) {
+        const uint8_t* row = bytes + r * data_strides_[0] + batch_offset;
+        float* dst = out + r * width;
+        for (int64_t kb = k0 / block_; kb < (k0 + width) / block_; ++kb) {
+          const float scale = block_scale(l, r, kb);
+          const int64_t first = kb * block_;
+          for (int64_t j = 0; j < block_; ++j) {
+            const int64_t k = first + j;
+            const uint8_t code =
+                packed_ ? static_cast<uint8_t>((row[k / 2] >> (4 * (k % 2))) & 0x0F) : row[k];
+            dst[k - k0] = codes_[code] * scale;
+          }
         }
       }
     }

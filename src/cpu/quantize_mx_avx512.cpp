@@ -516,21 +516,24 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, QuantizedTens
   base.stream = k % (kChunkTiles<kPacked> * kLanes) == 0 && data_bytes >= kStreamBytes &&
                 (!o.rowwise || line_aligned(out.rowwise_data)) &&
                 (!o.columnwise || line_aligned(out.columnwise_data));
-#pragma omp parallel for num_threads(thread_count(o.num_threads)) schedule(static)
-  for (int64_t i = 0; i < bands; ++i) {
+#pragma omp parallel num_threads(thread_count(o.num_threads))
+  {
     const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
-    Band b = base;
-    b.src = static_cast<const std::byte*>(x.data) + i * kBlock * row_bytes;
-    b.rows = static_cast<int>(std::min<int64_t>(kBlock, m - i * kBlock));
-    if (o.rowwise) {
-      b.row_data = out.rowwise_data.data_as<uint8_t>() + i * kBlock * b.data_stride;         // (M, K[/2])
-      b.row_scale = out.rowwise_scale.data_as<uint8_t>() + i * kBlock * b.row_scale_stride;  // (M, K/32)
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < bands; ++i) {
+      Band b = base;
+      b.src = static_cast<const std::byte*>(x.data) + i * kBlock * row_bytes;
+      b.rows = static_cast<int>(std::min<int64_t>(kBlock, m - i * kBlock));
+      if (o.rowwise) {
+        b.row_data = out.rowwise_data.data_as<uint8_t>() + i * kBlock * b.data_stride;         // (M, K[/2])
+        b.row_scale = out.rowwise_scale.data_as<uint8_t>() + i * kBlock * b.row_scale_stride;  // (M, K/32)
+      }
+      if (o.columnwise) {
+        b.col_data = out.columnwise_data.data_as<uint8_t>() + i * kBlock * b.data_stride;  // (M, K[/2])
+        b.col_scale = out.columnwise_scale.data_as<uint8_t>() + i * k;                     // (M/32, K)
+      }
+      quantize_band<Codec, kPacked, kRule, kDType>(b);
     }
-    if (o.columnwise) {
-      b.col_data = out.columnwise_data.data_as<uint8_t>() + i * kBlock * b.data_stride;  // (M, K[/2])
-      b.col_scale = out.columnwise_scale.data_as<uint8_t>() + i * k;                     // (M/32, K)
-    }
-    quantize_band<Codec, kPacked, kRule, kDType>(b);
   }
 }
 

@@ -168,14 +168,7 @@ void rht_column(const float* x, int64_t stride, const RhtCoefficients& t, bool e
   }
   double z[kBlock];
   for (int i = 0; i < kBlock; ++i) z[i] = t[i * 16] * static_cast<double>(x[i * stride]);  // exact
-  for (int h = 1; h < kBlock; h <<= 1) {
-    for (int i = 0; i < kBlock; ++i) {
-      if (i & h) continue;
-      const double a = z[i], b = z[i + h];
-      z[i] = a + b;
-      z[i + h] = a - b;
-    }
-  }
+  fwht16(z);
   for (int j = 0; j < kBlock; ++j) out[j] = rht_output_to_bf16_value(z[j]);
 }
 

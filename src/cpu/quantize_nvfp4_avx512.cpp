@@ -131,23 +131,6 @@ MICROSCALE_AVX512_INLINE void tile_abs(const __m512 x[16], TileAbs& t) {
   }
 }
 
-// The 4-stage butterfly down the 16 registers: y_j = sum_i (-1)^popcount(i & j) z_i (Sylvester
-// order), on __m512 or __m512d (GCC/Clang vector types: + and - are the IEEE lane operations).
-template <typename Vector>
-MICROSCALE_AVX512_INLINE void fwht16(Vector z[16]) {
-  // NOTE: unrolled, z stays in registers (rolled, GCC 12 kept it on the stack, indexed).
-#pragma GCC unroll 4
-  for (int h = 1; h < kBlock; h <<= 1) {
-#pragma GCC unroll 16
-    for (int i = 0; i < kBlock; ++i) {
-      if ((i & h) != 0) continue;
-      const Vector p = z[i], q = z[i + h];
-      z[i] = p + q;
-      z[i + h] = p - q;
-    }
-  }
-}
-
 // y[j] (lane c) = RHT of column c's 16 values, rounded as rht16 does: the exact sum truncated to
 // fp32, then rounded to nearest even bf16. The reference sums in double in i order. Where a
 // column's nonzero inputs are normal, finite and within 40 binades, every partial sum of either

@@ -60,6 +60,24 @@ inline float rht_output_reference_order(const RhtCoefficients& c, const float* x
   return rht_output_to_bf16_value(sum);
 }
 
+/// The 4-stage butterfly in place: z_j <- sum_i (-1)^popcount(i & j) z_i (Sylvester order), on
+/// double, float or a GCC/Clang vector type (__m512, __m512d: + and - are the IEEE lane
+/// operations). Equal to the reference's sums wherever every partial sum is exact.
+template <typename T>
+[[gnu::always_inline]] inline void fwht16(T z[16]) {
+  // NOTE: unrolled, z stays in registers (rolled, GCC 12 kept it on the stack, indexed).
+#pragma GCC unroll 4
+  for (int h = 1; h < 16; h <<= 1) {
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) {
+      if ((i & h) != 0) continue;
+      const T p = z[i], q = z[i + h];
+      z[i] = p + q;
+      z[i + h] = p - q;
+    }
+  }
+}
+
 /// y = RHT(x) for one 16-vector, each output rounded to bf16 and returned as its exact fp32 value.
 inline void rht16(const float x[16], uint16_t sign_mask, float y[16]) {
   const RhtCoefficients c = rht_coefficients(sign_mask);
