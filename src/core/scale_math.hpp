@@ -84,6 +84,36 @@ MICROSCALE_HOST_DEVICE uint8_t mx_scale_byte(float amax, MxScaleRule rule, int e
   return static_cast<uint8_t>(unbiased + 127);
 }
 
+/// mx_scale_byte for a rule fixed at compile time, without branches (integer selects), so that CPU
+/// loops over blocks vectorise (the portable bf16/f16 MX kernel); equal to mx_scale_byte for every
+/// amax (tests/cpp/mx16_form_test.cpp).
+template <MxScaleRule kRule>
+MICROSCALE_HOST_DEVICE uint8_t mx_scale_byte_branch_free(float amax, int emax, int mantissa_bits,
+                                                         float max_normal) {
+  if constexpr (kRule == MxScaleRule::RCeil) {
+    const uint32_t u = float_bits(amax * (1.0f / max_normal));
+    const uint32_t exponent = (u >> 23) & 0xFFu, mantissa = u & 0x7FFFFFu;
+    // Rounded up to the next power of two; 254 + 1 and Inf/NaN (255, or 256) give 255 = NaN.
+    uint32_t rounded_up = exponent + static_cast<uint32_t>(mantissa != 0);
+    rounded_up -= rounded_up >> 8;  // 256 -> 255
+    // fp32 subnormal: up to 2^-126 or down to 2^-127.
+    const uint32_t subnormal = static_cast<uint32_t>(mantissa > 0x400000u);
+    const uint32_t is_subnormal = 0u - static_cast<uint32_t>(exponent == 0);  // masks: a `?:` here
+    return static_cast<uint8_t>((subnormal & is_subnormal) | (rounded_up & ~is_subnormal));  // kept a branch
+  } else {
+    uint32_t u = float_bits(amax) & 0x7FFFFFFFu;
+    bool special = u >= 0x7F800000u;  // Inf or NaN amax
+    if constexpr (kRule == MxScaleRule::Even) {
+      u += 1u << (22 - mantissa_bits);  // round the amax to the element's mantissa width
+      special = special || u >= 0x7F800000u;
+    }
+    int unbiased = static_cast<int>(u >> 23) - 127 - emax;  // exponent -127 for zero and subnormals
+    if constexpr (kRule == MxScaleRule::Ceil) unbiased += static_cast<int>((u & 0x7FFFFFu) != 0);
+    unbiased = unbiased < -127 ? -127 : (unbiased > 128 ? 128 : unbiased);
+    return static_cast<uint8_t>(special ? 0xFF : unbiased + 127);
+  }
+}
+
 /// An MX element times its block's inverse scale. A NaN element stays itself, sign included (x86's
 /// product of two NaNs returns the first; a GPU returns a canonical +NaN): stated here, since a
 /// compiler may swap a product's operands and the inverse of a block holding a NaN is NaN too.

@@ -12,6 +12,7 @@
 
 #include "core/element_codec.hpp"
 #include "core/scale_math.hpp"
+#include "cpu/mx16_form.hpp"
 
 namespace microscale::cpu::avx512 {
 
@@ -255,29 +256,8 @@ MICROSCALE_AVX512_INLINE __m512 mx_inverse_scales(__m512i byte) {
 }
 
 /// MX element codes of 16-bit inputs (bf16 or f16) on 32 lanes of 16 bits, without widening to
-/// fp32. With the E8M0 block scale byte S the element is y = x * 2^(127 - S) (exact: a power of
-/// two), whose biased exponent in the element format (bias B, m mantissa bits) is
-/// e = exp(x) - d, d = S - kScaleBase (Mx16Format). Where e >= 1 (the normal range) and x is a
-/// normal input, the code is x's 15-bit |x| pattern with the exponent field moved by d and the
-/// input's mantissa bits rounded to m, ties to even: one subtract and one shift (the carry of the
-/// rounding moves into the exponent, as in encode_rn). Elsewhere (format subnormals, input
-/// subnormals) mx_bf16_codes or mx_f16_codes. Each equals
-/// encode_rn(mx_scaled_element(x, mx_inverse_scale(S))) for finite x and S < 0xFF whenever
-/// |y| < 2^(emax + 1), which every MX scale rule guarantees for the block's elements
-/// (tests/cpp/avx512_codec_test.cpp checks every bf16 and f16 pattern against every such scale
-/// byte; bf16 from S = B on, see mx_bf16_codes).
-template <typename Codec, DType kIn>
-struct Mx16Format {
-  static_assert(kIn == DType::BF16 || kIn == DType::F16);
-  static constexpr int kInputMantissaBits = kIn == DType::BF16 ? 7 : 10;
-  static constexpr int kInputBias = kIn == DType::BF16 ? 127 : 15;
-  static constexpr int kBias = 1 - Codec::kEmin;
-  static constexpr int kMantissaBits = 23 - Codec::kShift;
-  static constexpr int kDrop = kInputMantissaBits - kMantissaBits;  // input mantissa bits dropped
-  static constexpr int kScaleBase = kBias + 127 - kInputBias;       // d = S - kScaleBase
-  static constexpr int kSignShift = 16 - Codec::kWidth;             // input sign bit -> the code's
-};
-
+/// fp32: the 16-bit form of mx16_form.hpp (its constants: Mx16Format). Lanes outside the normal
+/// form take mx_bf16_codes or mx_f16_codes (bf16 from S = B on, see mx_bf16_codes).
 /// code | (x >> kSignShift & sign bit): the sign of each 16-bit lane of `x_shifted` on its code.
 template <typename Codec>
 MICROSCALE_AVX512_INLINE __m512i with_input_sign(__m512i code, __m512i x_shifted) {

@@ -15,3 +15,8 @@
 #else
 #define MICROSCALE_CPU_DISPATCH
 #endif
+
+// For helpers of a MICROSCALE_CPU_DISPATCH function: a function it calls out of line is compiled
+// for baseline x86-64 only (no clones), whatever clone calls it; inlined, it is compiled with the
+// clone. (GCC 12 left a row loop of the portable MX kernel out of line.)
+#define MICROSCALE_CPU_INLINE __attribute__((always_inline)) inline

@@ -3,7 +3,8 @@
 //
 // One pass over the input in bands of rows. Rowwise: each row's 32-element blocks. Columnwise
 // (bands of 32 rows): per column, the block amax over the band, then every row of the band encoded
-// with its column's scale (still row-major, so the stores stay contiguous).
+// with its column's scale (still row-major, so the stores stay contiguous). bf16 and f16 inputs
+// with FP8 or FP6 codes take quantize_mx16.cpp's bands instead (16-bit lanes, no widening).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -12,19 +13,13 @@
 #include "cpu/cpu_dispatch.hpp"
 #include "cpu/encode_fast.hpp"
 #include "cpu/quantize_kernels.hpp"
+#include "cpu/quantize_mx16.hpp"
 #include "cpu/row_loader.hpp"
 
 namespace microscale::cpu {
 namespace {
 
 constexpr int kBlock = 32;
-
-struct MxParams {
-  MxScaleRule rule;
-  int emax;
-  int mantissa_bits;
-  float max_normal;
-};
 
 // The amax whose |x| bit pattern is `max_bits`, or NaN for a NaN pattern. NOTE: amaxes are
 // computed on the bits: for |v| the integer order of the patterns is the float order, and any NaN
@@ -113,16 +108,23 @@ void quantize_mx_with(const InputMatrix& x, const QuantizeOptions& o, const MxPa
   // Columnwise blocks need bands of 32 rows (M % 32 == 0 is checked); rowwise alone takes 16.
   const int64_t band_rows = o.columnwise ? kBlock : 16;
   const int64_t bands = (m + band_rows - 1) / band_rows;
+  // bf16 and f16 inputs with FP8/FP6 codes stay in 16-bit lanes (quantize_mx16.cpp).
+  const bool in16 = mx16_applies(x, o.scheme);
 #pragma omp parallel num_threads(thread_count(o.num_threads))
   {
-    const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
-    std::vector<float> band(static_cast<size_t>(band_rows * k));
-    std::vector<float> inverse(static_cast<size_t>(k));
-    std::vector<uint32_t> column_amax(static_cast<size_t>(k));
-    std::vector<uint8_t> codes(static_cast<size_t>(k));
+    const IeeeSubnormals ieee;                                // per thread (fp_environment.hpp)
+    const size_t buffer = in16 ? 0 : static_cast<size_t>(k);  // the fp32 bands' buffers
+    std::vector<float> band(band_rows * buffer);
+    std::vector<float> inverse(buffer);
+    std::vector<uint32_t> column_amax(buffer);
+    std::vector<uint8_t> codes(buffer);
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < bands; ++b) {
       const int64_t rows = std::min(band_rows, m - b * band_rows);
+      if (in16) {
+        quantize_mx16_band(x, b * band_rows, static_cast<int>(rows), o, p, out);
+        continue;
+      }
       load_rows(x, b * band_rows, rows, band.data());
       if (o.rowwise) {
         rowwise_rows<Codec, kPacked>(band.data(), rows, k, b * band_rows, p, codes.data(),

@@ -24,6 +24,7 @@ namespace {
 using namespace cpu::avx512;
 using cpu::cpu_kernel_set;
 using cpu::KernelSet;
+using cpu::Mx16Format;
 
 // Inputs that probe every rounding decision: all bf16 patterns, each format's grid points and
 // midpoints (scaled by powers of two) with their fp32 neighbours, and random fp32 patterns.

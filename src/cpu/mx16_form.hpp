@@ -1,0 +1,99 @@
+// The 16-bit form of MX encoding: bf16 and f16 inputs with byte-sized codes (FP8 E4M3/E5M2, FP6
+// E2M3/E3M2) encoded on their 16-bit patterns, without widening to fp32. The AVX-512 kernel runs
+// it on 32 lanes per register (avx512_codecs.hpp); the portable kernel (quantize_mx16.cpp) runs
+// the per-lane functions below in loops that GCC vectorises.
+//
+// With the E8M0 block scale byte S the element is y = x * 2^(127 - S) (exact: a power of two),
+// whose biased exponent in the element format (bias B, m mantissa bits) is e = exp(x) - d,
+// d = S - kScaleBase. Where e >= 1 (the format's normal range) and x is a normal input, the code
+// is x's 15-bit |x| pattern with the exponent field moved by d and the input's mantissa bits
+// rounded to m, ties to even: one subtract and one shift (the carry of the rounding moves into the
+// exponent, as in encode_rn). Elsewhere (format subnormals, input subnormals, blocks whose scale
+// is NaN) the kernels encode the lane as the fp32 path does. Each code equals
+// encode_rn(mx_scaled_element(x, mx_inverse_scale(S))) for finite x and S < 0xFF whenever
+// |y| < 2^(emax + 1), which every MX scale rule guarantees for the block's elements
+// (tests/cpp/mx16_form_test.cpp and avx512_codec_test.cpp check every bf16 and f16 pattern against
+// every scale byte a block of such inputs can have).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "microscale/tensor.hpp"  // DType
+
+namespace microscale::cpu {
+
+/// The constants of the 16-bit form for element codec `Codec` and input type kIn.
+template <typename Codec, DType kIn>
+struct Mx16Format {
+  static_assert(kIn == DType::BF16 || kIn == DType::F16);
+  static constexpr int kInputMantissaBits = kIn == DType::BF16 ? 7 : 10;
+  static constexpr int kInputBias = kIn == DType::BF16 ? 127 : 15;
+  static constexpr int kBias = 1 - Codec::kEmin;
+  static constexpr int kMantissaBits = 23 - Codec::kShift;
+  static constexpr int kDrop = kInputMantissaBits - kMantissaBits;  // input mantissa bits dropped
+  static constexpr int kScaleBase = kBias + 127 - kInputBias;       // d = S - kScaleBase
+  static constexpr int kSignShift = 16 - Codec::kWidth;             // input sign bit -> the code's
+};
+
+/// The per-block terms of the normal form for one scale byte S: `lower`, the amount subtracted
+/// from |x| + rounding bit, and `limit`: lanes with |x| - 1 <= limit (16-bit unsigned; a zero
+/// wraps to 0xFFFF, above every limit but 0xFFFF) are outside the normal form (mx16_outside).
+/// bf16: blocks with d <= 0 have every lane outside (limit 0xFFFF): their zeros would not
+/// subtract to 0. f16: there d <= 0 leaves only the input subnormals outside (e = exp(x) - d >= 1
+/// for every normal x), and mx16_code_normal zeroes zero lanes itself.
+/// NOTE: d << 10 fits 16 bits for f16 wherever a lane uses it: d < 32 (the largest f16 is below
+/// 2^16, so S <= 16 - emax + 128), and a block holding a normal f16 has d >= 1 - emax - B (-29 for
+/// E5M2). Lower d (blocks of zeros and f16 subnormals only) wraps, but those lanes are zeroed by
+/// the zero test or are outside.
+struct Mx16Terms {
+  uint16_t lower;
+  uint16_t limit;
+};
+
+template <typename Codec, DType kIn>
+constexpr Mx16Terms mx16_terms(uint8_t scale_byte) {
+  using F = Mx16Format<Codec, kIn>;
+  const int d = int{scale_byte} - F::kScaleBase;
+  const auto shifted = static_cast<uint16_t>(static_cast<uint32_t>(d) << F::kInputMantissaBits);
+  // d << mantissa bits minus the rounding's half step less one: |x| + lsb - lower = the rebased
+  // |x| pattern + (2^(kDrop - 1) - 1).
+  const auto lower = static_cast<uint16_t>(shifted - ((1 << (F::kDrop - 1)) - 1));
+  // e >= 1 <=> |x| >= (d + 1) << mantissa bits <=> |x| - 1 <= (d << mantissa bits) + 2^bits - 2.
+  constexpr uint16_t kTop = (1 << F::kInputMantissaBits) - 2;
+  const uint16_t otherwise = kIn == DType::BF16 ? uint16_t{0xFFFF} : kTop;
+  return {lower, d > 0 ? static_cast<uint16_t>(shifted + kTop) : otherwise};
+}
+
+/// Terms under which every lane is outside the normal form (blocks whose scale byte is 0xFF: an
+/// Inf or NaN in the block).
+constexpr Mx16Terms kMx16AllOutside = {0, 0xFFFF};
+
+/// Whether the 16-bit input `x` is outside the normal form of a block with `limit` (mx16_terms).
+constexpr bool mx16_outside(uint16_t x, uint16_t limit) {
+  return static_cast<uint16_t>((x & 0x7FFF) - 1) <= limit;
+}
+
+/// The code of a 16-bit input `x` in the normal form's range (or zero) of a block with `lower`
+/// (mx16_terms). Branch-free, so loops over a row vectorise.
+template <typename Codec, DType kIn>
+constexpr uint8_t mx16_code_normal(uint16_t x, uint16_t lower) {
+  using F = Mx16Format<Codec, kIn>;
+  const auto abs = static_cast<uint16_t>(x & 0x7FFF);
+  const auto abs_plus_lsb = static_cast<uint16_t>(abs + ((abs >> F::kDrop) & 1));
+  uint16_t rebased;
+  if constexpr (kIn == DType::BF16) {
+    // lower > 0 wherever this form is used: a zero lane saturates to 0.
+    rebased = static_cast<uint16_t>(std::max(abs_plus_lsb, lower) - lower);
+  } else {
+    // lower may be negative (d <= 0): a zero lane is zeroed by a mask (a `?:` here left a branch
+    // that kept GCC 12 from vectorising the row loop).
+    const auto nonzero = static_cast<uint16_t>(0u - static_cast<unsigned>(abs != 0));
+    rebased = static_cast<uint16_t>((abs_plus_lsb - lower) & nonzero);
+  }
+  const auto magnitude =
+      std::min(static_cast<uint16_t>(rebased >> F::kDrop), static_cast<uint16_t>(Codec::kMaxCode));
+  return static_cast<uint8_t>(magnitude | ((x >> F::kSignShift) & Codec::kSignBit));
+}
+
+}  // namespace microscale::cpu

@@ -1,0 +1,272 @@
+// Portable MX kernel for bf16 and f16 inputs with byte-sized codes (FP8, FP6): the 16-bit form
+// of mx16_form.hpp in plain C++ loops over 16-bit patterns, which GCC vectorises (AVX2: 16 lanes
+// per operation; the clones of cpu_dispatch.hpp). Equal bit for bit to quantize_mx_ref.cpp
+// (tests/cpp/quantize_test.cpp runs the portable kernels on random, special and boundary inputs;
+// mx16_form_test.cpp checks the per-lane form exhaustively).
+//
+// Why: widened to fp32, each element costs a multiply and a 10-operation encoder per direction on
+// 8 lanes (AVX2); on its 16-bit pattern, a subtract and a shift on 16 lanes.
+//
+// The unit of work is a chunk of one band: up to 32 rows x 256 columns (16 KiB of input, which
+// stays in L1 between the steps):
+//   1. maxes:   per column the max |x| pattern over the rows (columnwise blocks), per row and
+//               32-column block its max (rowwise blocks); the patterns order as their magnitudes,
+//               and a NaN pattern is above Inf's, so a NaN gives a NaN amax as torch.amax does;
+//   2. scales:  each block's E8M0 byte (mx_scale_byte on the widened amax) and its terms
+//               (mx16_terms; blocks with a NaN scale have every lane outside the normal form);
+//   3. encode:  row by row, each direction's codes by mx16_code_normal; a row segment with a lane
+//               outside the normal form (format or input subnormals, Inf/NaN blocks: rare for FP8)
+//               has those lanes encoded again as the fp32 path does (mx16_code_general).
+#include "cpu/quantize_mx16.hpp"
+
+#include <algorithm>
+
+#include "cpu/cpu_dispatch.hpp"
+#include "cpu/encode_fast.hpp"
+#include "cpu/mx16_form.hpp"
+
+namespace microscale::cpu {
+namespace {
+
+constexpr int kBlock = 32;                          // MX block; also the rows of a band
+constexpr int kChunkCols = 256;                     // columns of a chunk
+constexpr int kChunkBlocks = kChunkCols / kBlock;   // rowwise blocks per row of a chunk
+constexpr int64_t kPrefetchBytes = kChunkCols * 2;  // one chunk ahead
+
+// One chunk of a band and where its outputs go (row_data / col_data null: not requested).
+struct Chunk {
+  const uint16_t* src;  // [rows, cols] at row stride `stride` (elements)
+  int64_t stride;
+  int rows;            // <= 32; 32 when columnwise
+  int cols;            // a multiple of 32, <= kChunkCols
+  bool prefetch_next;  // a chunk follows in this band
+  MxParams p;
+  // Rowwise: chunk row i at row_data + i * data_stride, its block bytes at row_scale + i * row_scale_stride.
+  uint8_t* row_data;
+  uint8_t* row_scale;
+  int64_t row_scale_stride;
+  // Columnwise: chunk row i at col_data + i * data_stride; the band's scale row at col_scale.
+  uint8_t* col_data;
+  uint8_t* col_scale;
+  int64_t data_stride;
+};
+
+// The value of a 16-bit pattern (exact).
+template <DType kIn>
+float widen16(uint16_t bits) {
+  if constexpr (kIn == DType::BF16) {
+    return bits_to_float(uint32_t{bits} << 16);
+  } else {
+    return half_to_float(bits);
+  }
+}
+
+// A block's scale byte and its terms, from the max |x| pattern of the block.
+template <typename Codec, DType kIn, MxScaleRule kRule>
+MICROSCALE_CPU_INLINE void block_terms(uint16_t max_bits, const MxParams& p, uint8_t* scale, uint16_t* lower,
+                                       uint16_t* limit) {
+  const uint8_t s =
+      mx_scale_byte_branch_free<kRule>(widen16<kIn>(max_bits), p.emax, p.mantissa_bits, p.max_normal);
+  const Mx16Terms t = mx16_terms<Codec, kIn>(s);
+  *scale = s;
+  *lower = t.lower;
+  *limit = s == 0xFF ? kMx16AllOutside.limit : t.limit;
+}
+
+// The code of any lane, as the fp32 path encodes it.
+template <typename Codec, DType kIn>
+uint8_t mx16_code_general(uint16_t x, uint8_t scale) {
+  return static_cast<uint8_t>(Codec::encode_rn(mx_scaled_element(widen16<kIn>(x), mx_inverse_scale(scale))));
+}
+
+// Terms of blocks: the columnwise ones per lane of a chunk row, the rowwise ones per block of a
+// chunk (q = row * kChunkBlocks + block).
+struct Terms {
+  alignas(64) uint16_t lower[kChunkCols];
+  alignas(64) uint16_t limit[kChunkCols];
+  alignas(64) uint8_t scale[kChunkCols];
+};
+static_assert(kBlock * kChunkBlocks <= kChunkCols);  // the rowwise terms of a chunk fit
+
+// One chunk row's codes in the requested directions (kRow, kCol): rowwise with the terms of its
+// blocks (row_terms from index `first_block`), columnwise with each lane's. Returns whether a lane
+// is outside the normal form in either direction (its code then still to be fixed by
+// fix_outside).
+// NOTE: the outside lanes are ORed per lane of a block and tested once per row: tested per block,
+// the horizontal OR and its branch cost as much as the block's codes.
+template <typename Codec, DType kIn, bool kRow, bool kCol>
+MICROSCALE_CPU_INLINE bool encode_row(const uint16_t* __restrict x, int blocks, const Terms& row_terms,
+                                      int first_block, const Terms& col, uint8_t* __restrict row_out,
+                                      uint8_t* __restrict col_out) {
+  // NOTE: set by the first block, not zeroed before: GCC 12 zeroed it with two 16-byte stores that
+  // the loop's 32-byte load could not forward from (a third of the kernel's time).
+  alignas(32) uint8_t outside[kBlock];
+  for (int b = 0; b < blocks; ++b) {
+    const uint16_t row_lower = row_terms.lower[first_block + b], row_limit = row_terms.limit[first_block + b];
+    const int first = b * kBlock;
+    for (int j = 0; j < kBlock; ++j) {
+      const uint16_t v = x[first + j];
+      uint8_t out = 0;
+      if constexpr (kRow) {
+        row_out[first + j] = mx16_code_normal<Codec, kIn>(v, row_lower);
+        out |= static_cast<uint8_t>(mx16_outside(v, row_limit));
+      }
+      if constexpr (kCol) {
+        col_out[first + j] = mx16_code_normal<Codec, kIn>(v, col.lower[first + j]);
+        out |= static_cast<uint8_t>(mx16_outside(v, col.limit[first + j]));
+      }
+      outside[j] = b == 0 ? out : static_cast<uint8_t>(outside[j] | out);
+    }
+  }
+  uint8_t any = 0;
+  for (uint8_t o : outside) any |= o;  // blocks >= 1: every lane set
+  return any != 0;
+}
+
+// The lanes of a chunk row outside the normal form, encoded as the fp32 path does: rowwise with
+// the terms of its blocks (from `first_block`), or columnwise (kPerLane) with each lane's. Blocks
+// are tested first (vectorised), so that only those holding such a lane are walked lane by lane.
+template <typename Codec, DType kIn, bool kPerLane>
+MICROSCALE_CPU_INLINE void fix_outside(const uint16_t* x, int blocks, const Terms& t, int first_block,
+                                       uint8_t* out) {
+  for (int b = 0; b < blocks; ++b) {
+    const uint16_t* v = x + b * kBlock;
+    const uint16_t* limit = kPerLane ? t.limit + b * kBlock : nullptr;
+    const uint16_t block_limit = kPerLane ? 0 : t.limit[first_block + b];
+    uint8_t any = 0;
+    for (int j = 0; j < kBlock; ++j)
+      any |= static_cast<uint8_t>(mx16_outside(v[j], kPerLane ? limit[j] : block_limit));
+    if (any == 0) continue;
+    for (int j = 0; j < kBlock; ++j) {
+      const int lane = b * kBlock + j;
+      const uint16_t lane_limit = kPerLane ? limit[j] : block_limit;
+      const uint8_t scale = kPerLane ? t.scale[lane] : t.scale[first_block + b];
+      if (mx16_outside(v[j], lane_limit)) out[lane] = mx16_code_general<Codec, kIn>(v[j], scale);
+    }
+  }
+}
+
+template <typename Codec, DType kIn, MxScaleRule kRule>
+MICROSCALE_CPU_DISPATCH void quantize_chunk(const Chunk& c) {
+  const bool rowwise = c.row_data != nullptr, columnwise = c.col_data != nullptr;
+  const int blocks = c.cols / kBlock;
+
+  // 1. Maxes of the |x| patterns.
+  alignas(64) uint16_t col_max[kChunkCols] = {};
+  alignas(64) uint16_t row_max[kBlock * kChunkBlocks];  // [row][block]
+  for (int i = 0; i < c.rows; ++i) {
+    const uint16_t* __restrict row = c.src + i * c.stride;
+    // The hardware prefetchers do not follow 32 rows at once (the AVX-512 kernels measured it).
+    if (c.prefetch_next) {
+      for (int64_t l = 0; l < kPrefetchBytes; l += 64)
+        __builtin_prefetch(reinterpret_cast<const char*>(row + kChunkCols) + l);
+    }
+    for (int j = 0; j < c.cols; ++j)
+      col_max[j] = std::max(col_max[j], static_cast<uint16_t>(row[j] & 0x7FFF));
+    for (int b = 0; b < blocks; ++b) {
+      uint16_t m = 0;
+      for (int j = 0; j < kBlock; ++j) m = std::max(m, static_cast<uint16_t>(row[b * kBlock + j] & 0x7FFF));
+      row_max[i * kChunkBlocks + b] = m;
+    }
+  }
+
+  // 2. Scales and terms.
+  Terms col, row;
+  if (columnwise) {
+    for (int j = 0; j < c.cols; ++j)
+      block_terms<Codec, kIn, kRule>(col_max[j], c.p, &col.scale[j], &col.lower[j], &col.limit[j]);
+    std::copy_n(col.scale, c.cols, c.col_scale);
+  }
+  if (rowwise) {
+    for (int q = 0; q < c.rows * kChunkBlocks; ++q)
+      block_terms<Codec, kIn, kRule>(row_max[q], c.p, &row.scale[q], &row.lower[q], &row.limit[q]);
+    for (int i = 0; i < c.rows; ++i)
+      std::copy_n(row.scale + i * kChunkBlocks, blocks, c.row_scale + i * c.row_scale_stride);
+  }
+
+  // 3. Encode, row by row.
+  for (int i = 0; i < c.rows; ++i) {
+    const uint16_t* x = c.src + i * c.stride;
+    const int first_block = i * kChunkBlocks;
+    uint8_t* row_out = rowwise ? c.row_data + i * c.data_stride : nullptr;
+    uint8_t* col_out = columnwise ? c.col_data + i * c.data_stride : nullptr;
+    bool outside;
+    if (rowwise && columnwise) {
+      outside = encode_row<Codec, kIn, true, true>(x, blocks, row, first_block, col, row_out, col_out);
+    } else if (rowwise) {
+      outside = encode_row<Codec, kIn, true, false>(x, blocks, row, first_block, col, row_out, col_out);
+    } else {
+      outside = encode_row<Codec, kIn, false, true>(x, blocks, row, first_block, col, row_out, col_out);
+    }
+    if (outside) [[unlikely]] {
+      if (rowwise) fix_outside<Codec, kIn, false>(x, blocks, row, first_block, row_out);
+      if (columnwise) fix_outside<Codec, kIn, true>(x, blocks, col, 0, col_out);
+    }
+  }
+}
+
+template <typename Codec, DType kIn>
+void quantize_band(const InputMatrix& x, int64_t first_row, int rows, const QuantizeOptions& o,
+                   const MxParams& p, QuantizedTensor& out) {
+  const int64_t k = x.cols;
+  Chunk c{};
+  c.src = static_cast<const uint16_t*>(x.data) + first_row * x.row_stride;
+  c.stride = x.row_stride;
+  c.rows = rows;
+  c.p = p;
+  c.data_stride = k;
+  c.row_scale_stride = k / kBlock;
+  auto* chunk = &quantize_chunk<Codec, kIn, MxScaleRule::Floor>;
+  switch (p.rule) {
+    case MxScaleRule::Floor: break;
+    case MxScaleRule::Ceil: chunk = &quantize_chunk<Codec, kIn, MxScaleRule::Ceil>; break;
+    case MxScaleRule::Even: chunk = &quantize_chunk<Codec, kIn, MxScaleRule::Even>; break;
+    case MxScaleRule::RCeil: chunk = &quantize_chunk<Codec, kIn, MxScaleRule::RCeil>; break;
+  }
+  for (int64_t col = 0; col < k; col += kChunkCols) {
+    c.cols = static_cast<int>(std::min<int64_t>(kChunkCols, k - col));
+    c.prefetch_next = col + kChunkCols < k;
+    if (o.rowwise) {
+      c.row_data = out.rowwise_data.data_as<uint8_t>() + first_row * k + col;  // (M, K)
+      c.row_scale =
+          out.rowwise_scale.data_as<uint8_t>() + first_row * c.row_scale_stride + col / kBlock;  // (M, K/32)
+    }
+    if (o.columnwise) {
+      c.col_data = out.columnwise_data.data_as<uint8_t>() + first_row * k + col;             // (M, K)
+      c.col_scale = out.columnwise_scale.data_as<uint8_t>() + first_row / kBlock * k + col;  // (M/32, K)
+    }
+    chunk(c);
+    c.src += kChunkCols;
+  }
+}
+
+template <typename Codec>
+void quantize_band_from(const InputMatrix& x, int64_t first_row, int rows, const QuantizeOptions& o,
+                        const MxParams& p, QuantizedTensor& out) {
+  if (x.dtype == DType::BF16) {
+    quantize_band<Codec, DType::BF16>(x, first_row, rows, o, p, out);
+  } else {
+    quantize_band<Codec, DType::F16>(x, first_row, rows, o, p, out);
+  }
+}
+
+}  // namespace
+
+bool mx16_applies(const InputMatrix& x, Scheme scheme) {
+  return (x.dtype == DType::BF16 || x.dtype == DType::F16) && x.col_stride == 1 && is_mx(scheme) &&
+         scheme != Scheme::MXFP4;
+}
+
+void quantize_mx16_band(const InputMatrix& x, int64_t first_row, int rows, const QuantizeOptions& o,
+                        const MxParams& p, QuantizedTensor& out) {
+  switch (o.scheme) {
+    case Scheme::MXFP8_E4M3: return quantize_band_from<E4M3Codec>(x, first_row, rows, o, p, out);
+    case Scheme::MXFP8_E5M2: return quantize_band_from<E5M2Codec>(x, first_row, rows, o, p, out);
+    case Scheme::MXFP6_E2M3: return quantize_band_from<E2M3Codec>(x, first_row, rows, o, p, out);
+    case Scheme::MXFP6_E3M2: return quantize_band_from<E3M2Codec>(x, first_row, rows, o, p, out);
+    case Scheme::MXFP4:
+    case Scheme::NVFP4: break;  // not mx16_applies
+  }
+}
+
+}  // namespace microscale::cpu

@@ -1,0 +1,31 @@
+// The portable MX kernel for bf16 and f16 inputs with byte-sized codes (quantize_mx16.cpp), used
+// by the portable fast path (quantize_mx.cpp) band by band.
+#pragma once
+
+#include <cstdint>
+
+#include "core/input_matrix.hpp"
+#include "core/scale_math.hpp"
+#include "microscale/quantize.hpp"
+
+namespace microscale::cpu {
+
+/// The element format's terms of mx_scale_byte, and the scale rule.
+struct MxParams {
+  MxScaleRule rule;
+  int emax;
+  int mantissa_bits;
+  float max_normal;
+};
+
+/// Whether quantize_mx16_band takes inputs like `x` for `scheme`: bf16 or f16 with contiguous
+/// rows, FP8 or FP6 codes.
+bool mx16_applies(const InputMatrix& x, Scheme scheme);
+
+/// Quantizes rows [first_row, first_row + rows) of `x` (rows <= 32; 32 when columnwise, and
+/// first_row a multiple of 32) into the requested outputs of `out` (compact layout), as
+/// quantize_mx_ref does. Only where mx16_applies.
+void quantize_mx16_band(const InputMatrix& x, int64_t first_row, int rows, const QuantizeOptions& o,
+                        const MxParams& p, QuantizedTensor& out);
+
+}  // namespace microscale::cpu
