@@ -1,7 +1,7 @@
 // The 16-bit form of MX encoding: bf16 and f16 inputs with byte-sized codes (FP8 E4M3/E5M2, FP6
 // E2M3/E3M2) encoded on their 16-bit patterns, without widening to fp32. The AVX-512 kernel runs
-// it on 32 lanes per register (avx512_codecs.hpp); the portable kernel (quantize_mx16.cpp) runs
-// the per-lane functions below in loops that GCC vectorises.
+// it on 32 lanes per register (avx512_codecs.hpp); the portable MXFP8 kernel (quantize_mx16.cpp)
+// runs the per-lane functions below in loops that GCC vectorises.
 //
 // With the E8M0 block scale byte S the element is y = x * 2^(127 - S) (exact: a power of two),
 // whose biased exponent in the element format (bias B, m mantissa bits) is e = exp(x) - d,

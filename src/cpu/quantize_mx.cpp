@@ -3,8 +3,8 @@
 //
 // One pass over the input in bands of rows. Rowwise: each row's 32-element blocks. Columnwise
 // (bands of 32 rows): per column, the block amax over the band, then every row of the band encoded
-// with its column's scale (still row-major, so the stores stay contiguous). bf16 and f16 inputs
-// with FP8 or FP6 codes take quantize_mx16.cpp's bands instead (16-bit lanes, no widening).
+// with its column's scale (still row-major, so the stores stay contiguous). MXFP8 of bf16 and f16
+// inputs with contiguous rows takes quantize_mx16.cpp's bands instead (16-bit lanes, no widening).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -108,7 +108,7 @@ void quantize_mx_with(const InputMatrix& x, const QuantizeOptions& o, const MxPa
   // Columnwise blocks need bands of 32 rows (M % 32 == 0 is checked); rowwise alone takes 16.
   const int64_t band_rows = o.columnwise ? kBlock : 16;
   const int64_t bands = (m + band_rows - 1) / band_rows;
-  // bf16 and f16 inputs with FP8/FP6 codes stay in 16-bit lanes (quantize_mx16.cpp).
+  // MXFP8 of bf16 and f16 inputs stays in 16-bit lanes (quantize_mx16.cpp).
   const bool in16 = mx16_applies(x, o.scheme);
 #pragma omp parallel num_threads(thread_count(o.num_threads))
   {

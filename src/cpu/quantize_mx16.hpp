@@ -1,4 +1,4 @@
-// The portable MX kernel for bf16 and f16 inputs with byte-sized codes (quantize_mx16.cpp), used
+// The portable MXFP8 kernel for bf16 and f16 inputs (quantize_mx16.cpp), used
 // by the portable fast path (quantize_mx.cpp) band by band.
 #pragma once
 
@@ -18,8 +18,8 @@ struct MxParams {
   float max_normal;
 };
 
-/// Whether quantize_mx16_band takes inputs like `x` for `scheme`: bf16 or f16 with contiguous
-/// rows, FP8 or FP6 codes.
+/// Whether quantize_mx16_band takes inputs like `x` for `scheme`: MXFP8 (E4M3, E5M2), bf16 or f16
+/// with contiguous rows.
 bool mx16_applies(const InputMatrix& x, Scheme scheme);
 
 /// Quantizes rows [first_row, first_row + rows) of `x` (rows <= 32; 32 when columnwise, and
