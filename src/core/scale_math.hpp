@@ -96,10 +96,11 @@ MICROSCALE_HOST_DEVICE uint8_t mx_scale_byte_branch_free(float amax, int emax, i
     // Rounded up to the next power of two; 254 + 1 and Inf/NaN (255, or 256) give 255 = NaN.
     uint32_t rounded_up = exponent + static_cast<uint32_t>(mantissa != 0);
     rounded_up -= rounded_up >> 8;  // 256 -> 255
-    // fp32 subnormal: up to 2^-126 or down to 2^-127.
+    // fp32 subnormal: up to 2^-126 or down to 2^-127. Chosen by a mask (GCC 12 kept a `?:` here
+    // as a branch).
     const uint32_t subnormal = static_cast<uint32_t>(mantissa > 0x400000u);
-    const uint32_t is_subnormal = 0u - static_cast<uint32_t>(exponent == 0);  // masks: a `?:` here
-    return static_cast<uint8_t>((subnormal & is_subnormal) | (rounded_up & ~is_subnormal));  // kept a branch
+    const uint32_t is_subnormal = 0u - static_cast<uint32_t>(exponent == 0);
+    return static_cast<uint8_t>((subnormal & is_subnormal) | (rounded_up & ~is_subnormal));
   } else {
     uint32_t u = float_bits(amax) & 0x7FFFFFFFu;
     bool special = u >= 0x7F800000u;  // Inf or NaN amax

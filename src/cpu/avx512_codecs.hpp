@@ -255,9 +255,10 @@ MICROSCALE_AVX512_INLINE __m512 mx_inverse_scales(__m512i byte) {
   return _mm512_castsi512_ps(v);
 }
 
-/// MX element codes of 16-bit inputs (bf16 or f16) on 32 lanes of 16 bits, without widening to
-/// fp32: the 16-bit form of mx16_form.hpp (its constants: Mx16Format). Lanes outside the normal
-/// form take mx_bf16_codes or mx_f16_codes (bf16 from S = B on, see mx_bf16_codes).
+// ---- MX element codes of 16-bit inputs (bf16 or f16) on 32 lanes of 16 bits, without widening
+// to fp32: the 16-bit form of mx16_form.hpp (its constants: Mx16Format). Lanes outside the normal
+// form take mx_bf16_codes or mx_f16_codes (bf16 from S = B on, see mx_bf16_codes). ----
+
 /// code | (x >> kSignShift & sign bit): the sign of each 16-bit lane of `x_shifted` on its code.
 template <typename Codec>
 MICROSCALE_AVX512_INLINE __m512i with_input_sign(__m512i code, __m512i x_shifted) {
@@ -265,17 +266,8 @@ MICROSCALE_AVX512_INLINE __m512i with_input_sign(__m512i code, __m512i x_shifted
                                    0xF8);  // A | (B & C)
 }
 
-/// The per-block terms of mx16_codes_normal for scale bytes S (16-bit lanes): `lower`, the amount
-/// subtracted from |x| + rounding bit, and `limit`: lanes with |x| - 1 <= limit (unsigned; zeros
-/// wrap to 0xFFFF, above every limit but bf16's 0xFFFF below) are outside the normal form and
-/// need the general one.
-/// bf16: blocks with d <= 0 have every lane there (limit 0xFFFF): their zeros would not subtract
-/// to 0. f16: there d <= 0 leaves only the input subnormals outside (e = exp(x) - d >= 1 for every
-/// normal x), and mx16_codes_normal zeroes zero lanes itself.
-/// NOTE: d << 10 fits 16 bits for f16 wherever a lane uses it: d < 32 (the largest f16 is below
-/// 2^16, so S <= 16 - emax + 128), and a block holding a normal f16 has d >= 1 - emax - B (-29 for
-/// E5M2). Lower d (blocks of zeros and f16 subnormals only) wraps, but those lanes are zeroed by
-/// the mask or take the general form.
+/// mx16_terms (mx16_form.hpp, which says why) on 32 lanes of scale bytes S: `lower` and `limit`
+/// of each lane's block; lanes with |x| - 1 <= limit need the general form.
 template <typename Codec, DType kIn>
 MICROSCALE_AVX512_INLINE void mx16_normal_terms(__m512i scale_bytes, __m512i* lower, __m512i* limit) {
   using F = Mx16Format<Codec, kIn>;

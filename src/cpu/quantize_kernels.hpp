@@ -12,6 +12,14 @@
 
 namespace microscale::cpu {
 
+/// An MX element format's terms of mx_scale_byte, and the scale rule (the portable MX kernels').
+struct MxParams {
+  MxScaleRule rule;
+  int emax;
+  int mantissa_bits;
+  float max_normal;
+};
+
 void quantize_nvfp4_ref(const InputMatrix& x, const QuantizeOptions& options, QuantizedTensor& out);
 void quantize_mx_ref(const InputMatrix& x, const QuantizeOptions& options, QuantizedTensor& out);
 

@@ -55,7 +55,7 @@ struct Chunk {
 
 // The value of a 16-bit pattern (exact).
 template <DType kIn>
-float widen16(uint16_t bits) {
+MICROSCALE_CPU_INLINE float widen16(uint16_t bits) {
   if constexpr (kIn == DType::BF16) {
     return bits_to_float(uint32_t{bits} << 16);
   } else {
@@ -107,7 +107,6 @@ MICROSCALE_CPU_INLINE bool encode_row(const uint16_t* __restrict x, int blocks, 
   alignas(32) uint8_t outside[kBlock];
   int b = 0;
   do {  // blocks >= 1: the first block sets every lane
-
     const uint16_t row_lower = row_terms.lower[first_block + b], row_limit = row_terms.limit[first_block + b];
     const int first = b * kBlock;
     for (int j = 0; j < kBlock; ++j) {
@@ -140,8 +139,8 @@ MICROSCALE_CPU_INLINE void fix_outside(const uint16_t* __restrict x, int blocks,
                                        int first_block, uint8_t* __restrict out) {
   for (int b = 0; b < blocks; ++b) {
     const int first = b * kBlock;
-    const uint16_t block_limit = t.limit[first_block + b];
-    const float block_inverse = t.inverse[first_block + b];
+    const uint16_t block_limit = kPerLane ? 0 : t.limit[first_block + b];
+    const float block_inverse = kPerLane ? 0.0f : t.inverse[first_block + b];
     uint8_t any = 0;
     for (int j = 0; j < kBlock; ++j)
       any |= static_cast<uint8_t>(mx16_outside(x[first + j], kPerLane ? t.limit[first + j] : block_limit));
@@ -166,6 +165,9 @@ MICROSCALE_CPU_DISPATCH void quantize_chunk(const Chunk& c) {
   // 1. Maxes of the |x| patterns.
   alignas(64) uint16_t col_max[kChunkCols] = {};
   alignas(64) uint16_t row_max[kBlock * kChunkBlocks];  // [row][block]
+  // Step 2 runs over every [row][block] slot (one loop, which vectorises): a narrow last chunk's
+  // unused slots get defined values.
+  if (blocks < kChunkBlocks) std::fill_n(row_max, kBlock * kChunkBlocks, uint16_t{0});
   for (int i = 0; i < c.rows; ++i) {
     const uint16_t* __restrict row = c.src + i * c.stride;
     // The hardware prefetchers do not follow 32 rows at once (the AVX-512 kernels measured it).
@@ -269,8 +271,10 @@ void quantize_band_from(const InputMatrix& x, int64_t first_row, int rows, const
 bool mx16_applies(const InputMatrix& x, Scheme scheme) {
   // FP8 only: FP6 E2M3 and FP4 put a large share of a Gaussian block in the format's subnormals
   // (E2M1: |x| below a sixth of the amax), outside the 16-bit form, and there this kernel measured
-  // slower than the fp32 one (docs/perf.md, fifteenth session); FP6 E3M2 the same speed.
-  return (x.dtype == DType::BF16 || x.dtype == DType::F16) && x.col_stride == 1 &&
+  // slower than the fp32 one (docs/perf.md, fifteenth session); FP6 E3M2 about as fast.
+  // Chunks are whole rowwise blocks: a columnwise-only call may have any last dim (K % 32 != 0),
+  // which the fp32 kernel takes.
+  return (x.dtype == DType::BF16 || x.dtype == DType::F16) && x.col_stride == 1 && x.cols % kBlock == 0 &&
          (scheme == Scheme::MXFP8_E4M3 || scheme == Scheme::MXFP8_E5M2);
 }
 

@@ -5,18 +5,10 @@
 #include <cstdint>
 
 #include "core/input_matrix.hpp"
-#include "core/scale_math.hpp"
+#include "cpu/quantize_kernels.hpp"  // MxParams
 #include "microscale/quantize.hpp"
 
 namespace microscale::cpu {
-
-/// The element format's terms of mx_scale_byte, and the scale rule.
-struct MxParams {
-  MxScaleRule rule;
-  int emax;
-  int mantissa_bits;
-  float max_normal;
-};
 
 /// Whether quantize_mx16_band takes inputs like `x` for `scheme`: MXFP8 (E4M3, E5M2), bf16 or f16
 /// with contiguous rows.

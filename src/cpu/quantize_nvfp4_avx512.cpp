@@ -1275,7 +1275,11 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, QuantizedTens
 }  // namespace
 
 bool quantize_nvfp4_avx512(const InputMatrix& x, const QuantizeOptions& o, QuantizedTensor& out) {
-  if (kernel_set() == KernelSet::Portable || o.stochastic_rounding || !x.contiguous_rows()) return false;
+  // Tiles are 16 columns wide: a columnwise-only call may have any last dim, and then the portable
+  // kernel runs.
+  if (kernel_set() == KernelSet::Portable || o.stochastic_rounding || !x.contiguous_rows() ||
+      x.cols % kBlock != 0)
+    return false;
   switch (x.dtype) {
     case DType::BF16: quantize_with<DType::BF16>(x, o, out); return true;
     case DType::F16: quantize_with<DType::F16>(x, o, out); return true;

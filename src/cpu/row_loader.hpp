@@ -1,5 +1,5 @@
 // Loads a band of input rows into a contiguous fp32 buffer (exact widening), the first step of
-// every fast-path kernel: after it, kernels see plain float rows whatever the dtype and strides.
+// the portable fp32 kernels: after it, they see plain float rows whatever the dtype and strides.
 #pragma once
 
 #include <omp.h>

@@ -25,8 +25,8 @@ using cpu::Mx16Terms;
 // 2^(emax + 1) (the range every MX scale rule keeps a block in), mx16_code_normal equals
 // encode_rn(mx_scaled_element(x, mx_inverse_scale(S))). Scale bytes: bf16 every byte but 0xFF
 // (NaN); f16 from 0 (an all-zero block's byte) to that of the largest f16 with a margin of two.
-// Also: the normal form covers each binade of the format's normal range (it did run), and lanes
-// under kMx16AllOutside are all outside.
+// Also: the normal form took many lanes (it did run), and lanes under kMx16AllOutside are all
+// outside.
 template <typename Codec, DType kIn>
 void expect_normal_form(Format format) {
   const FormatInfo& f = format_info(format);
@@ -101,6 +101,19 @@ TEST(Mx16Form, BranchFreeScaleByteEqualsMxScaleByte) {
   expect_branch_free_scale_bytes<MxScaleRule::Ceil>(amaxes);
   expect_branch_free_scale_bytes<MxScaleRule::Even>(amaxes);
   expect_branch_free_scale_bytes<MxScaleRule::RCeil>(amaxes);
+}
+
+TEST(Mx16Form, InverseScaleOfEveryByte) {
+  // The multiplier the kernels apply (mx_inverse_scale chooses it by selects): 2^(127 - byte),
+  // NaN for 0xFF.
+  for (int byte = 0; byte < 256; ++byte) {
+    const float inverse = mx_inverse_scale(static_cast<uint8_t>(byte));
+    if (byte == 0xFF) {
+      EXPECT_TRUE(std::isnan(inverse));
+    } else {
+      EXPECT_EQ(inverse, std::ldexp(1.0f, 127 - byte)) << "byte " << byte;
+    }
+  }
 }
 
 }  // namespace

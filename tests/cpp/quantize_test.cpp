@@ -92,6 +92,47 @@ TEST(Quantize, FastEqualsReferenceMxOneDirection) {
   }
 }
 
+TEST(Quantize, FastEqualsReferenceColumnwiseOnlyAnyLastDim) {
+  // Columnwise blocks run along the rows, so a columnwise-only call takes any last dim: here
+  // below, between and above the kernels' chunk widths.
+  uint32_t seed = 900;
+  for (Scheme scheme : kAllSchemes) {
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+      for (Fill fill : {Fill::Normal, Fill::Specials, Fill::Tiny}) {
+        for (int64_t k : {8, 40, 300}) {
+          const Tensor x = random_tensor(dtype, {64, k}, fill, seed++);
+          QuantizeOptions o;
+          o.scheme = scheme;
+          o.rowwise = false;
+          o.columnwise = true;
+          o.num_threads = 2;
+          expect_fast_equals_ref(x.view(), o,
+                                 std::string(scheme_name(scheme)) + " " + std::string(dtype_name(dtype)) +
+                                     " columnwise K=" + std::to_string(k));
+        }
+      }
+    }
+  }
+}
+
+TEST(Quantize, FastEqualsReferencePaddedRows) {
+  // Rows further apart than their length (a view of the first 96 columns of 128).
+  uint32_t seed = 950;
+  for (Scheme scheme : kAllSchemes) {
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+      const Tensor base = random_tensor(dtype, {64, 128}, Fill::Normal, seed++);
+      TensorView padded = base.view();
+      padded.shape = {64, 96};
+      padded.strides = {128, 1};
+      QuantizeOptions o;
+      o.scheme = scheme;
+      o.rowwise = o.columnwise = true;
+      expect_fast_equals_ref(padded, o,
+                             std::string(scheme_name(scheme)) + " " + std::string(dtype_name(dtype)));
+    }
+  }
+}
+
 TEST(Quantize, FastEqualsReferenceNvfp4) {
   uint32_t seed = 100;
   for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
