@@ -71,6 +71,10 @@ void validate_quantize(const InputMatrix& x, const QuantizeOptions& o) {
   if (o.columnwise) {
     require(x.rows % s.block == 0, name + " columnwise needs the flattened leading dims divisible by " +
                                        std::to_string(s.block) + "; input (flattened) is " + shape);
+    // MXFP4's columnwise data keeps the input's layout with two codes per byte along its rows (a
+    // columnwise-only call otherwise takes any last dim).
+    require(o.scheme != Scheme::MXFP4 || x.cols % 2 == 0,
+            name + " columnwise needs an even last dim (two codes per byte); input (flattened) is " + shape);
   }
   if (o.scheme == Scheme::NVFP4) {
     require(o.tile == Tile::k1x16 || o.tile == Tile::k16x16, "unknown NVFP4 tile");

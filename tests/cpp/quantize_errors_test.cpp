@@ -74,6 +74,11 @@ TEST(QuantizeErrors, ShapesThatCannotBeBlocked) {
   const Tensor y = random_tensor(DType::BF16, {40, 64}, Fill::Normal, 3);
   o.columnwise = true;
   expect_rejected(y.view(), o, "leading dims divisible by 32");  // M = 40, MX columnwise
+  o.rowwise = false;
+  o.scheme = Scheme::MXFP4;
+  const Tensor odd = random_tensor(DType::BF16, {64, 41}, Fill::Normal, 5);
+  expect_rejected(odd.view(), o, "even last dim");  // FP4 columnwise-only, K odd
+  o.rowwise = true;
   o.scheme = Scheme::NVFP4;
   o.rowwise = true;
   o.columnwise = false;
