@@ -232,7 +232,7 @@ MICROSCALE_CPU_DISPATCH void rht_band(const float* band, int64_t k, const RhtCoe
 }
 
 // Amax of every 16x16 tile of a full band: tile_amax[kb] over rows 0..15, columns 16kb..16kb+15.
-void band_tile_amax(const float* band, int64_t k, float* tile_amax) {
+MICROSCALE_CPU_DISPATCH void band_tile_amax(const float* band, int64_t k, float* tile_amax) {
   for (int64_t kb = 0; kb < k / kBlock; ++kb) {
     float m = 0.0f;
     for (int i = 0; i < kBlock; ++i) m = max_abs(band + i * k + kb * kBlock, kBlock, m);
