@@ -4,7 +4,7 @@
 // One pass over the input in bands of rows. Rowwise: each row's 32-element blocks. Columnwise
 // (bands of 32 rows): per column, the block amax over the band, then every row of the band encoded
 // with its column's scale (still row-major, so the stores stay contiguous). MXFP8 of bf16 and f16
-// inputs with contiguous rows takes quantize_mx16.cpp's bands instead (16-bit lanes, no widening).
+// inputs with contiguous rows takes quantize_mx16.cpp instead (16-bit lanes, no widening).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -108,23 +108,16 @@ void quantize_mx_with(const InputMatrix& x, const QuantizeOptions& o, const MxPa
   // Columnwise blocks need bands of 32 rows (M % 32 == 0 is checked); rowwise alone takes 16.
   const int64_t band_rows = o.columnwise ? kBlock : 16;
   const int64_t bands = (m + band_rows - 1) / band_rows;
-  // MXFP8 of bf16 and f16 inputs stays in 16-bit lanes (quantize_mx16.cpp).
-  const bool in16 = mx16_applies(x, o.scheme);
 #pragma omp parallel num_threads(thread_count(o.num_threads))
   {
-    const IeeeSubnormals ieee;                                // per thread (fp_environment.hpp)
-    const size_t buffer = in16 ? 0 : static_cast<size_t>(k);  // the fp32 bands' buffers
-    std::vector<float> band(band_rows * buffer);
-    std::vector<float> inverse(buffer);
-    std::vector<uint32_t> column_amax(buffer);
-    std::vector<uint8_t> codes(buffer);
+    const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
+    std::vector<float> band(static_cast<size_t>(band_rows * k));
+    std::vector<float> inverse(static_cast<size_t>(k));
+    std::vector<uint32_t> column_amax(static_cast<size_t>(k));
+    std::vector<uint8_t> codes(static_cast<size_t>(k));
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < bands; ++b) {
       const int64_t rows = std::min(band_rows, m - b * band_rows);
-      if (in16) {
-        quantize_mx16_band(x, b * band_rows, static_cast<int>(rows), o, p, out);
-        continue;
-      }
       load_rows(x, b * band_rows, rows, band.data());
       if (o.rowwise) {
         rowwise_rows<Codec, kPacked>(band.data(), rows, k, b * band_rows, p, codes.data(),
@@ -146,6 +139,7 @@ void quantize_mx(const InputMatrix& x, const QuantizeOptions& o, QuantizedTensor
   if (quantize_mx_avx512(x, o, out)) return;
   const FormatInfo& f = format_info(element_format(o.scheme));
   const MxParams p{mx_scale_rule(o.scale_mode), f.emax, f.mantissa_bits, f.max_normal};
+  if (mx16_applies(x, o.scheme)) return quantize_mx16(x, o, p, out);  // 16-bit lanes, no widening
   switch (o.scheme) {
     case Scheme::MXFP8_E4M3: return quantize_mx_with<E4M3Codec, false>(x, o, p, out);
     case Scheme::MXFP8_E5M2: return quantize_mx_with<E5M2Codec, false>(x, o, p, out);

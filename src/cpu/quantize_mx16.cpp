@@ -23,9 +23,11 @@
 
 #include <algorithm>
 
+#include "core/fp_environment.hpp"
 #include "cpu/cpu_dispatch.hpp"
 #include "cpu/encode_fast.hpp"
 #include "cpu/mx16_form.hpp"
+#include "cpu/row_loader.hpp"  // thread_count
 
 namespace microscale::cpu {
 namespace {
@@ -56,11 +58,7 @@ struct Chunk {
 // The value of a 16-bit pattern (exact).
 template <DType kIn>
 MICROSCALE_CPU_INLINE float widen16(uint16_t bits) {
-  if constexpr (kIn == DType::BF16) {
-    return bits_to_float(uint32_t{bits} << 16);
-  } else {
-    return half_to_float(bits);
-  }
+  return kIn == DType::BF16 ? bf16_to_float(bits) : half_to_float(bits);
 }
 
 // A block's scale byte and its terms, from the max |x| pattern of the block.
@@ -221,17 +219,11 @@ MICROSCALE_CPU_DISPATCH void quantize_chunk(const Chunk& c) {
   }
 }
 
+// Every band of 32 rows (the last may be short: rowwise-only input), chunk after chunk; the
+// kernel of the scale rule picked once per call.
 template <typename Codec, DType kIn>
-void quantize_band(const InputMatrix& x, int64_t first_row, int rows, const QuantizeOptions& o,
-                   const MxParams& p, QuantizedTensor& out) {
-  const int64_t k = x.cols;
-  Chunk c{};
-  c.src = static_cast<const uint16_t*>(x.data) + first_row * x.row_stride;
-  c.stride = x.row_stride;
-  c.rows = rows;
-  c.p = p;
-  c.data_stride = k;
-  c.row_scale_stride = k / kBlock;
+void quantize_with(const InputMatrix& x, const QuantizeOptions& o, const MxParams& p, QuantizedTensor& out) {
+  const int64_t m = x.rows, k = x.cols;
   auto* chunk = &quantize_chunk<Codec, kIn, MxScaleRule::Floor>;
   switch (p.rule) {
     case MxScaleRule::Floor: break;
@@ -239,30 +231,46 @@ void quantize_band(const InputMatrix& x, int64_t first_row, int rows, const Quan
     case MxScaleRule::Even: chunk = &quantize_chunk<Codec, kIn, MxScaleRule::Even>; break;
     case MxScaleRule::RCeil: chunk = &quantize_chunk<Codec, kIn, MxScaleRule::RCeil>; break;
   }
-  for (int64_t col = 0; col < k; col += kChunkCols) {
-    c.cols = static_cast<int>(std::min<int64_t>(kChunkCols, k - col));
-    c.prefetch_next = col + kChunkCols < k;
-    if (o.rowwise) {
-      c.row_data = out.rowwise_data.data_as<uint8_t>() + first_row * k + col;  // (M, K)
-      c.row_scale =
-          out.rowwise_scale.data_as<uint8_t>() + first_row * c.row_scale_stride + col / kBlock;  // (M, K/32)
+  const int64_t bands = (m + kBlock - 1) / kBlock;  // columnwise: M % 32 == 0 is checked
+#pragma omp parallel num_threads(thread_count(o.num_threads))
+  {
+    const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < bands; ++b) {
+      const int64_t first_row = b * kBlock;
+      Chunk c{};
+      c.src = static_cast<const uint16_t*>(x.data) + first_row * x.row_stride;
+      c.stride = x.row_stride;
+      c.rows = static_cast<int>(std::min<int64_t>(kBlock, m - first_row));
+      c.p = p;
+      c.data_stride = k;
+      c.row_scale_stride = k / kBlock;
+      for (int64_t col = 0; col < k; col += kChunkCols) {
+        c.cols = static_cast<int>(std::min<int64_t>(kChunkCols, k - col));
+        c.prefetch_next = col + kChunkCols < k;
+        if (o.rowwise) {
+          c.row_data = out.rowwise_data.data_as<uint8_t>() + first_row * k + col;  // (M, K)
+          c.row_scale = out.rowwise_scale.data_as<uint8_t>() + first_row * c.row_scale_stride +
+                        col / kBlock;  // (M, K/32)
+        }
+        if (o.columnwise) {
+          c.col_data = out.columnwise_data.data_as<uint8_t>() + first_row * k + col;  // (M, K)
+          c.col_scale = out.columnwise_scale.data_as<uint8_t>() + b * k + col;        // (M/32, K)
+        }
+        chunk(c);
+        c.src += kChunkCols;
+      }
     }
-    if (o.columnwise) {
-      c.col_data = out.columnwise_data.data_as<uint8_t>() + first_row * k + col;             // (M, K)
-      c.col_scale = out.columnwise_scale.data_as<uint8_t>() + first_row / kBlock * k + col;  // (M/32, K)
-    }
-    chunk(c);
-    c.src += kChunkCols;
   }
 }
 
 template <typename Codec>
-void quantize_band_from(const InputMatrix& x, int64_t first_row, int rows, const QuantizeOptions& o,
-                        const MxParams& p, QuantizedTensor& out) {
+void quantize_with_input(const InputMatrix& x, const QuantizeOptions& o, const MxParams& p,
+                         QuantizedTensor& out) {
   if (x.dtype == DType::BF16) {
-    quantize_band<Codec, DType::BF16>(x, first_row, rows, o, p, out);
+    quantize_with<Codec, DType::BF16>(x, o, p, out);
   } else {
-    quantize_band<Codec, DType::F16>(x, first_row, rows, o, p, out);
+    quantize_with<Codec, DType::F16>(x, o, p, out);
   }
 }
 
@@ -278,11 +286,10 @@ bool mx16_applies(const InputMatrix& x, Scheme scheme) {
          (scheme == Scheme::MXFP8_E4M3 || scheme == Scheme::MXFP8_E5M2);
 }
 
-void quantize_mx16_band(const InputMatrix& x, int64_t first_row, int rows, const QuantizeOptions& o,
-                        const MxParams& p, QuantizedTensor& out) {
+void quantize_mx16(const InputMatrix& x, const QuantizeOptions& o, const MxParams& p, QuantizedTensor& out) {
   switch (o.scheme) {
-    case Scheme::MXFP8_E4M3: return quantize_band_from<E4M3Codec>(x, first_row, rows, o, p, out);
-    case Scheme::MXFP8_E5M2: return quantize_band_from<E5M2Codec>(x, first_row, rows, o, p, out);
+    case Scheme::MXFP8_E4M3: return quantize_with_input<E4M3Codec>(x, o, p, out);
+    case Scheme::MXFP8_E5M2: return quantize_with_input<E5M2Codec>(x, o, p, out);
     default: break;  // not mx16_applies
   }
 }
