@@ -20,6 +20,7 @@
 #include "cpu/cpu_dispatch.hpp"
 #include "cpu/encode_fast.hpp"
 #include "cpu/quantize_kernels.hpp"
+#include "cpu/quantize_nvfp4_16.hpp"
 #include "cpu/rht.hpp"
 #include "cpu/row_loader.hpp"
 #include "microscale/philox.hpp"
@@ -244,6 +245,7 @@ MICROSCALE_CPU_DISPATCH void band_tile_amax(const float* band, int64_t k, float*
 
 void quantize_nvfp4(const InputMatrix& x, const QuantizeOptions& o, QuantizedTensor& out) {
   if (quantize_nvfp4_avx512(x, o, out)) return;
+  if (nvfp4_16_applies(x, o)) return quantize_nvfp4_16(x, o, out);  // bf16/f16 words, no widened band
   const int64_t m = x.rows, k = x.cols;
   const int threads = thread_count(o.num_threads);
   const int64_t bands = (m + kBlock - 1) / kBlock;  // the last may be short (rowwise-only input)

@@ -1,0 +1,340 @@
+// Portable NVFP4 kernel for bf16 and f16 inputs: plain C++ loops that GCC vectorises (AVX2: 8
+// fp32 lanes per operation; the clones of cpu_dispatch.hpp). Equal bit for bit to
+// quantize_nvfp4_ref.cpp (tests/cpp/quantize_test.cpp runs the portable kernels on random,
+// special and boundary inputs).
+//
+// Why: the fp32 kernel (quantize_nvfp4.cpp) widens each band to fp32 in memory, then runs each
+// step of a block run as its own loop over arrays (amaxes, per-element encode scales, codes,
+// packing), the columnwise blocks through a transposed copy of the band, and writes 8 columnwise
+// bytes at a time to lines M/2 bytes apart. Here each element is read once, as half of a 32-bit
+// word of two columns, and both directions' codes are made and packed in registers:
+//   - word j holds columns 2j (low half) and 2j + 1 (high half), both in rowwise block j / 8, so
+//     rowwise byte j is code(low) | code(high) << 4, with one encode scale per 8 words;
+//   - columnwise, column c's block in a band is its 16 rows: row i's code goes to nibble i % 8 of
+//     one of two 32-bit words per column, lane by lane, so the band's rows make the column's
+//     8 bytes without a transpose.
+// Threads take groups of 8 bands; a group's columnwise bytes are staged per thread and written as
+// one 64-byte piece per columnwise row (a whole line) instead of 8 pieces of 8 bytes.
+//
+// The unit of work is a chunk: one band (16 rows) x up to 256 columns (8 KiB of input, in L1):
+//   1. maxes:  per column the max |x| pattern over the band's rows (columnwise blocks), per row
+//              and 16 columns its max (rowwise blocks), per 16 x 16 tile for 2-D blocks. NaN
+//              patterns are dropped, as the reference's amaxes drop NaN; the other patterns order
+//              as their magnitudes (f16 as bf16);
+//   2. scales: each block's E4M3 code and encode scale (loops over blocks, which vectorise);
+//   3. encode: row by row, both directions: the code of RN(x * encode scale), as the reference.
+#include "cpu/quantize_nvfp4_16.hpp"
+
+#include <algorithm>
+#include <cfloat>
+#include <cstring>
+#include <vector>
+
+#include "core/fp_environment.hpp"
+#include "core/scale_math.hpp"
+#include "cpu/cpu_dispatch.hpp"
+#include "cpu/e2m1_thresholds.hpp"
+#include "cpu/encode_fast.hpp"
+#include "cpu/row_loader.hpp"  // thread_count
+
+namespace microscale::cpu {
+namespace {
+
+constexpr int kBlock = 16;                          // NVFP4 block; also the rows of a band
+constexpr int kChunkCols = 256;                     // columns of a chunk
+constexpr int kChunkBlocks = kChunkCols / kBlock;   // rowwise blocks per row of a chunk
+constexpr int kGroupBands = 8;                      // 8 bytes per band: a 64-byte columnwise line
+constexpr int64_t kPrefetchBytes = kChunkCols * 2;  // one chunk ahead
+
+// Two adjacent 16-bit codes read as one word (little-endian: the first in the low half), so that
+// packing them into a byte vectorises (GCC 12 did not vectorise the two 16-bit reads).
+using CodePair = uint32_t __attribute__((may_alias));
+
+// One direction's global scales, from its amax (numerics-te.md §1.2).
+struct Direction {
+  float multiplier = 0.0f;  // RN(S_enc * RN(1/6))
+  float s_dec = 0.0f;       // RN(1 / S_enc)
+};
+
+Direction make_direction(float amax) {
+  const float s_enc = nvfp4_global_encode_scale(amax);
+  return {nvfp4_block_scale_multiplier(s_enc), 1.0f / s_enc};
+}
+
+// The call: input and outputs (data null when the direction is not requested).
+struct Call {
+  const uint16_t* src;  // [m, k], row stride `stride` (elements)
+  int64_t stride, m, k;
+  bool tile_2d;
+  Direction row, col;
+  const E2m1Thresholds* row_thresholds;  // of the rowwise global scale
+  const E2m1Thresholds* col_thresholds;
+  uint8_t* row_data;   // (M, K/2)
+  uint8_t* row_scale;  // (M, K/16)
+  uint8_t* col_data;   // (K, M/2)
+  uint8_t* col_scale;  // (K, M/16)
+};
+
+// A thread's columnwise outputs of its current group, [column][band of the group].
+struct ColumnStage {
+  std::vector<uint64_t> data;  // a column's 8 bytes of a band
+  std::vector<uint8_t> scale;
+};
+
+// One chunk of a band.
+struct Chunk {
+  const uint16_t* src;  // row 0, column col0
+  int rows;             // 16, or fewer in a rowwise-only call's last band
+  int cols;             // a multiple of 16, <= kChunkCols
+  int64_t first_row, col0;
+  int band_in_group;
+  bool prefetch_next;  // a chunk follows in this band
+};
+
+template <DType kIn>
+MICROSCALE_CPU_INLINE float widen16(uint16_t bits) {
+  return kIn == DType::BF16 ? bf16_to_float(bits) : half_to_float(bits);
+}
+
+template <DType kIn>
+constexpr int16_t kInfBits = kIn == DType::BF16 ? 0x7F80 : 0x7C00;
+
+// |x|'s pattern, 0 for a NaN (so that a NaN is never an amax, as in the reference).
+template <DType kIn>
+MICROSCALE_CPU_INLINE uint16_t magnitude_bits(uint16_t bits) {
+  const unsigned a = bits & 0x7FFFu;
+  return static_cast<uint16_t>(a & (0u - static_cast<unsigned>(a <= static_cast<unsigned>(kInfBits<kIn>))));
+}
+
+// A block's E4M3 scale code from its amax (numerics-te.md §1.3).
+MICROSCALE_CPU_INLINE uint8_t block_scale_code(float amax, const Direction& d) {
+  return E4M3Codec::encode_rn(min_nonnegative(amax * d.multiplier, FLT_MAX));  // amax >= 0
+}
+
+// The max |x| pattern of `n` elements (pass 1).
+template <DType kIn>
+MICROSCALE_CPU_DISPATCH uint16_t max_magnitude_bits(const uint16_t* x, int64_t n) {
+  uint16_t m = 0;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, magnitude_bits<kIn>(x[i]));
+  return m;
+}
+
+template <DType kIn, bool kRows, bool kCols>
+MICROSCALE_CPU_DISPATCH void quantize_chunk(const Call& call, const Chunk& c, ColumnStage& stage) {
+  const int blocks = c.cols / kBlock;
+
+  // 1. Maxes of the |x| patterns: col_max per column, row_max per [row][block].
+  alignas(64) uint16_t col_max[kChunkCols] = {};
+  alignas(64) uint16_t row_max[kBlock * kChunkBlocks] = {};
+  for (int i = 0; i < c.rows; ++i) {
+    const uint16_t* __restrict row = c.src + i * call.stride;
+    // The hardware prefetchers do not follow 16 rows read side by side (the AVX-512 kernels
+    // measured it).
+    if (c.prefetch_next) {
+      for (int64_t l = 0; l < kPrefetchBytes; l += 64)
+        __builtin_prefetch(reinterpret_cast<const char*>(row + kChunkCols) + l);
+    }
+    alignas(64) uint16_t magnitude[kChunkCols];
+    for (int j = 0; j < c.cols; ++j) {
+      magnitude[j] = magnitude_bits<kIn>(row[j]);
+      col_max[j] = std::max(col_max[j], magnitude[j]);
+    }
+    for (int b = 0; b < blocks; ++b) {
+      uint16_t m = 0;
+      for (int t = 0; t < kBlock; ++t) m = std::max(m, magnitude[b * kBlock + t]);
+      row_max[i * kChunkBlocks + b] = m;
+    }
+  }
+  if (call.tile_2d) {  // every block of a 16 x 16 tile takes the tile's max (full bands only)
+    for (int b = 0; b < blocks; ++b) {
+      uint16_t m = 0;
+      for (int t = 0; t < kBlock; ++t) m = std::max(m, col_max[b * kBlock + t]);
+      for (int t = 0; t < kBlock; ++t) col_max[b * kBlock + t] = m;
+      for (int i = 0; i < kBlock; ++i) row_max[i * kChunkBlocks + b] = m;
+    }
+  }
+
+  // 2. Scale codes: to the outputs, and each block's thresholds (e2m1_thresholds.hpp). Rowwise,
+  // row_codes[i * kChunkBlocks + b] picks block b's row of the table; columnwise, column j's
+  // thresholds are copied to col_below[k][j] (the compares then take them lane by lane).
+  alignas(64) uint8_t row_codes[kBlock * kChunkBlocks];
+  alignas(64) int16_t col_below[8][kChunkCols];
+  if constexpr (kRows) {
+    for (int q = 0; q < kBlock * kChunkBlocks; ++q)  // every slot (one loop that vectorises)
+      row_codes[q] = block_scale_code(widen16<kIn>(row_max[q]), call.row);
+    for (int i = 0; i < c.rows; ++i)
+      std::memcpy(call.row_scale + (c.first_row + i) * (call.k / kBlock) + c.col0 / kBlock,
+                  row_codes + i * kChunkBlocks, blocks);
+  }
+  if constexpr (kCols) {
+    alignas(64) uint8_t col_codes[kChunkCols];
+    for (int j = 0; j < c.cols; ++j) col_codes[j] = block_scale_code(widen16<kIn>(col_max[j]), call.col);
+    uint8_t* scale = stage.scale.data() + c.col0 * kGroupBands + c.band_in_group;
+    for (int j = 0; j < c.cols; ++j) {
+      scale[j * kGroupBands] = col_codes[j];
+      for (int k = 0; k < 8; ++k) col_below[k][j] = call.col_thresholds->below[col_codes[j]][k];
+    }
+  }
+
+  // 3. Codes, row by row, 16 lanes per operation (AVX2). Rowwise codes go through row_code to
+  // be packed two per byte; columnwise ones collect in col_acc[q][j] (rows 4q..4q+3 of column
+  // j, row i in nibble i % 4), which make column j's 8 bytes of the band.
+  alignas(64) uint16_t col_acc[4][kChunkCols] = {};
+  alignas(64) uint16_t row_code[kChunkCols];
+  for (int i = 0; i < c.rows; ++i) {
+    const uint16_t* __restrict row = c.src + i * call.stride;
+    uint16_t* __restrict acc = col_acc[i / 4];
+    const int shift = 4 * (i % 4);
+    for (int b = 0; b < blocks; ++b) {
+      const int16_t* t = kRows ? call.row_thresholds->below[row_codes[i * kChunkBlocks + b]] : nullptr;
+      for (int l = 0; l < kBlock; ++l) {
+        const int j = b * kBlock + l;
+        const uint16_t x = row[j];
+        const auto a = static_cast<int16_t>(x & 0x7FFF);
+        // The sign goes with every code but a NaN's (the reference gives a NaN +6's code).
+        const auto sign =
+            static_cast<uint16_t>(((x >> 12) & 8) & (0u - static_cast<unsigned>(a <= kInfBits<kIn>)));
+        if constexpr (kRows) row_code[j] = e2m1_code_by_thresholds(a, sign, t);
+        if constexpr (kCols) {
+          const int16_t lane[8] = {col_below[0][j], col_below[1][j], col_below[2][j], col_below[3][j],
+                                   col_below[4][j], col_below[5][j], col_below[6][j], col_below[7][j]};
+          acc[j] = static_cast<uint16_t>(acc[j] | (e2m1_code_by_thresholds(a, sign, lane) << shift));
+        }
+      }
+    }
+    if constexpr (kRows) {  // byte j: columns 2j (low nibble) and 2j + 1
+      uint8_t* __restrict out = call.row_data + (c.first_row + i) * (call.k / 2) + c.col0 / 2;
+      const auto* pairs = reinterpret_cast<const CodePair*>(row_code);
+      for (int j = 0; j < blocks * (kBlock / 2); ++j)
+        out[j] = static_cast<uint8_t>(pairs[j] | (pairs[j] >> 12));
+    }
+  }
+  if constexpr (kCols) {
+    uint64_t* data = stage.data.data() + c.col0 * kGroupBands + c.band_in_group;
+    for (int j = 0; j < c.cols; ++j) {
+      data[j * kGroupBands] = col_acc[0][j] | (uint64_t{col_acc[1][j]} << 16) |
+                              (uint64_t{col_acc[2][j]} << 32) | (uint64_t{col_acc[3][j]} << 48);
+    }
+  }
+}
+
+// A group's staged columnwise bytes to the outputs: `bands` (<= 8) bands from `first_band`.
+void flush_columns(const Call& call, const ColumnStage& stage, int64_t first_band, int bands) {
+  const int64_t data_stride = call.m / 2, scale_stride = call.m / kBlock;
+  for (int64_t c = 0; c < call.k; ++c) {
+    uint8_t* data = call.col_data + c * data_stride + first_band * (kBlock / 2);
+    uint8_t* scale = call.col_scale + c * scale_stride + first_band;
+    const uint64_t* from = stage.data.data() + c * kGroupBands;
+    const uint8_t* scale_from = stage.scale.data() + c * kGroupBands;
+    if (bands == kGroupBands) {  // constant sizes: one 64-byte piece, one 8-byte one
+      std::memcpy(data, from, kGroupBands * sizeof(uint64_t));
+      std::memcpy(scale, scale_from, kGroupBands);
+    } else {
+      std::memcpy(data, from, bands * sizeof(uint64_t));
+      std::memcpy(scale, scale_from, bands);
+    }
+  }
+}
+
+// Pass 2: groups of 8 bands over the threads, chunk after chunk of each band.
+template <DType kIn, bool kRows, bool kCols>
+void quantize_groups(const Call& call, int threads) {
+  const int64_t bands = (call.m + kBlock - 1) / kBlock;  // the last may be short (rowwise only)
+  const int64_t groups = (bands + kGroupBands - 1) / kGroupBands;
+#pragma omp parallel num_threads(threads)
+  {
+    const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
+    ColumnStage stage;
+    if (kCols) {
+      stage.data.resize(static_cast<size_t>(call.k * kGroupBands));
+      stage.scale.resize(static_cast<size_t>(call.k * kGroupBands));
+    }
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t first_band = g * kGroupBands;
+      const int group_bands = static_cast<int>(std::min<int64_t>(kGroupBands, bands - first_band));
+      for (int bi = 0; bi < group_bands; ++bi) {
+        Chunk c{};
+        c.first_row = (first_band + bi) * kBlock;
+        c.rows = static_cast<int>(std::min<int64_t>(kBlock, call.m - c.first_row));
+        c.band_in_group = bi;
+        for (int64_t col0 = 0; col0 < call.k; col0 += kChunkCols) {
+          c.src = call.src + c.first_row * call.stride + col0;
+          c.col0 = col0;
+          c.cols = static_cast<int>(std::min<int64_t>(kChunkCols, call.k - col0));
+          c.prefetch_next = col0 + kChunkCols < call.k;
+          quantize_chunk<kIn, kRows, kCols>(call, c, stage);
+        }
+      }
+      if (kCols) flush_columns(call, stage, first_band, group_bands);
+    }
+  }
+}
+
+template <DType kIn>
+void quantize_with_input(const InputMatrix& x, const QuantizeOptions& o, QuantizedTensor& out) {
+  const int threads = thread_count(o.num_threads);
+  const auto* src = static_cast<const uint16_t*>(x.data);
+
+  // Pass 1: the amax (no RHT here: one amax serves both directions), unless both are given.
+  const bool need_amax = (o.rowwise && !o.amax_rowwise) || (o.columnwise && !o.amax_columnwise);
+  uint16_t amax_bits = 0;
+  if (need_amax) {
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(max : amax_bits)
+    for (int64_t r = 0; r < x.rows; ++r)
+      amax_bits = std::max(amax_bits, max_magnitude_bits<kIn>(src + r * x.row_stride, x.cols));
+  }
+  const float amax = widen16<kIn>(amax_bits);
+  if (o.rowwise) out.rowwise_amax = o.amax_rowwise ? *o.amax_rowwise : amax;
+  if (o.columnwise) out.columnwise_amax = o.amax_columnwise ? *o.amax_columnwise : amax;
+
+  E2m1Thresholds row_thresholds, col_thresholds;
+  Call call{};
+  call.src = src;
+  call.stride = x.row_stride;
+  call.m = x.rows;
+  call.k = x.cols;
+  call.tile_2d = o.tile == Tile::k16x16;
+  if (o.rowwise) {
+    call.row = make_direction(out.rowwise_amax);
+    build_e2m1_thresholds(kIn, call.row.s_dec, row_thresholds);
+    call.row_thresholds = &row_thresholds;
+    call.row_data = out.rowwise_data.data_as<uint8_t>();
+    call.row_scale = out.rowwise_scale.data_as<uint8_t>();
+  }
+  if (o.columnwise) {
+    call.col = make_direction(out.columnwise_amax);
+    build_e2m1_thresholds(kIn, call.col.s_dec, col_thresholds);
+    call.col_thresholds = &col_thresholds;
+    call.col_data = out.columnwise_data.data_as<uint8_t>();
+    call.col_scale = out.columnwise_scale.data_as<uint8_t>();
+  }
+  if (o.rowwise && o.columnwise) {
+    quantize_groups<kIn, true, true>(call, threads);
+  } else if (o.rowwise) {
+    quantize_groups<kIn, true, false>(call, threads);
+  } else {
+    quantize_groups<kIn, false, true>(call, threads);
+  }
+}
+
+}  // namespace
+
+bool nvfp4_16_applies(const InputMatrix& x, const QuantizeOptions& o) {
+  // Rowwise blocks and 16 x 16 tiles need whole blocks in a row; columnwise-only calls may have
+  // any last dim (the fp32 kernel takes those). Columnwise and 16 x 16 calls have whole bands
+  // (validate_quantize); the test here keeps this kernel's assumption next to it.
+  const bool whole_bands = x.rows % kBlock == 0 || (!o.columnwise && o.tile == Tile::k1x16);
+  return (x.dtype == DType::BF16 || x.dtype == DType::F16) && x.col_stride == 1 && x.cols % kBlock == 0 &&
+         whole_bands && !o.stochastic_rounding && !(o.columnwise && o.rht);
+}
+
+void quantize_nvfp4_16(const InputMatrix& x, const QuantizeOptions& o, QuantizedTensor& out) {
+  if (x.dtype == DType::BF16) {
+    quantize_with_input<DType::BF16>(x, o, out);
+  } else {
+    quantize_with_input<DType::F16>(x, o, out);
+  }
+}
+
+}  // namespace microscale::cpu
