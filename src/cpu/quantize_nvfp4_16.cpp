@@ -148,7 +148,9 @@ MICROSCALE_CPU_INLINE void transpose_thresholds(const E2m1Thresholds& table, con
   }
 }
 
-template <DType kIn, bool kRows, bool kCols>
+// kSameCodes: 16 x 16 tiles with the same global scale in both directions, where an element's
+// two codes are equal (its tile's scale code and thresholds serve both): encoded once.
+template <DType kIn, bool kRows, bool kCols, bool kSameCodes>
 MICROSCALE_CPU_DISPATCH void quantize_chunk(const Call& call, const Chunk& c, ColumnStage& stage) {
   const int blocks = c.cols / kBlock;
 
@@ -200,8 +202,10 @@ MICROSCALE_CPU_DISPATCH void quantize_chunk(const Call& call, const Chunk& c, Co
     for (int j = 0; j < c.cols; ++j) col_codes[j] = block_scale_code(widen16<kIn>(col_max[j]), call.col);
     uint8_t* scale = stage.scale.data() + c.col0 * kGroupBands + c.band_in_group;
     for (int j = 0; j < c.cols; ++j) scale[j * kGroupBands] = col_codes[j];
-    for (int j = 0; j < c.cols; j += 8)
-      transpose_thresholds(*call.col_thresholds, col_codes + j, col_below, j);
+    if constexpr (!kSameCodes) {
+      for (int j = 0; j < c.cols; j += 8)
+        transpose_thresholds(*call.col_thresholds, col_codes + j, col_below, j);
+    }
   }
 
   // 3. Codes, row by row, 16 lanes per operation (AVX2). Rowwise codes go through row_code to
@@ -222,8 +226,11 @@ MICROSCALE_CPU_DISPATCH void quantize_chunk(const Call& call, const Chunk& c, Co
         // The sign goes with every code but a NaN's (the reference gives a NaN +6's code).
         const auto sign =
             static_cast<uint16_t>(((x >> 12) & 8) & (0u - static_cast<unsigned>(a <= kInfBits<kIn>)));
-        if constexpr (kRows) row_code[j] = e2m1_code_by_thresholds(a, sign, t);
-        if constexpr (kCols) {
+        [[maybe_unused]] uint16_t row_element_code = 0;
+        if constexpr (kRows) row_code[j] = row_element_code = e2m1_code_by_thresholds(a, sign, t);
+        if constexpr (kSameCodes) {
+          acc[j] = static_cast<uint16_t>(acc[j] | (row_element_code << shift));
+        } else if constexpr (kCols) {
           const int16_t lane[8] = {col_below[0][j], col_below[1][j], col_below[2][j], col_below[3][j],
                                    col_below[4][j], col_below[5][j], col_below[6][j], col_below[7][j]};
           acc[j] = static_cast<uint16_t>(acc[j] | (e2m1_code_by_thresholds(a, sign, lane) << shift));
@@ -265,7 +272,7 @@ void flush_columns(const Call& call, const ColumnStage& stage, int64_t first_ban
 }
 
 // Pass 2: groups of 8 bands over the threads, chunk after chunk of each band.
-template <DType kIn, bool kRows, bool kCols>
+template <DType kIn, bool kRows, bool kCols, bool kSameCodes = false>
 void quantize_groups(const Call& call, int threads) {
   const int64_t bands = (call.m + kBlock - 1) / kBlock;  // the last may be short (rowwise only)
   const int64_t groups = (bands + kGroupBands - 1) / kGroupBands;
@@ -291,7 +298,7 @@ void quantize_groups(const Call& call, int threads) {
           c.col0 = col0;
           c.cols = static_cast<int>(std::min<int64_t>(kChunkCols, call.k - col0));
           c.prefetch_next = col0 + kChunkCols < call.k;
-          quantize_chunk<kIn, kRows, kCols>(call, c, stage);
+          quantize_chunk<kIn, kRows, kCols, kSameCodes>(call, c, stage);
         }
       }
       if (kCols) flush_columns(call, stage, first_band, group_bands);
@@ -332,12 +339,20 @@ void quantize_with_input(const InputMatrix& x, const QuantizeOptions& o, Quantiz
   }
   if (o.columnwise) {
     call.col = make_direction(out.columnwise_amax);
-    build_e2m1_thresholds(kIn, call.col.s_dec, col_thresholds);
-    call.col_thresholds = &col_thresholds;
+    if (o.rowwise && call.col.s_dec == call.row.s_dec) {  // one table serves both directions
+      call.col_thresholds = &row_thresholds;
+    } else {
+      build_e2m1_thresholds(kIn, call.col.s_dec, col_thresholds);
+      call.col_thresholds = &col_thresholds;
+    }
     call.col_data = out.columnwise_data.data_as<uint8_t>();
     call.col_scale = out.columnwise_scale.data_as<uint8_t>();
   }
-  if (o.rowwise && o.columnwise) {
+  const bool same_codes = o.rowwise && o.columnwise && call.tile_2d &&
+                          call.row.multiplier == call.col.multiplier && call.row.s_dec == call.col.s_dec;
+  if (same_codes) {
+    quantize_groups<kIn, true, true, true>(call, threads);
+  } else if (o.rowwise && o.columnwise) {
     quantize_groups<kIn, true, true>(call, threads);
   } else if (o.rowwise) {
     quantize_groups<kIn, true, false>(call, threads);

@@ -294,6 +294,26 @@ TEST(Quantize, FastEqualsReferenceNvfp4F16AmaxGiven) {
   }
 }
 
+TEST(Quantize, FastEqualsReferenceNvfp4DifferentAmaxPerDirection) {
+  // Each direction its own global scale: the portable bf16/f16 kernel shares one threshold table,
+  // and with 16x16 tiles one set of codes, only between directions whose scales are equal.
+  uint32_t seed = 1300;
+  for (DType dtype : {DType::BF16, DType::F16}) {
+    for (Tile tile : {Tile::k1x16, Tile::k16x16}) {
+      const Tensor x = random_tensor(dtype, {160, 96}, Fill::Normal, seed++);
+      QuantizeOptions o;
+      o.rowwise = o.columnwise = true;
+      o.tile = tile;
+      o.num_threads = 2;
+      const float found = quantize_ref(x.view(), o).rowwise_amax;
+      o.amax_rowwise = found;
+      o.amax_columnwise = 2.0f * found;
+      expect_fast_equals_ref(x.view(), o,
+                             std::string(dtype_name(dtype)) + (tile == Tile::k16x16 ? " 16x16" : " 1x16"));
+    }
+  }
+}
+
 TEST(Quantize, RowwiseOnlyRaggedRowsAndAmaxOverride) {
   // Rowwise needs only the last dim blocked: 37 rows are fine.
   const Tensor x = random_tensor(DType::BF16, {37, 64}, Fill::Normal, 7);
