@@ -30,6 +30,10 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "core/fp_environment.hpp"
 #include "core/scale_math.hpp"
 #include "cpu/cpu_dispatch.hpp"
@@ -119,33 +123,35 @@ MICROSCALE_CPU_DISPATCH uint16_t max_magnitude_bits(const uint16_t* x, int64_t n
   return m;
 }
 
-// Eight 16-bit lanes (GCC vector extension; the shuffles below are 128-bit unpacks on x86).
-using Lanes8 = int16_t __attribute__((vector_size(16)));
-
 // The thresholds of 8 columns (scale codes `codes`) to below[k][j0 + t], t = 0..7: their table
-// rows, 16 bytes each, transposed as 8 x 8 16-bit lanes (unpacks of 16-, 32- and 64-bit lanes).
+// rows, 16 bytes each, transposed as 8 x 8 16-bit lanes by unpacks of 16-, 32- and 64-bit lanes
+// (SSE2, which every x86-64 CPU has; a plain loop elsewhere).
 // NOTE: lane by lane this was 16 scalar moves per column, ~15 % of the AVX2 kernel's time.
 MICROSCALE_CPU_INLINE void transpose_thresholds(const E2m1Thresholds& table, const uint8_t* codes,
                                                 int16_t (*below)[kChunkCols], int j0) {
-  Lanes8 r[8], t[8], u[8];
-  for (int q = 0; q < 8; ++q) std::memcpy(&r[q], table.below[codes[q]], sizeof(Lanes8));
+#if defined(__SSE2__)
+  __m128i r[8], t[8], u[8];
+  for (int q = 0; q < 8; ++q) r[q] = _mm_load_si128(reinterpret_cast<const __m128i*>(table.below[codes[q]]));
   for (int p = 0; p < 4; ++p) {  // t[2p]: columns 2p, 2p + 1 interleaved, thresholds 0-3; t[2p + 1]: 4-7
-    t[2 * p] = __builtin_shufflevector(r[2 * p], r[2 * p + 1], 0, 8, 1, 9, 2, 10, 3, 11);
-    t[2 * p + 1] = __builtin_shufflevector(r[2 * p], r[2 * p + 1], 4, 12, 5, 13, 6, 14, 7, 15);
+    t[2 * p] = _mm_unpacklo_epi16(r[2 * p], r[2 * p + 1]);
+    t[2 * p + 1] = _mm_unpackhi_epi16(r[2 * p], r[2 * p + 1]);
   }
   for (int h = 0; h < 2; ++h) {  // columns 4h..4h+3: thresholds (0, 1), (2, 3), (4, 5), (6, 7)
-    const Lanes8 *a = t + 4 * h, *b = t + 4 * h + 2;
-    u[4 * h] = __builtin_shufflevector(a[0], b[0], 0, 1, 8, 9, 2, 3, 10, 11);
-    u[4 * h + 1] = __builtin_shufflevector(a[0], b[0], 4, 5, 12, 13, 6, 7, 14, 15);
-    u[4 * h + 2] = __builtin_shufflevector(a[1], b[1], 0, 1, 8, 9, 2, 3, 10, 11);
-    u[4 * h + 3] = __builtin_shufflevector(a[1], b[1], 4, 5, 12, 13, 6, 7, 14, 15);
+    const __m128i *a = t + 4 * h, *b = t + 4 * h + 2;
+    u[4 * h] = _mm_unpacklo_epi32(a[0], b[0]);
+    u[4 * h + 1] = _mm_unpackhi_epi32(a[0], b[0]);
+    u[4 * h + 2] = _mm_unpacklo_epi32(a[1], b[1]);
+    u[4 * h + 3] = _mm_unpackhi_epi32(a[1], b[1]);
   }
   for (int q = 0; q < 4; ++q) {  // threshold 2q from u[q] (columns 0-3) and u[4 + q] (4-7), 2q + 1 after
-    const Lanes8 even = __builtin_shufflevector(u[q], u[4 + q], 0, 1, 2, 3, 8, 9, 10, 11);
-    const Lanes8 odd = __builtin_shufflevector(u[q], u[4 + q], 4, 5, 6, 7, 12, 13, 14, 15);
-    std::memcpy(&below[2 * q][j0], &even, sizeof(Lanes8));
-    std::memcpy(&below[2 * q + 1][j0], &odd, sizeof(Lanes8));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(&below[2 * q][j0]), _mm_unpacklo_epi64(u[q], u[4 + q]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(&below[2 * q + 1][j0]), _mm_unpackhi_epi64(u[q], u[4 + q]));
   }
+#else
+  for (int t = 0; t < 8; ++t) {
+    for (int k = 0; k < 8; ++k) below[k][j0 + t] = table.below[codes[t]][k];
+  }
+#endif
 }
 
 // kSameCodes: 16 x 16 tiles with the same global scale in both directions, where an element's
