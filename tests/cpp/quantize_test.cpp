@@ -314,6 +314,19 @@ TEST(Quantize, FastEqualsReferenceNvfp4DifferentAmaxPerDirection) {
   }
 }
 
+TEST(Quantize, FastEqualsReferenceLargeStreamedOutputs) {
+  // Outputs of 8 MiB and more are written with streaming stores (the AVX-512 kernels, the
+  // portable NVFP4 bf16/f16 kernel): 4096 x 4096 is the smallest square shape that takes them.
+  const Tensor x = random_tensor(DType::BF16, {4096, 4096}, Fill::Normal, 1400);
+  for (Scheme scheme : {Scheme::NVFP4, Scheme::MXFP8_E4M3}) {
+    QuantizeOptions o;
+    o.scheme = scheme;
+    o.rowwise = o.columnwise = true;
+    o.num_threads = 2;
+    expect_fast_equals_ref(x.view(), o, std::string(scheme_name(scheme)) + " 4096x4096");
+  }
+}
+
 TEST(Quantize, RowwiseOnlyRaggedRowsAndAmaxOverride) {
   // Rowwise needs only the last dim blocked: 37 rows are fine.
   const Tensor x = random_tensor(DType::BF16, {37, 64}, Fill::Normal, 7);
