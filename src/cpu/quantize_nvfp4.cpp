@@ -22,6 +22,7 @@
 #include "cpu/quantize_kernels.hpp"
 #include "cpu/quantize_nvfp4_16.hpp"
 #include "cpu/rht.hpp"
+#include "cpu/rht_band.hpp"
 #include "cpu/row_loader.hpp"
 #include "microscale/philox.hpp"
 
@@ -159,79 +160,6 @@ MICROSCALE_CPU_DISPATCH void transpose_band(const float* band, int64_t k, float*
   }
 }
 
-// Column c's 16 RHT outputs (x[0], x[stride], ...) without fp32: a butterfly in double when
-// `exact_in_double` (every partial sum exact in double, so equal to the reference's sum: nonzero
-// inputs normal and within 40 binades for bf16 values, 25 for fp32 ones), else the reference order.
-void rht_column(const float* x, int64_t stride, const RhtCoefficients& t, bool exact_in_double, float* out) {
-  if (!exact_in_double) {
-    for (int j = 0; j < kBlock; ++j) out[j] = rht_output_reference_order(t, x, stride, j);
-    return;
-  }
-  double z[kBlock];
-  for (int i = 0; i < kBlock; ++i) z[i] = t[i * 16] * static_cast<double>(x[i * stride]);  // exact
-  fwht16(z);
-  for (int j = 0; j < kBlock; ++j) out[j] = rht_output_to_bf16_value(z[j]);
-}
-
-// tile[c * 16 + j] = RHT of column c's 16 values of the band, rounded as rht16 does.
-// A 4-stage butterfly in fp32 (Sylvester order: y_j = sum_i (-1)^popcount(i&j) s_i x_i / 4),
-// vectorised across columns, gives the reference's bits for every column whose nonzero inputs
-// are bf16 values, normal, below 2^121 and within 12 binades: each partial sum is then a multiple
-// of 2^(emin - 9) below 2^(emax + 3), exact in fp32's 24 bits, and so is the double sum of the
-// reference. The other columns (a few in a thousand for Gaussian data) go to rht_column.
-MICROSCALE_CPU_DISPATCH void rht_band(const float* band, int64_t k, const RhtCoefficients& t, float* tile) {
-  constexpr int64_t kChunk = 64;
-  float z[kBlock][kChunk];
-  float sign[kBlock];  // s_i / 4, exact in fp32
-  for (int i = 0; i < kBlock; ++i) sign[i] = static_cast<float>(t[i * 16]);
-  for (int64_t c0 = 0; c0 < k; c0 += kChunk) {
-    const int64_t w = std::min(kChunk, k - c0);
-    // Signed inputs and the exactness tests' terms: nonzero exponents' range, subnormal/Inf/NaN
-    // inputs (`special`), inputs that are not bf16 values (fp32 inputs with low bits).
-    uint32_t emax[kChunk], emin[kChunk], special[kChunk], wide[kChunk];
-    for (int64_t c = 0; c < w; ++c) {
-      emax[c] = 0;
-      emin[c] = 255;
-      special[c] = 0;
-      wide[c] = 0;
-    }
-    for (int i = 0; i < kBlock; ++i) {
-      const float* x = band + i * k + c0;
-      for (int64_t c = 0; c < w; ++c) {
-        const uint32_t u = float_bits(x[c]);
-        const uint32_t e = (u >> 23) & 0xFFu;
-        const uint32_t nonzero = static_cast<uint32_t>((u & 0x7FFFFFFFu) != 0);
-        special[c] |= (e == 0u || e == 255u) & nonzero;
-        wide[c] |= static_cast<uint32_t>((u & 0xFFFFu) != 0);
-        emax[c] = select(nonzero && e > emax[c], e, emax[c]);
-        emin[c] = select(nonzero && e < emin[c], e, emin[c]);
-        z[i][c] = sign[i] * x[c];  // exact wherever the fp32 result is used
-      }
-    }
-    for (int h = 1; h < kBlock; h <<= 1) {
-      for (int i = 0; i < kBlock; ++i) {
-        if (i & h) continue;
-        for (int64_t c = 0; c < w; ++c) {
-          const float a = z[i][c], b = z[i + h][c];
-          z[i][c] = a + b;
-          z[i + h][c] = a - b;
-        }
-      }
-    }
-    for (int64_t c = 0; c < w; ++c) {
-      float* out = tile + (c0 + c) * kBlock;
-      const bool all_zero = emax[c] < emin[c];
-      const uint32_t span = all_zero ? 0 : emax[c] - emin[c];
-      if (!special[c] && !wide[c] && emax[c] < 127 + 121 && span <= 12) {
-        // The sum is exact in fp32, so the reference's truncation to fp32 changes nothing.
-        for (int j = 0; j < kBlock; ++j) out[j] = bf16_to_float(float_to_bf16(z[j][c]));
-      } else {
-        rht_column(band + c0 + c, k, t, !special[c] && span <= (wide[c] ? 25u : 40u), out);
-      }
-    }
-  }
-}
-
 // Amax of every 16x16 tile of a full band: tile_amax[kb] over rows 0..15, columns 16kb..16kb+15.
 MICROSCALE_CPU_DISPATCH void band_tile_amax(const float* band, int64_t k, float* tile_amax) {
   for (int64_t kb = 0; kb < k / kBlock; ++kb) {
@@ -263,17 +191,16 @@ void quantize_nvfp4(const InputMatrix& x, const QuantizeOptions& o, QuantizedTen
 #pragma omp parallel num_threads(threads) reduction(max : amax_x_bits, amax_rht_bits)
     {
       const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
-      std::vector<float> band(static_cast<size_t>(kBlock * k)), tile(static_cast<size_t>(kBlock * k));
+      std::vector<float> band(static_cast<size_t>(kBlock * k));
+      float rht_running = 0.0f;  // lets rht_band_max_abs skip most columns
 #pragma omp for schedule(static)
       for (int64_t b = 0; b < bands; ++b) {
         const int64_t rows = std::min<int64_t>(kBlock, m - b * kBlock);
         load_rows(x, b * kBlock, rows, band.data());
         amax_x_bits = std::max(amax_x_bits, float_bits(band_max_abs(band.data(), rows * k)));
-        if (rht && !o.amax_columnwise) {
-          rht_band(band.data(), k, tables, tile.data());
-          amax_rht_bits = std::max(amax_rht_bits, float_bits(band_max_abs(tile.data(), kBlock * k)));
-        }
+        if (rht && !o.amax_columnwise) rht_running = rht_band_max_abs(band.data(), k, tables, rht_running);
       }
+      amax_rht_bits = std::max(amax_rht_bits, float_bits(rht_running));
     }
   }
   const float amax_x = bits_to_float(amax_x_bits), amax_rht = bits_to_float(amax_rht_bits);

@@ -1,28 +1,30 @@
-// Portable NVFP4 kernel for bf16 and f16 inputs: plain C++ loops that GCC vectorises (AVX2: 8
-// fp32 lanes per operation; the clones of cpu_dispatch.hpp). Equal bit for bit to
+// Portable NVFP4 kernel for bf16 and f16 inputs: plain C++ loops that GCC vectorises (AVX2: 16
+// lanes of 16 bits per operation; the clones of cpu_dispatch.hpp). Equal bit for bit to
 // quantize_nvfp4_ref.cpp (tests/cpp/quantize_test.cpp runs the portable kernels on random,
-// special and boundary inputs).
+// special and boundary inputs; e2m1_thresholds_test.cpp checks the codes exhaustively).
 //
-// Why: the fp32 kernel (quantize_nvfp4.cpp) widens each band to fp32 in memory, then runs each
-// step of a block run as its own loop over arrays (amaxes, per-element encode scales, codes,
-// packing), the columnwise blocks through a transposed copy of the band, and writes 8 columnwise
-// bytes at a time to lines M/2 bytes apart. Here each element is read once, as half of a 32-bit
-// word of two columns, and both directions' codes are made and packed in registers:
-//   - word j holds columns 2j (low half) and 2j + 1 (high half), both in rowwise block j / 8, so
-//     rowwise byte j is code(low) | code(high) << 4, with one encode scale per 8 words;
-//   - columnwise, column c's block in a band is its 16 rows: row i's code goes to nibble i % 8 of
-//     one of two 32-bit words per column, lane by lane, so the band's rows make the column's
-//     8 bytes without a transpose.
-// Threads take groups of 8 bands; a group's columnwise bytes are staged per thread and written as
-// one 64-byte piece per columnwise row (a whole line) instead of 8 pieces of 8 bytes.
+// Why: the fp32 kernel (quantize_nvfp4.cpp) widens each band to fp32 in memory, runs each step of
+// a block run as its own loop over arrays (amaxes, per-element encode scales, codes, packing),
+// takes the columnwise blocks through a transposed copy of the band, and writes 8 columnwise
+// bytes at a time to lines M/2 bytes apart: ~1 GB/s on AVX2 (docs/perf.md, sixteenth session).
+// Here elements stay 16-bit patterns: an element's code is 8 compares of its |x| pattern against
+// its block's thresholds (e2m1_thresholds.hpp), no widening and no multiply.
 //
 // The unit of work is a chunk: one band (16 rows) x up to 256 columns (8 KiB of input, in L1):
 //   1. maxes:  per column the max |x| pattern over the band's rows (columnwise blocks), per row
 //              and 16 columns its max (rowwise blocks), per 16 x 16 tile for 2-D blocks. NaN
 //              patterns are dropped, as the reference's amaxes drop NaN; the other patterns order
 //              as their magnitudes (f16 as bf16);
-//   2. scales: each block's E4M3 code and encode scale (loops over blocks, which vectorise);
-//   3. encode: row by row, both directions: the code of RN(x * encode scale), as the reference.
+//   2. scales: each block's E4M3 code (loops over blocks, which vectorise), which picks its row
+//              of thresholds;
+//   3. codes:  row by row, both directions. Rowwise codes are packed two per byte; columnwise,
+//              row i's code goes to nibble i % 4 of one of four 16-bit accumulators per column,
+//              which make the column's 8 bytes of the band without a transpose.
+// Threads take groups of 8 bands; a group's columnwise bytes are staged per thread and written as
+// one 64-byte piece per columnwise row (a whole line) instead of 8 pieces of 8 bytes. Outputs of
+// 8 MiB and more are written by streaming stores.
+// With the RHT, the columnwise blocks come from the band's transform (rht_band.hpp) instead of its
+// rows: see encode_rht_columns.
 #include "cpu/quantize_nvfp4_16.hpp"
 
 #include <algorithm>
@@ -39,7 +41,9 @@
 #include "cpu/cpu_dispatch.hpp"
 #include "cpu/e2m1_thresholds.hpp"
 #include "cpu/encode_fast.hpp"
-#include "cpu/row_loader.hpp"  // thread_count
+#include "cpu/rht.hpp"
+#include "cpu/rht_band.hpp"
+#include "cpu/row_loader.hpp"  // load_rows, thread_count
 
 namespace microscale::cpu {
 namespace {
@@ -75,6 +79,8 @@ struct Call {
   const E2m1Thresholds* row_thresholds;  // of the rowwise global scale
   const E2m1Thresholds* col_thresholds;
   bool row_stream, col_stream;  // lines written by streaming stores (store_line)
+  const InputMatrix* x;         // the input as a matrix (load_rows), for the RHT
+  const RhtCoefficients* rht;   // columnwise through the RHT (bf16 input); null without
   uint8_t* row_data;            // (M, K/2)
   uint8_t* row_scale;           // (M, K/16)
   uint8_t* col_data;            // (K, M/2)
@@ -110,6 +116,13 @@ template <DType kIn>
 MICROSCALE_CPU_INLINE uint16_t magnitude_bits(uint16_t bits) {
   const unsigned a = bits & 0x7FFFu;
   return static_cast<uint16_t>(a & (0u - static_cast<unsigned>(a <= static_cast<unsigned>(kInfBits<kIn>))));
+}
+
+// The sign bit of an element's code (8 for a negative x, |x| pattern a), but none for a NaN: the
+// reference gives a NaN the code of +6 whatever its sign.
+template <DType kIn>
+MICROSCALE_CPU_INLINE uint16_t code_sign(uint16_t x, int16_t a) {
+  return static_cast<uint16_t>(((x >> 12) & 8) & (0u - static_cast<unsigned>(a <= kInfBits<kIn>)));
 }
 
 // A block's E4M3 scale code from its amax (numerics-te.md §1.3).
@@ -247,9 +260,7 @@ MICROSCALE_CPU_DISPATCH void quantize_chunk(const Call& call, const Chunk& c, Co
         const int j = b * kBlock + l;
         const uint16_t x = row[j];
         const auto a = static_cast<int16_t>(x & 0x7FFF);
-        // The sign goes with every code but a NaN's (the reference gives a NaN +6's code).
-        const auto sign =
-            static_cast<uint16_t>(((x >> 12) & 8) & (0u - static_cast<unsigned>(a <= kInfBits<kIn>)));
+        const uint16_t sign = code_sign<kIn>(x, a);
         [[maybe_unused]] uint16_t row_element_code = 0;
         if constexpr (kRows) row_code[j] = row_element_code = e2m1_code_by_thresholds(a, sign, t);
         if constexpr (kSameCodes) {
@@ -303,9 +314,72 @@ void flush_columns(const Call& call, const ColumnStage& stage, int64_t first_ban
   }
 }
 
+// ---- Columnwise through the RHT (bf16 input) ----
+//
+// rht_band (rht_band.hpp) gives a band's transform column by column: output j of column c at
+// [c * 16 + j], as bf16 values. Column c's columnwise block is exactly those 16 values, so here a
+// block is 16 contiguous patterns with one set of thresholds, as a rowwise block is.
+
+// A thread's buffers for the RHT of a band: the band in fp32 (16 x K), its transform, and the
+// transform's bf16 patterns.
+struct RhtScratch {
+  std::vector<float> band, tile;
+  std::vector<uint16_t> y;
+  explicit RhtScratch(int64_t k) : band(kBlock * k), tile(kBlock * k), y(kBlock * k) {}
+};
+
+// The bf16 patterns of values that are bf16 values (rht_band rounds every output to bf16, NaN
+// included): the high half of their fp32 bits, exactly.
+MICROSCALE_CPU_DISPATCH void bf16_patterns(const float* v, int64_t n, uint16_t* __restrict out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint16_t>(float_bits(v[i]) >> 16);
+}
+
+// s.y[c * 16 + j] = output j of the RHT of column c of band `band`.
+void rht_band_patterns(const Call& call, int64_t band, RhtScratch& s) {
+  load_rows(*call.x, band * kBlock, kBlock, s.band.data());
+  rht_band(s.band.data(), call.k, *call.rht, s.tile.data());
+  bf16_patterns(s.tile.data(), kBlock * call.k, s.y.data());
+}
+
+// The columnwise blocks of one band from its transform's patterns `y`: scale codes and the
+// columns' 8 bytes to the group's stage.
+MICROSCALE_CPU_DISPATCH void encode_rht_columns(const Call& call, const uint16_t* y, int band_in_group,
+                                                ColumnStage& stage) {
+  for (int64_t c0 = 0; c0 < call.k; c0 += kChunkCols) {
+    const int cols = static_cast<int>(std::min<int64_t>(kChunkCols, call.k - c0));
+    const uint16_t* __restrict block = y + c0 * kBlock;  // [column][16]
+    alignas(64) uint16_t block_max[kChunkCols];
+    alignas(64) uint8_t codes[kChunkCols];
+    for (int c = 0; c < cols; ++c) {
+      uint16_t m = 0;
+      for (int l = 0; l < kBlock; ++l) m = std::max(m, magnitude_bits<DType::BF16>(block[c * kBlock + l]));
+      block_max[c] = m;
+    }
+    for (int c = 0; c < cols; ++c) codes[c] = block_scale_code(bf16_to_float(block_max[c]), call.col);
+    uint8_t* scale = stage.scale.data() + c0 * kGroupBands + band_in_group;
+    uint64_t* data = stage.data.data() + c0 * kGroupBands + band_in_group;
+    for (int c = 0; c < cols; ++c) {
+      scale[c * kGroupBands] = codes[c];
+      const int16_t* t = call.col_thresholds->below[codes[c]];
+      alignas(32) uint16_t code[kBlock];
+      for (int l = 0; l < kBlock; ++l) {
+        const uint16_t v = block[c * kBlock + l];
+        const auto a = static_cast<int16_t>(v & 0x7FFF);
+        code[l] = e2m1_code_by_thresholds(a, code_sign<DType::BF16>(v, a), t);
+      }
+      const auto* pairs = reinterpret_cast<const CodePair*>(code);
+      alignas(8) uint8_t bytes[kBlock / 2];  // rows 2q (low nibble) and 2q + 1
+      for (int q = 0; q < kBlock / 2; ++q) bytes[q] = static_cast<uint8_t>(pairs[q] | (pairs[q] >> 12));
+      std::memcpy(&data[c * kGroupBands], bytes, sizeof bytes);
+    }
+  }
+}
+
 // Pass 2: groups of 8 bands over the threads, chunk after chunk of each band.
-template <DType kIn, bool kRows, bool kCols, bool kSameCodes = false>
+// kRht: the columnwise blocks from the band's RHT (encode_rht_columns) instead of its rows.
+template <DType kIn, bool kRows, bool kCols, bool kSameCodes = false, bool kRht = false>
 void quantize_groups(const Call& call, int threads) {
+  static_assert(!kRht || (kCols && kIn == DType::BF16 && !kSameCodes));
   const int64_t bands = (call.m + kBlock - 1) / kBlock;  // the last may be short (rowwise only)
   const int64_t groups = (bands + kGroupBands - 1) / kGroupBands;
 #pragma omp parallel num_threads(threads)
@@ -316,6 +390,7 @@ void quantize_groups(const Call& call, int threads) {
       stage.data.resize(static_cast<size_t>(call.k * kGroupBands));
       stage.scale.resize(static_cast<size_t>(call.k * kGroupBands));
     }
+    RhtScratch rht(kRht ? call.k : 0);
 #pragma omp for schedule(static)
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t first_band = g * kGroupBands;
@@ -330,7 +405,12 @@ void quantize_groups(const Call& call, int threads) {
           c.col0 = col0;
           c.cols = static_cast<int>(std::min<int64_t>(kChunkCols, call.k - col0));
           c.prefetch_next = col0 + kChunkCols < call.k;
-          quantize_chunk<kIn, kRows, kCols, kSameCodes>(call, c, stage);
+          if constexpr (kRows || !kRht)
+            quantize_chunk<kIn, kRows, kCols && !kRht, kSameCodes>(call, c, stage);
+        }
+        if constexpr (kRht) {
+          rht_band_patterns(call, first_band + bi, rht);
+          encode_rht_columns(call, rht.y.data(), bi, stage);
         }
       }
       if (kCols) flush_columns(call, stage, first_band, group_bands);
@@ -346,17 +426,43 @@ void quantize_with_input(const InputMatrix& x, const QuantizeOptions& o, Quantiz
   const int threads = thread_count(o.num_threads);
   const auto* src = static_cast<const uint16_t*>(x.data);
 
-  // Pass 1: the amax (no RHT here: one amax serves both directions), unless both are given.
-  const bool need_amax = (o.rowwise && !o.amax_rowwise) || (o.columnwise && !o.amax_columnwise);
+  // Pass 1: max |x| (rowwise; columnwise too without the RHT) and max |RHT(x)| (columnwise with
+  // it), unless given.
+  const bool rht = o.columnwise && o.rht;
+  const bool need_rht_amax = rht && !o.amax_columnwise;
+  const bool need_amax = (o.rowwise && !o.amax_rowwise) || (o.columnwise && !rht && !o.amax_columnwise);
+  const RhtCoefficients rht_tables = rht_coefficients(o.rht_sign_mask);
   uint16_t amax_bits = 0;
-  if (need_amax) {
+  uint32_t rht_amax_bits = 0;  // fp32 bits (of a bf16 value)
+  if (need_rht_amax) {
+    // NOTE: reduced as bit patterns (fp_environment.hpp: an OpenMP reduction runs outside the
+    // region's IeeeSubnormals); the running max lets rht_band_max_abs skip most columns.
+#pragma omp parallel num_threads(threads) reduction(max : amax_bits, rht_amax_bits)
+    {
+      const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
+      std::vector<float> band(static_cast<size_t>(kBlock * x.cols));
+      float running = 0.0f;
+#pragma omp for schedule(static)
+      for (int64_t b = 0; b < x.rows / kBlock; ++b) {
+        load_rows(x, b * kBlock, kBlock, band.data());
+        running = rht_band_max_abs(band.data(), x.cols, rht_tables, running);
+        if (need_amax) {  // the band's rows are in cache
+          for (int64_t r = b * kBlock; r < (b + 1) * kBlock; ++r)
+            amax_bits = std::max(amax_bits, max_magnitude_bits<kIn>(src + r * x.row_stride, x.cols));
+        }
+      }
+      rht_amax_bits = std::max(rht_amax_bits, float_bits(running));
+    }
+  } else if (need_amax) {
 #pragma omp parallel for num_threads(threads) schedule(static) reduction(max : amax_bits)
     for (int64_t r = 0; r < x.rows; ++r)
       amax_bits = std::max(amax_bits, max_magnitude_bits<kIn>(src + r * x.row_stride, x.cols));
   }
   const float amax = widen16<kIn>(amax_bits);
   if (o.rowwise) out.rowwise_amax = o.amax_rowwise ? *o.amax_rowwise : amax;
-  if (o.columnwise) out.columnwise_amax = o.amax_columnwise ? *o.amax_columnwise : amax;
+  if (o.columnwise) {
+    out.columnwise_amax = o.amax_columnwise ? *o.amax_columnwise : rht ? bits_to_float(rht_amax_bits) : amax;
+  }
 
   E2m1Thresholds row_thresholds, col_thresholds;
   Call call{};
@@ -365,6 +471,8 @@ void quantize_with_input(const InputMatrix& x, const QuantizeOptions& o, Quantiz
   call.m = x.rows;
   call.k = x.cols;
   call.tile_2d = o.tile == Tile::k16x16;
+  call.x = &x;
+  call.rht = rht ? &rht_tables : nullptr;
   if (o.rowwise) {
     call.row = make_direction(out.rowwise_amax);
     build_e2m1_thresholds(kIn, call.row.s_dec, row_thresholds);
@@ -391,6 +499,12 @@ void quantize_with_input(const InputMatrix& x, const QuantizeOptions& o, Quantiz
   }
   const bool same_codes = o.rowwise && o.columnwise && call.tile_2d &&
                           call.row.multiplier == call.col.multiplier && call.row.s_dec == call.col.s_dec;
+  if constexpr (kIn == DType::BF16) {  // validate_quantize allows the RHT for bf16 only
+    if (rht) {
+      if (o.rowwise) return quantize_groups<kIn, true, true, false, true>(call, threads);
+      return quantize_groups<kIn, false, true, false, true>(call, threads);
+    }
+  }
   if (same_codes) {
     quantize_groups<kIn, true, true, true>(call, threads);
   } else if (o.rowwise && o.columnwise) {
@@ -410,7 +524,7 @@ bool nvfp4_16_applies(const InputMatrix& x, const QuantizeOptions& o) {
   // (validate_quantize); the test here keeps this kernel's assumption next to it.
   const bool whole_bands = x.rows % kBlock == 0 || (!o.columnwise && o.tile == Tile::k1x16);
   return (x.dtype == DType::BF16 || x.dtype == DType::F16) && x.col_stride == 1 && x.cols % kBlock == 0 &&
-         whole_bands && !o.stochastic_rounding && !(o.columnwise && o.rht);
+         whole_bands && !o.stochastic_rounding && !(o.columnwise && o.rht && x.dtype != DType::BF16);
 }
 
 void quantize_nvfp4_16(const InputMatrix& x, const QuantizeOptions& o, QuantizedTensor& out) {

@@ -8,7 +8,7 @@
 namespace microscale::cpu {
 
 /// Whether quantize_nvfp4_16 takes this call: bf16 or f16 input with contiguous rows, the last dim
-/// a multiple of 16, round to nearest (no stochastic rounding) and no RHT.
+/// a multiple of 16, round to nearest (no stochastic rounding); the RHT for bf16.
 bool nvfp4_16_applies(const InputMatrix& x, const QuantizeOptions& o);
 
 /// Quantizes `x` into the requested outputs of `out` (compact layout) and sets its amaxes, as

@@ -250,21 +250,25 @@ TEST(Quantize, FastEqualsReferenceNvfp4ManyGroupsPerThread) {
 }
 
 TEST(Quantize, FastEqualsReferenceNvfp4OneDirection) {
-  // Each direction alone: the AVX-512 kernels have a form for each.
+  // Each direction alone (columnwise with and without the RHT): the AVX-512 kernels have a form
+  // for each, the portable bf16/f16 kernel a template instance.
   uint32_t seed = 500;
   for (DType dtype : {DType::BF16, DType::F16, DType::F32}) {
     for (Fill fill : {Fill::Normal, Fill::Specials, Fill::SpecialsNoNan, Fill::Extreme}) {
       for (Tile tile : {Tile::k1x16, Tile::k16x16}) {
-        for (bool rowwise : {true, false}) {
+        for (int form = 0; form < 3; ++form) {  // rowwise, columnwise, columnwise + RHT
+          const bool rowwise = form == 0, rht = form == 2;
+          if (rht && (dtype != DType::BF16 || tile == Tile::k16x16)) continue;
           const Tensor x = random_tensor(dtype, {160, 96}, fill, seed++);
           QuantizeOptions o;
           o.tile = tile;
           o.rowwise = rowwise;
           o.columnwise = !rowwise;
+          o.rht = rht;
           o.num_threads = 2;
           expect_fast_equals_ref(x.view(), o,
                                  std::string(dtype_name(dtype)) + (rowwise ? " rowwise" : " columnwise") +
-                                     (tile == Tile::k16x16 ? " 16x16" : " 1x16"));
+                                     (rht ? " rht" : "") + (tile == Tile::k16x16 ? " 16x16" : " 1x16"));
         }
       }
     }

@@ -19,7 +19,7 @@ NVFLAGS=(-std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --fmad=false -Xcom
 CPU_SRC=(src/core/format.cpp src/core/tensor.cpp src/core/layout.cpp src/core/input_matrix.cpp src/core/quantize.cpp
          src/core/safetensors.cpp src/core/hadamard.cpp src/cpu/quantize_nvfp4_ref.cpp src/cpu/quantize_mx_ref.cpp
          src/cpu/quantize_nvfp4.cpp src/cpu/quantize_mx.cpp src/cpu/quantize_mx16.cpp src/cpu/quantize_nvfp4_16.cpp
-         src/cpu/e2m1_thresholds.cpp src/cpu/quantize_nvfp4_avx512.cpp
+         src/cpu/e2m1_thresholds.cpp src/cpu/rht_band.cpp src/cpu/quantize_nvfp4_avx512.cpp
          src/cpu/quantize_mx_avx512.cpp src/cpu/row_loader.cpp src/cpu/kernel_set.cpp)
 CU_SRC=(src/cuda/device.cu src/cuda/quantize.cu src/cuda/nvfp4_amax.cu src/cuda/quantize_nvfp4.cu src/cuda/quantize_mx.cu
         src/cuda/dequantize.cu src/cuda/swizzle.cu)
