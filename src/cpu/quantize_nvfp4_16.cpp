@@ -296,6 +296,12 @@ MICROSCALE_CPU_DISPATCH void quantize_chunk(const Call& call, const Chunk& c, Co
   }
 }
 
+// Whether an output of `bytes`, written as whole lines that start on multiples of `row_bytes`
+// from `base`, is streamed: 8 MiB and more, and the lines aligned.
+bool streamable(int64_t bytes, int64_t row_bytes, const uint8_t* base) {
+  return bytes >= kStreamBytes && row_bytes % 64 == 0 && reinterpret_cast<uintptr_t>(base) % 64 == 0;
+}
+
 // A group's staged columnwise bytes to the outputs: `bands` (<= 8) bands from `first_band`.
 void flush_columns(const Call& call, const ColumnStage& stage, int64_t first_band, int bands) {
   const int64_t data_stride = call.m / 2, scale_stride = call.m / kBlock;
@@ -479,9 +485,7 @@ void quantize_with_input(const InputMatrix& x, const QuantizeOptions& o, Quantiz
     call.row_thresholds = &row_thresholds;
     call.row_data = out.rowwise_data.data_as<uint8_t>();
     call.row_scale = out.rowwise_scale.data_as<uint8_t>();
-    // A chunk row's 128 bytes are two whole lines when rows start on lines.
-    call.row_stream = x.rows * x.cols / 2 >= kStreamBytes && (x.cols / 2) % 64 == 0 &&
-                      reinterpret_cast<uintptr_t>(call.row_data) % 64 == 0;
+    call.row_stream = streamable(x.rows * x.cols / 2, x.cols / 2, call.row_data);  // 2 lines per chunk row
   }
   if (o.columnwise) {
     call.col = make_direction(out.columnwise_amax);
@@ -493,9 +497,7 @@ void quantize_with_input(const InputMatrix& x, const QuantizeOptions& o, Quantiz
     }
     call.col_data = out.columnwise_data.data_as<uint8_t>();
     call.col_scale = out.columnwise_scale.data_as<uint8_t>();
-    // Lines of a group start every m / 2 bytes from an aligned base; outputs of 8 MiB and more.
-    call.col_stream = x.rows * x.cols / 2 >= kStreamBytes && (x.rows / 2) % 64 == 0 &&
-                      reinterpret_cast<uintptr_t>(call.col_data) % 64 == 0;
+    call.col_stream = streamable(x.rows * x.cols / 2, x.rows / 2, call.col_data);  // a line per group
   }
   const bool same_codes = o.rowwise && o.columnwise && call.tile_2d &&
                           call.row.multiplier == call.col.multiplier && call.row.s_dec == call.col.s_dec;
