@@ -181,6 +181,8 @@ MICROSCALE_CPU_INLINE void store_line(uint8_t* line, const uint64_t* from, bool 
     }
     return;
   }
+#else
+  static_cast<void>(stream);
 #endif
   std::memcpy(line, from, 64);
 }
