@@ -24,7 +24,9 @@
 
 #include <cstdint>
 
-#include "microscale/tensor.hpp"  // DType, Tensor
+#include "cpu/input16.hpp"           // kInf16Bits
+#include "cpu/quantize_kernels.hpp"  // kStreamBytes
+#include "microscale/tensor.hpp"     // DType, Tensor
 
 #define MICROSCALE_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
 #define MICROSCALE_AVX512_INLINE MICROSCALE_AVX512 __attribute__((always_inline)) inline
@@ -33,10 +35,8 @@ namespace microscale::cpu::avx512 {
 
 // Shared by both kernels (measured on each, see their files): the input is prefetched in software
 // this many columns ahead (the hardware prefetchers do not follow 16-32 rows read side by side),
-// and outputs from kStreamBytes on are written with streaming stores of whole 64-byte lines (they
-// cannot stay cached anyway, and a streamed whole line skips the read for ownership).
+// and outputs from kStreamBytes (quantize_kernels.hpp) on are written with streaming stores.
 constexpr int64_t kPrefetchCols = 128;
-constexpr int64_t kStreamBytes = int64_t{8} << 20;
 
 /// Whether `t`'s data starts on a 64-byte line (streaming stores need it).
 inline bool line_aligned(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data()) % 64 == 0; }
@@ -49,10 +49,6 @@ MICROSCALE_AVX512_INLINE void store_line(uint8_t* dst, __m512i line, bool stream
     _mm512_storeu_si512(dst, line);
   }
 }
-
-/// The |x| pattern of +Inf in a 16-bit input type: |x| patterns above it are NaN.
-template <DType kIn>
-constexpr uint16_t kInf16Bits = kIn == DType::BF16 ? 0x7F80 : 0x7C00;
 
 /// 16 bf16 or f16 patterns widened exactly to fp32 (bf16: a shift; f16: vcvtph2ps, exact for
 /// every pattern including subnormals).

@@ -4,6 +4,7 @@
 
 #include "core/scale_math.hpp"
 #include "cpu/encode_fast.hpp"
+#include "cpu/input16.hpp"
 #include "microscale/half.hpp"
 
 namespace microscale::cpu {
@@ -15,14 +16,7 @@ constexpr int kScaleCodes = 128;
 constexpr int kBisectionSteps = 16;
 
 template <DType kIn>
-MICROSCALE_CPU_INLINE float widen16(uint32_t bits) {
-  return kIn == DType::BF16 ? bf16_to_float(static_cast<uint16_t>(bits))
-                            : half_to_float(static_cast<uint16_t>(bits));
-}
-
-template <DType kIn>
 MICROSCALE_CPU_DISPATCH void build(float s_dec, E2m1Thresholds& out) {
-  constexpr uint32_t kInfBits = kIn == DType::BF16 ? 0x7F80u : 0x7C00u;
   float encode_scale[kScaleCodes];
   for (int c = 0; c < kScaleCodes; ++c)
     encode_scale[c] = nvfp4_block_encode_scale(e4m3_code_value(static_cast<uint32_t>(c)), s_dec);
@@ -32,12 +26,12 @@ MICROSCALE_CPU_DISPATCH void build(float s_dec, E2m1Thresholds& out) {
     uint32_t lo[kScaleCodes], hi[kScaleCodes];
     for (int c = 0; c < kScaleCodes; ++c) {
       lo[c] = 0;
-      hi[c] = kInfBits;
+      hi[c] = kInf16Bits<kIn>;
     }
     for (int step = 0; step < kBisectionSteps; ++step) {
       for (int c = 0; c < kScaleCodes; ++c) {
         const uint32_t mid = (lo[c] + hi[c]) / 2;
-        const float scaled = widen16<kIn>(mid) * encode_scale[c];
+        const float scaled = widen16<kIn>(static_cast<uint16_t>(mid)) * encode_scale[c];
         const uint32_t magnitude = E2M1Codec::encode_rn(scaled) & 7u;
         const bool reached = k == 0 ? scaled != 0.0f : magnitude >= static_cast<uint32_t>(k);
         hi[c] = select(reached, mid, hi[c]);

@@ -26,6 +26,7 @@
 #include "core/fp_environment.hpp"
 #include "cpu/cpu_dispatch.hpp"
 #include "cpu/encode_fast.hpp"
+#include "cpu/input16.hpp"
 #include "cpu/mx16_form.hpp"
 #include "cpu/row_loader.hpp"  // thread_count
 
@@ -54,12 +55,6 @@ struct Chunk {
   uint8_t* col_scale;
   int64_t data_stride;
 };
-
-// The value of a 16-bit pattern (exact).
-template <DType kIn>
-MICROSCALE_CPU_INLINE float widen16(uint16_t bits) {
-  return kIn == DType::BF16 ? bf16_to_float(bits) : half_to_float(bits);
-}
 
 // A block's scale byte and its terms, from the max |x| pattern of the block.
 template <typename Codec, DType kIn, MxScaleRule kRule>

@@ -41,6 +41,8 @@
 #include "cpu/cpu_dispatch.hpp"
 #include "cpu/e2m1_thresholds.hpp"
 #include "cpu/encode_fast.hpp"
+#include "cpu/input16.hpp"
+#include "cpu/quantize_kernels.hpp"  // kStreamBytes
 #include "cpu/rht.hpp"
 #include "cpu/rht_band.hpp"
 #include "cpu/row_loader.hpp"  // load_rows, thread_count
@@ -53,11 +55,6 @@ constexpr int kChunkCols = 256;                     // columns of a chunk
 constexpr int kChunkBlocks = kChunkCols / kBlock;   // rowwise blocks per row of a chunk
 constexpr int kGroupBands = 8;                      // 8 bytes per band: a 64-byte columnwise line
 constexpr int64_t kPrefetchBytes = kChunkCols * 2;  // one chunk ahead
-constexpr int64_t kStreamBytes = int64_t{8} << 20;  // columnwise data from this size on is streamed
-
-// Two adjacent 16-bit codes read as one word (little-endian: the first in the low half), so that
-// packing them into a byte vectorises (GCC 12 did not vectorise the two 16-bit reads).
-using CodePair = uint32_t __attribute__((may_alias));
 
 // One direction's global scales, from its amax (numerics-te.md §1.2).
 struct Direction {
@@ -103,26 +100,27 @@ struct Chunk {
   bool prefetch_next;  // a chunk follows in this band
 };
 
-template <DType kIn>
-MICROSCALE_CPU_INLINE float widen16(uint16_t bits) {
-  return kIn == DType::BF16 ? bf16_to_float(bits) : half_to_float(bits);
-}
-
-template <DType kIn>
-constexpr int16_t kInfBits = kIn == DType::BF16 ? 0x7F80 : 0x7C00;
-
 // |x|'s pattern, 0 for a NaN (so that a NaN is never an amax, as in the reference).
 template <DType kIn>
 MICROSCALE_CPU_INLINE uint16_t magnitude_bits(uint16_t bits) {
   const unsigned a = bits & 0x7FFFu;
-  return static_cast<uint16_t>(a & (0u - static_cast<unsigned>(a <= static_cast<unsigned>(kInfBits<kIn>))));
+  return static_cast<uint16_t>(a & (0u - static_cast<unsigned>(a <= kInf16Bits<kIn>)));
 }
 
 // The sign bit of an element's code (8 for a negative x, |x| pattern a), but none for a NaN: the
 // reference gives a NaN the code of +6 whatever its sign.
 template <DType kIn>
 MICROSCALE_CPU_INLINE uint16_t code_sign(uint16_t x, int16_t a) {
-  return static_cast<uint16_t>(((x >> 12) & 8) & (0u - static_cast<unsigned>(a <= kInfBits<kIn>)));
+  return static_cast<uint16_t>(((x >> 12) & 8) & (0u - static_cast<unsigned>(a <= kInf16Bits<kIn>)));
+}
+
+// Codes (16-bit, < 16) two per byte: out[q] = codes[2q] | codes[2q + 1] << 4, q < bytes.
+// NOTE: each pair is read as one little-endian 32-bit word (the first code in its low half), so
+// that the loop vectorises (GCC 12 did not vectorise the two 16-bit reads).
+MICROSCALE_CPU_INLINE void pack_codes(const uint16_t* codes, int bytes, uint8_t* __restrict out) {
+  using CodePair = uint32_t __attribute__((may_alias));
+  const auto* pairs = reinterpret_cast<const CodePair*>(codes);
+  for (int q = 0; q < bytes; ++q) out[q] = static_cast<uint8_t>(pairs[q] | (pairs[q] >> 12));
 }
 
 // A block's E4M3 scale code from its amax (numerics-te.md §1.3).
@@ -275,17 +273,14 @@ MICROSCALE_CPU_DISPATCH void quantize_chunk(const Call& call, const Chunk& c, Co
       }
     }
     if constexpr (kRows) {  // byte j: columns 2j (low nibble) and 2j + 1
-      uint8_t* __restrict out = call.row_data + (c.first_row + i) * (call.k / 2) + c.col0 / 2;
-      const auto* pairs = reinterpret_cast<const CodePair*>(row_code);
+      uint8_t* out = call.row_data + (c.first_row + i) * (call.k / 2) + c.col0 / 2;
+      alignas(64) uint64_t packed[kChunkCols / 16];
+      pack_codes(row_code, blocks * (kBlock / 2), reinterpret_cast<uint8_t*>(packed));
       if (call.row_stream && blocks == kChunkBlocks) {  // two whole lines
-        alignas(64) uint64_t packed[kChunkCols / 16];
-        auto* bytes = reinterpret_cast<uint8_t*>(packed);
-        for (int j = 0; j < kChunkCols / 2; ++j) bytes[j] = static_cast<uint8_t>(pairs[j] | (pairs[j] >> 12));
         store_line(out, packed, true);
         store_line(out + 64, packed + 8, true);
       } else {
-        for (int j = 0; j < blocks * (kBlock / 2); ++j)
-          out[j] = static_cast<uint8_t>(pairs[j] | (pairs[j] >> 12));
+        std::memcpy(out, packed, blocks * (kBlock / 2));
       }
     }
   }
@@ -375,10 +370,7 @@ MICROSCALE_CPU_DISPATCH void encode_rht_columns(const Call& call, const uint16_t
         const auto a = static_cast<int16_t>(v & 0x7FFF);
         code[l] = e2m1_code_by_thresholds(a, code_sign<DType::BF16>(v, a), t);
       }
-      const auto* pairs = reinterpret_cast<const CodePair*>(code);
-      alignas(8) uint8_t bytes[kBlock / 2];  // rows 2q (low nibble) and 2q + 1
-      for (int q = 0; q < kBlock / 2; ++q) bytes[q] = static_cast<uint8_t>(pairs[q] | (pairs[q] >> 12));
-      std::memcpy(&data[c * kGroupBands], bytes, sizeof bytes);
+      pack_codes(code, kBlock / 2, reinterpret_cast<uint8_t*>(&data[c * kGroupBands]));  // rows 2q, 2q + 1
     }
   }
 }
