@@ -3,8 +3,9 @@
 //
 // One pass over the input in bands of rows. Rowwise: each row's 32-element blocks. Columnwise
 // (bands of 32 rows): per column, the block amax over the band, then every row of the band encoded
-// with its column's scale (still row-major, so the stores stay contiguous). MXFP8 of bf16 and f16
-// inputs with contiguous rows takes quantize_mx16.cpp instead (16-bit lanes, no widening).
+// with its column's scale (still row-major, so the stores stay contiguous). MXFP8 and MXFP4 of
+// bf16 and f16 inputs with contiguous rows take quantize_mx16.cpp instead (16-bit lanes, no
+// widening).
 #include <algorithm>
 #include <cmath>
 #include <vector>

@@ -1,8 +1,9 @@
-// Portable MXFP8 kernel for bf16 and f16 inputs: the 16-bit form of mx16_form.hpp in plain C++
-// loops over 16-bit patterns, which GCC vectorises (AVX2: 16 lanes per operation; the clones of
-// cpu_dispatch.hpp). Equal bit for bit to quantize_mx_ref.cpp
-// (tests/cpp/quantize_test.cpp runs the portable kernels on random, special and boundary inputs;
-// mx16_form_test.cpp checks the per-lane form exhaustively).
+// Portable MXFP8 and MXFP4 kernel for bf16 and f16 inputs: plain C++ loops over 16-bit patterns,
+// which GCC vectorises (AVX2: 16 lanes per operation; the clones of cpu_dispatch.hpp). FP8 codes
+// by the 16-bit form of mx16_form.hpp, FP4 codes by thresholds (e2m1_thresholds.hpp; see
+// quantize_chunk_fp4). Equal bit for bit to quantize_mx_ref.cpp (tests/cpp/quantize_test.cpp runs
+// the portable kernels on random, special and boundary inputs; mx16_form_test.cpp and
+// e2m1_thresholds_test.cpp check the per-lane forms exhaustively).
 //
 // Why: widened to fp32, each element costs a multiply and a 10-operation encoder per direction on
 // 8 lanes (AVX2); on its 16-bit pattern, a subtract and a shift on 16 lanes.
@@ -15,16 +16,18 @@
 //   2. scales:  each block's E8M0 byte (mx_scale_byte_branch_free on the widened amax: a loop
 //               over blocks that vectorises) and its terms (mx16_terms; blocks with a NaN scale
 //               have every lane outside the normal form);
-//   3. encode:  row by row, both directions' codes by mx16_code_normal; in a row with a lane
+//   3. encode:  (FP8) row by row, both directions' codes by mx16_code_normal; in a row with a lane
 //               outside the normal form (format or input subnormals, Inf/NaN blocks: rare for FP8)
 //               each block holding one is encoded again as the fp32 path does
 //               (mx16_code_general, in fp32 lanes) and those lanes taken from it.
 #include "cpu/quantize_mx16.hpp"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "core/fp_environment.hpp"
 #include "cpu/cpu_dispatch.hpp"
+#include "cpu/e2m1_thresholds.hpp"
 #include "cpu/encode_fast.hpp"
 #include "cpu/input16.hpp"
 #include "cpu/mx16_form.hpp"
@@ -46,6 +49,7 @@ struct Chunk {
   int cols;            // a multiple of 32, <= kChunkCols
   bool prefetch_next;  // a chunk follows in this band
   MxParams p;
+  const MxE2m1Thresholds* fp4_thresholds;  // MXFP4 (quantize_chunk_fp4)
   // Rowwise: chunk row i at row_data + i * data_stride, its block bytes at row_scale + i * row_scale_stride.
   uint8_t* row_data;
   uint8_t* row_scale;
@@ -53,7 +57,7 @@ struct Chunk {
   // Columnwise: chunk row i at col_data + i * data_stride; the band's scale row at col_scale.
   uint8_t* col_data;
   uint8_t* col_scale;
-  int64_t data_stride;
+  int64_t data_stride;  // bytes: K, or K / 2 for FP4 codes (two per byte)
 };
 
 // A block's scale byte and its terms, from the max |x| pattern of the block.
@@ -150,14 +154,12 @@ MICROSCALE_CPU_INLINE void fix_outside(const uint16_t* __restrict x, int blocks,
   }
 }
 
-template <typename Codec, DType kIn, MxScaleRule kRule>
-MICROSCALE_CPU_DISPATCH void quantize_chunk(const Chunk& c) {
-  const bool rowwise = c.row_data != nullptr, columnwise = c.col_data != nullptr;
+// Step 1 of a chunk: col_max[j], the max |x| pattern of column j over the chunk's rows, and
+// row_max[i * kChunkBlocks + b], that of row i's block b (every slot of a row defined).
+MICROSCALE_CPU_INLINE void chunk_maxes(const Chunk& c, uint16_t* __restrict col_max,
+                                       uint16_t* __restrict row_max) {
   const int blocks = c.cols / kBlock;
-
-  // 1. Maxes of the |x| patterns.
-  alignas(64) uint16_t col_max[kChunkCols] = {};
-  alignas(64) uint16_t row_max[kBlock * kChunkBlocks];  // [row][block]
+  std::fill_n(col_max, kChunkCols, uint16_t{0});
   // Step 2 runs over every [row][block] slot (one loop, which vectorises): a narrow last chunk's
   // unused slots get defined values.
   if (blocks < kChunkBlocks) std::fill_n(row_max, kBlock * kChunkBlocks, uint16_t{0});
@@ -176,6 +178,17 @@ MICROSCALE_CPU_DISPATCH void quantize_chunk(const Chunk& c) {
       row_max[i * kChunkBlocks + b] = m;
     }
   }
+}
+
+template <typename Codec, DType kIn, MxScaleRule kRule>
+MICROSCALE_CPU_DISPATCH void quantize_chunk(const Chunk& c) {
+  const bool rowwise = c.row_data != nullptr, columnwise = c.col_data != nullptr;
+  const int blocks = c.cols / kBlock;
+
+  // 1. Maxes of the |x| patterns.
+  alignas(64) uint16_t col_max[kChunkCols];
+  alignas(64) uint16_t row_max[kBlock * kChunkBlocks];  // [row][block]
+  chunk_maxes(c, col_max, row_max);
 
   // 2. Scales and terms.
   Terms col, row;
@@ -214,18 +227,112 @@ MICROSCALE_CPU_DISPATCH void quantize_chunk(const Chunk& c) {
   }
 }
 
+// ---- MXFP4: codes by thresholds ----
+//
+// E2M1 puts a large share of a block in the format's subnormals (|x| below about a sixth of the
+// block's amax), outside the 16-bit form above; there each element's code is 8 compares of its
+// |x| pattern against its block's thresholds (e2m1_thresholds.hpp), and codes go two per byte.
+
+// A block's E8M0 byte from the max |x| pattern of the block (a NaN pattern gives 0xFF).
+template <DType kIn, MxScaleRule kRule>
+MICROSCALE_CPU_INLINE uint8_t block_scale_byte(uint16_t max_bits, const MxParams& p) {
+  return mx_scale_byte_branch_free<kRule>(widen16<kIn>(max_bits), p.emax, p.mantissa_bits, p.max_normal);
+}
+
+// One chunk row's packed codes in the requested directions (kRow, kCol): rowwise against the
+// thresholds of its blocks' bytes (row_scale from index `first_block`), columnwise against each
+// lane's (col_below[k][j]).
+template <bool kRow, bool kCol>
+MICROSCALE_CPU_INLINE void encode_row_fp4(const uint16_t* __restrict x, int blocks,
+                                          const MxE2m1Thresholds& table, const uint8_t* row_scale,
+                                          int first_block, const int16_t (*col_below)[kChunkCols],
+                                          uint8_t* __restrict row_out, uint8_t* __restrict col_out) {
+  alignas(64) uint16_t row_code[kChunkCols], col_code[kChunkCols];
+  for (int b = 0; b < blocks; ++b) {
+    const int16_t* t = kRow ? table.below[row_scale[first_block + b]] : nullptr;
+    for (int l = 0; l < kBlock; ++l) {
+      const int j = b * kBlock + l;
+      const auto a = static_cast<int16_t>(x[j] & 0x7FFF);
+      const auto sign = static_cast<uint16_t>((x[j] >> 12) & 8);
+      if constexpr (kRow) row_code[j] = e2m1_code_by_thresholds(a, sign, t);
+      if constexpr (kCol) {
+        const int16_t lane[8] = {col_below[0][j], col_below[1][j], col_below[2][j], col_below[3][j],
+                                 col_below[4][j], col_below[5][j], col_below[6][j], col_below[7][j]};
+        col_code[j] = e2m1_code_by_thresholds(a, sign, lane);
+      }
+    }
+  }
+  if constexpr (kRow) pack_codes(row_code, blocks * (kBlock / 2), row_out);
+  if constexpr (kCol) pack_codes(col_code, blocks * (kBlock / 2), col_out);
+}
+
+template <DType kIn, MxScaleRule kRule>
+MICROSCALE_CPU_DISPATCH void quantize_chunk_fp4(const Chunk& c) {
+  const bool rowwise = c.row_data != nullptr, columnwise = c.col_data != nullptr;
+  const int blocks = c.cols / kBlock;
+  const MxE2m1Thresholds& table = *c.fp4_thresholds;
+
+  // 1. Maxes of the |x| patterns.
+  alignas(64) uint16_t col_max[kChunkCols];
+  alignas(64) uint16_t row_max[kBlock * kChunkBlocks];  // [row][block]
+  chunk_maxes(c, col_max, row_max);
+
+  // 2. Scale bytes; the columnwise blocks' thresholds per lane (col_below[k][j]).
+  alignas(64) uint8_t col_scale[kChunkCols], row_scale[kBlock * kChunkBlocks];
+  alignas(64) int16_t col_below[8][kChunkCols];
+  if (columnwise) {
+    for (int j = 0; j < c.cols; ++j) col_scale[j] = block_scale_byte<kIn, kRule>(col_max[j], c.p);
+    std::copy_n(col_scale, c.cols, c.col_scale);
+    for (int j = 0; j < c.cols; j += 8)
+      transpose_thresholds<kChunkCols>(table.below, col_scale + j, col_below, j);
+  }
+  if (rowwise) {
+    for (int q = 0; q < c.rows * kChunkBlocks; ++q)
+      row_scale[q] = block_scale_byte<kIn, kRule>(row_max[q], c.p);
+    for (int i = 0; i < c.rows; ++i)
+      std::copy_n(row_scale + i * kChunkBlocks, blocks, c.row_scale + i * c.row_scale_stride);
+  }
+
+  // 3. Codes, row by row.
+  for (int i = 0; i < c.rows; ++i) {
+    const uint16_t* x = c.src + i * c.stride;
+    uint8_t* row_out = rowwise ? c.row_data + i * c.data_stride : nullptr;
+    uint8_t* col_out = columnwise ? c.col_data + i * c.data_stride : nullptr;
+    if (rowwise && columnwise) {
+      encode_row_fp4<true, true>(x, blocks, table, row_scale, i * kChunkBlocks, col_below, row_out, col_out);
+    } else if (rowwise) {
+      encode_row_fp4<true, false>(x, blocks, table, row_scale, i * kChunkBlocks, col_below, row_out, col_out);
+    } else {
+      encode_row_fp4<false, true>(x, blocks, table, row_scale, i * kChunkBlocks, col_below, row_out, col_out);
+    }
+  }
+}
+
+// The chunk kernel of a codec, input type and scale rule: MXFP4 by thresholds, FP8 by the 16-bit form.
+template <typename Codec, DType kIn, MxScaleRule kRule>
+auto kernel_of() -> void (*)(const Chunk&) {
+  if constexpr (std::is_same_v<Codec, E2M1Codec>) {
+    return &quantize_chunk_fp4<kIn, kRule>;
+  } else {
+    return &quantize_chunk<Codec, kIn, kRule>;
+  }
+}
+
 // Every band of 32 rows (the last may be short: rowwise-only input), chunk after chunk; the
 // kernel of the scale rule picked once per call.
 template <typename Codec, DType kIn>
 void quantize_with(const InputMatrix& x, const QuantizeOptions& o, const MxParams& p, QuantizedTensor& out) {
+  constexpr bool kFp4 = std::is_same_v<Codec, E2M1Codec>;
   const int64_t m = x.rows, k = x.cols;
-  auto* chunk = &quantize_chunk<Codec, kIn, MxScaleRule::Floor>;
+  const int64_t data_cols = kFp4 ? k / 2 : k;  // bytes of an output row
+  void (*chunk)(const Chunk&) = nullptr;
   switch (p.rule) {
-    case MxScaleRule::Floor: break;
-    case MxScaleRule::Ceil: chunk = &quantize_chunk<Codec, kIn, MxScaleRule::Ceil>; break;
-    case MxScaleRule::Even: chunk = &quantize_chunk<Codec, kIn, MxScaleRule::Even>; break;
-    case MxScaleRule::RCeil: chunk = &quantize_chunk<Codec, kIn, MxScaleRule::RCeil>; break;
+    case MxScaleRule::Floor: chunk = kernel_of<Codec, kIn, MxScaleRule::Floor>(); break;
+    case MxScaleRule::Ceil: chunk = kernel_of<Codec, kIn, MxScaleRule::Ceil>(); break;
+    case MxScaleRule::Even: chunk = kernel_of<Codec, kIn, MxScaleRule::Even>(); break;
+    case MxScaleRule::RCeil: chunk = kernel_of<Codec, kIn, MxScaleRule::RCeil>(); break;
   }
+  const MxE2m1Thresholds* thresholds = kFp4 ? &mx_e2m1_thresholds(kIn) : nullptr;
   const int64_t bands = (m + kBlock - 1) / kBlock;  // columnwise: M % 32 == 0 is checked
 #pragma omp parallel num_threads(thread_count(o.num_threads))
   {
@@ -238,19 +345,23 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, const MxParam
       c.stride = x.row_stride;
       c.rows = static_cast<int>(std::min<int64_t>(kBlock, m - first_row));
       c.p = p;
-      c.data_stride = k;
+      c.fp4_thresholds = thresholds;
+      c.data_stride = data_cols;
       c.row_scale_stride = k / kBlock;
       for (int64_t col = 0; col < k; col += kChunkCols) {
+        const int64_t data_col = kFp4 ? col / 2 : col;
         c.cols = static_cast<int>(std::min<int64_t>(kChunkCols, k - col));
         c.prefetch_next = col + kChunkCols < k;
         if (o.rowwise) {
-          c.row_data = out.rowwise_data.data_as<uint8_t>() + first_row * k + col;  // (M, K)
+          c.row_data =
+              out.rowwise_data.data_as<uint8_t>() + first_row * data_cols + data_col;  // (M, K or K/2)
           c.row_scale = out.rowwise_scale.data_as<uint8_t>() + first_row * c.row_scale_stride +
                         col / kBlock;  // (M, K/32)
         }
         if (o.columnwise) {
-          c.col_data = out.columnwise_data.data_as<uint8_t>() + first_row * k + col;  // (M, K)
-          c.col_scale = out.columnwise_scale.data_as<uint8_t>() + b * k + col;        // (M/32, K)
+          c.col_data =
+              out.columnwise_data.data_as<uint8_t>() + first_row * data_cols + data_col;  // (M, K or K/2)
+          c.col_scale = out.columnwise_scale.data_as<uint8_t>() + b * k + col;            // (M/32, K)
         }
         chunk(c);
         c.src += kChunkCols;
@@ -272,19 +383,20 @@ void quantize_with_input(const InputMatrix& x, const QuantizeOptions& o, const M
 }  // namespace
 
 bool mx16_applies(const InputMatrix& x, Scheme scheme) {
-  // FP8 only: FP6 E2M3 and FP4 put a large share of a Gaussian block in the format's subnormals
-  // (E2M1: |x| below a sixth of the amax), outside the 16-bit form, and there this kernel measured
-  // slower than the fp32 one (docs/perf.md, fifteenth session); FP6 E3M2 about as fast.
+  // FP8 by the 16-bit form; FP4 by thresholds. FP6 E2M3 puts a large share of a Gaussian block in
+  // the format's subnormals, outside the 16-bit form, and there this kernel measured slower than
+  // the fp32 one (docs/perf.md, fifteenth session); FP6 E3M2 about as fast. Both stay fp32.
   // Chunks are whole rowwise blocks: a columnwise-only call may have any last dim (K % 32 != 0),
   // which the fp32 kernel takes.
   return (x.dtype == DType::BF16 || x.dtype == DType::F16) && x.col_stride == 1 && x.cols % kBlock == 0 &&
-         (scheme == Scheme::MXFP8_E4M3 || scheme == Scheme::MXFP8_E5M2);
+         (scheme == Scheme::MXFP8_E4M3 || scheme == Scheme::MXFP8_E5M2 || scheme == Scheme::MXFP4);
 }
 
 void quantize_mx16(const InputMatrix& x, const QuantizeOptions& o, const MxParams& p, QuantizedTensor& out) {
   switch (o.scheme) {
     case Scheme::MXFP8_E4M3: return quantize_with_input<E4M3Codec>(x, o, p, out);
     case Scheme::MXFP8_E5M2: return quantize_with_input<E5M2Codec>(x, o, p, out);
+    case Scheme::MXFP4: return quantize_with_input<E2M1Codec>(x, o, p, out);
     default: break;  // not mx16_applies
   }
 }

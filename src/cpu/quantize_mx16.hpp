@@ -1,4 +1,4 @@
-// The portable MXFP8 kernel for bf16 and f16 inputs (quantize_mx16.cpp), which the portable fast
+// The portable MXFP8 and MXFP4 kernel for bf16 and f16 inputs (quantize_mx16.cpp), which the portable fast
 // path (quantize_mx.cpp) runs where it applies.
 #pragma once
 
@@ -10,7 +10,7 @@
 
 namespace microscale::cpu {
 
-/// Whether quantize_mx16 takes inputs like `x` for `scheme`: MXFP8 (E4M3, E5M2), bf16 or f16
+/// Whether quantize_mx16 takes inputs like `x` for `scheme`: MXFP8 (E4M3, E5M2) or MXFP4, bf16 or f16
 /// with contiguous rows, the last dim a multiple of 32.
 bool mx16_applies(const InputMatrix& x, Scheme scheme);
 

@@ -3,10 +3,10 @@
 // (tests/cpp/quantize_test.cpp runs it on random, special and boundary inputs, golden_test.cpp on
 // the golden cases). Inputs with strided columns take the portable fast path.
 //
-// Two kernels. bf16 and f16 inputs with byte-sized codes (FP8, FP6), the common case, stay in
-// 16-bit lanes (quantize_chunk16 below: 32 lanes per register, codes by an integer subtract and shift
-// since the block scales are powers of two); it hands chunks with Inf/NaN (bf16: also tiny
-// scales) to the general one.
+// Three kernels. bf16 and f16 inputs stay in 16-bit lanes (32 lanes per register): with
+// byte-sized codes (FP8, FP6) quantize_chunk16 below (codes by an integer subtract and shift since
+// the block scales are powers of two), which hands chunks with Inf/NaN (bf16: also tiny scales)
+// to the general one; with FP4 codes quantize_chunk16_fp4 (codes by thresholds, every chunk).
 // The general kernel (fp32 lanes) takes everything else and is described here.
 //
 // The unit of work is a chunk of one band of 32 input rows x 64 columns (four 16-lane tiles;
@@ -34,6 +34,7 @@
 #include "core/fp_environment.hpp"
 #include "cpu/avx512.hpp"
 #include "cpu/avx512_codecs.hpp"
+#include "cpu/e2m1_thresholds.hpp"
 #include "cpu/encode_fast.hpp"
 #include "cpu/kernel_set.hpp"
 #include "cpu/quantize_kernels.hpp"
@@ -74,6 +75,10 @@ struct Band {
   uint8_t* col_scale = nullptr;
   int64_t data_stride = 0;  // K, or K/2 for FP4 (both directions)
   bool stream = false;      // full chunks' 64-byte lines bypass the caches (see quantize_with)
+  // MXFP4 of bf16/f16 (quantize_chunk16_fp4): the thresholds of the input type, and the same
+  // widened to 32-bit words (wide_fp4_thresholds).
+  const int16_t (*fp4_thresholds)[8] = nullptr;
+  const uint32_t (*fp4_wide_thresholds)[8] = nullptr;
 };
 
 // The low bytes of the int32 lanes of c[0..n-1] (values 0..255; n = 2 or 4), in order: byte
@@ -317,22 +322,18 @@ MICROSCALE_AVX512 __attribute__((noinline)) void encode_outside_normal(__m512i x
   if (col_scale != nullptr) *col_codes = codes_outside_normal<Codec, kIn>(x, *col_scale);
 }
 
-// One chunk of a full band of kIn (bf16 or f16) inputs: columns [col, col + 32 * kRegs). False,
-// with nothing written, when the chunk holds an Inf or NaN, or (bf16) a scale byte below the bias
-// (see mx_bf16_codes). `buffer` is scratch: the chunk's rows, contiguous (see the file comment on
-// L1 sets).
-template <typename Codec, MxScaleRule kRule, int kRegs, DType kIn>
-MICROSCALE_AVX512_INLINE bool quantize_chunk16(const Band& b, int64_t col, uint16_t (*buffer)[k16ChunkCols]) {
-  using F = Mx16Format<Codec, kIn>;
-  const bool rowwise = b.row_data != nullptr, columnwise = b.col_data != nullptr;
+// Step 1 of a 16-bit chunk, columns [col, col + 32 * kRegs) of a full band: its rows into
+// `buffer`, the max |x| pattern per column (col_max[t], 16-bit lanes: columns 32t..32t+31) and per
+// row and block (row_max[t][row]: the 16-bit max shifted up, i.e. bf16's fp32 bits); the columns
+// that follow are prefetched.
+template <int kRegs, int kWidth>
+MICROSCALE_AVX512_INLINE void load_chunk16(const Band& b, int64_t col, uint16_t (*buffer)[kWidth],
+                                           __m512i col_max[kRegs], uint32_t (*row_max)[kBlock]) {
+  static_assert(kRegs * k16Lanes <= kWidth);
   const auto* src = reinterpret_cast<const uint16_t*>(b.src) + col;  // [32, row_bytes / 2]
   const int64_t stride = b.row_bytes / 2;
   const __m512i abs_mask = _mm512_set1_epi16(0x7FFF);
-
-  // 1. Load into the buffer; |x| maxes per column and per row block.
   const int64_t ahead = std::min(kPrefetchCols, b.k - col - kRegs * k16Lanes) * 2;
-  __m512i col_max[kRegs];
-  alignas(64) uint32_t row_max[kRegs][kBlock];  // the 16-bit max shifted up
   for (int t = 0; t < kRegs; ++t) {
     col_max[t] = _mm512_setzero_si512();
     for (int h = 0; h < kBlock / 16; ++h) {
@@ -351,6 +352,22 @@ MICROSCALE_AVX512_INLINE bool quantize_chunk16(const Band& b, int64_t col, uint1
       _mm512_store_si512(row_max[t] + 16 * h, row_max16(abs));
     }
   }
+}
+
+// One chunk of a full band of kIn (bf16 or f16) inputs: columns [col, col + 32 * kRegs). False,
+// with nothing written, when the chunk holds an Inf or NaN, or (bf16) a scale byte below the bias
+// (see mx_bf16_codes). `buffer` is scratch: the chunk's rows, contiguous (see the file comment on
+// L1 sets).
+template <typename Codec, MxScaleRule kRule, int kRegs, DType kIn>
+MICROSCALE_AVX512_INLINE bool quantize_chunk16(const Band& b, int64_t col, uint16_t (*buffer)[k16ChunkCols]) {
+  using F = Mx16Format<Codec, kIn>;
+  const bool rowwise = b.row_data != nullptr, columnwise = b.col_data != nullptr;
+  const __m512i abs_mask = _mm512_set1_epi16(0x7FFF);
+
+  // 1. Load into the buffer; |x| maxes per column and per row block.
+  __m512i col_max[kRegs];
+  alignas(64) uint32_t row_max[kRegs][kBlock];  // the 16-bit max shifted up
+  load_chunk16<kRegs>(b, col, buffer, col_max, row_max);
   // Inf or NaN anywhere (every element is under a column max): the fp32 chunk handles them.
   for (int t = 0; t < kRegs; ++t) {
     if (_mm512_cmpge_epu16_mask(col_max[t], _mm512_set1_epi16(kInf16Bits<kIn>)) != 0) return false;
@@ -462,11 +479,199 @@ MICROSCALE_AVX512_INLINE bool quantize_chunk16(const Band& b, int64_t col, uint1
   return true;
 }
 
+// ---- MXFP4 of bf16 and f16 inputs: codes by thresholds, 16-bit lanes ----
+//
+// E2M1 puts a large share of a block in the format's subnormals, outside the 16-bit form above.
+// Here an element's code comes from compares of its |x| pattern with its block's thresholds
+// (e2m1_thresholds.hpp: mx_e2m1_thresholds), which are exact for every scale byte, 0xFF (Inf and
+// NaN blocks) included, so no chunk falls back. A chunk is a full band of 32 rows x 128 columns
+// (four registers per row: each output row one 64-byte line); a band's last chunks may be 64 or
+// 32 columns.
+constexpr int kFp4ChunkCols = 128;
+
+// The MXFP4 thresholds of kIn with each value repeated in both halves of a 32-bit word (one
+// block's thresholds are then broadcast loads), and in word 0, instead of the zero step, the
+// code's sign mask: 8, or 0 where the step is never reached (byte 0xFF: every code +6).
+template <DType kIn>
+const uint32_t (*wide_fp4_thresholds())[8] {
+  struct Table {
+    alignas(64) uint32_t below[256][8];
+  };
+  static const Table table = [] {
+    const MxE2m1Thresholds& t = mx_e2m1_thresholds(kIn);
+    Table w;
+    for (int s = 0; s < 256; ++s) {
+      for (int k = 0; k < 8; ++k) {
+        // MX rows have the zero step at -1 (every pattern takes its sign) or 0x7FFF (none does).
+        const auto v = static_cast<uint16_t>(k == 0 ? (t.below[s][0] < 0 ? 8 : 0) : t.below[s][k]);
+        w.below[s][k] = v | uint32_t{v} << 16;
+      }
+    }
+    return w;
+  }();
+  return table.below;
+}
+
+// The E2M1 codes of 32 lanes: |x| patterns `a`, input patterns shifted right by 12 (`sign_bits`:
+// the sign in bit 3), against per-lane thresholds t[1..7] and sign masks t[0] (8 or 0).
+MICROSCALE_AVX512_INLINE __m512i e2m1_codes16(__m512i a, __m512i sign_bits, const __m512i t[8]) {
+  // The magnitude (0..7) bit by bit, a binary search over the monotone steps: bit 2 from step 4,
+  // bit 1 from step 2 or 6, bit 0 from step 1, 3, 5 or 7.
+  const __mmask32 b2 = _mm512_cmpgt_epi16_mask(a, t[4]);
+  const __mmask32 b1 = _mm512_cmpgt_epi16_mask(a, _mm512_mask_blend_epi16(b2, t[2], t[6]));
+  const __m512i odd = _mm512_mask_blend_epi16(b1, _mm512_mask_blend_epi16(b2, t[1], t[5]),
+                                              _mm512_mask_blend_epi16(b2, t[3], t[7]));
+  const __mmask32 b0 = _mm512_cmpgt_epi16_mask(a, odd);
+  __m512i m = _mm512_maskz_mov_epi16(b2, _mm512_set1_epi16(4));
+  m = _mm512_mask_add_epi16(m, b1, m, _mm512_set1_epi16(2));
+  m = _mm512_mask_add_epi16(m, b0, m, _mm512_set1_epi16(1));
+  return _mm512_ternarylogic_epi32(m, sign_bits, t[0], 0xF8);  // m | (sign_bits & t[0])
+}
+
+// The output row of one direction: the 16-bit codes c[0..kRegs-1] (lane j of c[t] = column
+// 32t + j) two per byte, column 2q in the low nibble of byte q.
+template <int kRegs>
+MICROSCALE_AVX512_INLINE void store_fp4_codes16(const __m512i* c, uint8_t* dst, bool stream) {
+  __m512i p[4];
+  for (int t = 0; t < kRegs; ++t)  // 32-bit lane q: (codes 2q | 2q + 1 << 4) & 0xFF
+    p[t] = _mm512_ternarylogic_epi32(c[t], _mm512_srli_epi32(c[t], 12), _mm512_set1_epi32(0xFF), 0xA8);
+  if constexpr (kRegs == 4) {
+    store_line(dst, pack_bytes<4>(p), stream);
+  } else if constexpr (kRegs == 2) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_castsi512_si256(pack_bytes<2>(p)));
+  } else {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(p[0]));
+  }
+}
+
+// Step 3 of quantize_chunk16_fp4 for the directions kRows, kCols: each row's codes, rowwise
+// against its blocks' thresholds (row_bytes[t][row]: the scale byte of register t's block),
+// columnwise against each lane's (col_below, col_sign).
+// NOTE: the directions are template arguments and the loops over registers and thresholds fully
+// unrolled, so that the codes stay in registers (as runtime tests, GCC kept them on the stack).
+template <int kRegs, bool kRows, bool kCols>
+MICROSCALE_AVX512_INLINE void encode_chunk16_fp4(const Band& b, int64_t col,
+                                                 const uint16_t (*buffer)[kFp4ChunkCols],
+                                                 const uint32_t (*row_bytes)[kBlock],
+                                                 const int16_t (*col_below)[kFp4ChunkCols],
+                                                 const __m512i* col_sign) {
+  const int64_t data_col = col / 2;
+  for (int i = 0; i < kBlock; ++i) {
+    __m512i row_codes[kRegs], col_codes[kRegs];
+#pragma GCC unroll 4
+    for (int t = 0; t < kRegs; ++t) {
+      const __m512i x = _mm512_load_si512(buffer[i] + t * k16Lanes);
+      const __m512i a = _mm512_and_si512(x, _mm512_set1_epi16(0x7FFF));
+      const __m512i sign_bits = _mm512_srli_epi16(x, 12);
+      if constexpr (kRows) {
+        const uint32_t* w = b.fp4_wide_thresholds[row_bytes[t][i]];
+        __m512i th[8];
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; ++k) th[k] = _mm512_set1_epi32(static_cast<int>(w[k]));
+        row_codes[t] = e2m1_codes16(a, sign_bits, th);
+      }
+      if constexpr (kCols) {
+        __m512i th[8];
+        th[0] = col_sign[t];
+#pragma GCC unroll 8
+        for (int k = 1; k < 8; ++k) th[k] = _mm512_load_si512(col_below[k] + t * k16Lanes);
+        col_codes[t] = e2m1_codes16(a, sign_bits, th);
+      }
+    }
+    if constexpr (kRows)
+      store_fp4_codes16<kRegs>(row_codes, b.row_data + i * b.data_stride + data_col, b.stream);
+    if constexpr (kCols)
+      store_fp4_codes16<kRegs>(col_codes, b.col_data + i * b.data_stride + data_col, b.stream);
+  }
+}
+
+// One MXFP4 chunk of a full band of kIn (bf16 or f16) inputs: columns [col, col + 32 * kRegs).
+// `buffer` is scratch: the chunk's rows, contiguous.
+template <MxScaleRule kRule, int kRegs, DType kIn>
+MICROSCALE_AVX512_INLINE void quantize_chunk16_fp4(const Band& b, int64_t col,
+                                                   uint16_t (*buffer)[kFp4ChunkCols]) {
+  const bool rowwise = b.row_data != nullptr, columnwise = b.col_data != nullptr;
+
+  // 1. Load into the buffer; |x| maxes per column and per row block.
+  __m512i col_max[kRegs];
+  alignas(64) uint32_t row_max[kRegs][kBlock];  // the 16-bit max shifted up
+  load_chunk16<kRegs>(b, col, buffer, col_max, row_max);
+
+  // 2. Scale bytes. Columnwise: the lanes' thresholds (col_below[k][j], from the 16-bit table by
+  // 8 x 8 transposes) and sign masks; rowwise: each row block's byte (its thresholds are
+  // broadcast per row in step 3).
+  alignas(64) int16_t col_below[8][kFp4ChunkCols];
+  __m512i col_sign[kRegs];
+  if (columnwise) {
+    __m512i s[2 * kRegs];
+    for (int t = 0; t < kRegs; ++t) {
+      for (int h = 0; h < 2; ++h) {
+        const __m256i half =
+            h == 0 ? _mm512_castsi512_si256(col_max[t]) : _mm512_extracti64x4_epi64(col_max[t], 1);
+        s[2 * t + h] = mx_scale_bytes<kRule>(_mm512_castps_si512(widen16<kIn>(half)), b.emax, b.mantissa_bits,
+                                             b.max_normal);
+      }
+    }
+    alignas(64) uint8_t bytes[kFp4ChunkCols];  // byte j = column j's scale
+    if constexpr (kRegs == 1) {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), _mm512_castsi512_si256(pack_bytes<2>(s)));
+    } else {
+      for (int q = 0; q < kRegs / 2; ++q) _mm512_store_si512(bytes + 64 * q, pack_bytes<4>(s + 4 * q));
+    }
+    std::memcpy(b.col_scale + col, bytes, kRegs * k16Lanes);
+    for (int j = 0; j < kRegs * k16Lanes; j += 8)
+      transpose_thresholds<kFp4ChunkCols>(b.fp4_thresholds, bytes + j, col_below, j);
+    for (int t = 0; t < kRegs; ++t) {  // the zero step's -1 (a sign) or 0x7FFF (none) -> 8 or 0
+      col_sign[t] = _mm512_maskz_mov_epi16(
+          _mm512_cmplt_epi16_mask(_mm512_load_si512(col_below[0] + t * k16Lanes), _mm512_setzero_si512()),
+          _mm512_set1_epi16(8));
+    }
+  }
+  alignas(64) uint32_t row_bytes[kRegs][kBlock];
+  if (rowwise) {
+    for (int t = 0; t < kRegs; ++t) {
+      for (int h = 0; h < kBlock / 16; ++h) {
+        __m512i amax = _mm512_load_si512(row_max[t] + 16 * h);
+        if constexpr (kIn == DType::F16) amax = _mm512_castps_si512(widen_half_lanes<kIn, true>(amax));
+        _mm512_store_si512(row_bytes[t] + 16 * h,
+                           mx_scale_bytes<kRule>(amax, b.emax, b.mantissa_bits, b.max_normal));
+      }
+    }
+    uint8_t* dst = b.row_scale + col / kBlock;
+    for (int i = 0; i < kBlock; ++i) {
+      for (int t = 0; t < kRegs; ++t) dst[i * b.row_scale_stride + t] = static_cast<uint8_t>(row_bytes[t][i]);
+    }
+  }
+
+  // 3. Encode, row by row.
+  if (rowwise && columnwise) {
+    encode_chunk16_fp4<kRegs, true, true>(b, col, buffer, row_bytes, col_below, col_sign);
+  } else if (rowwise) {
+    encode_chunk16_fp4<kRegs, true, false>(b, col, buffer, row_bytes, col_below, col_sign);
+  } else {
+    encode_chunk16_fp4<kRegs, false, true>(b, col, buffer, row_bytes, col_below, col_sign);
+  }
+}
+
 template <typename Codec, bool kPacked, MxScaleRule kRule, DType kDType>
 MICROSCALE_AVX512 void quantize_band(const Band& b) {
   constexpr int kTiles = kChunkTiles<kPacked>;
   alignas(64) float buffer[kBlock][kMaxChunkCols];  // the chunk as fp32 [32, 16 * kTiles]
   int64_t col = 0;
+  if constexpr ((kDType == DType::BF16 || kDType == DType::F16) && kPacked) {
+    if (b.rows == kBlock) {
+      alignas(64) uint16_t buffer16[kBlock][kFp4ChunkCols];  // the chunk's inputs [32, 128]
+      for (; col + kFp4ChunkCols <= b.k; col += kFp4ChunkCols)
+        quantize_chunk16_fp4<kRule, 4, kDType>(b, col, buffer16);
+      if (col + 2 * k16Lanes <= b.k) {
+        quantize_chunk16_fp4<kRule, 2, kDType>(b, col, buffer16);
+        col += 2 * k16Lanes;
+      }
+      if (col < b.k) quantize_chunk16_fp4<kRule, 1, kDType>(b, col, buffer16);
+      if (b.stream) _mm_sfence();
+      return;
+    }
+  }
   if constexpr ((kDType == DType::BF16 || kDType == DType::F16) && !kPacked) {
     if (b.rows == kBlock) {
       alignas(64) uint16_t buffer16[kBlock][k16ChunkCols];  // the chunk's inputs [32, 64]
@@ -508,6 +713,10 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, QuantizedTens
   base.max_normal = f.max_normal;
   base.data_stride = kPacked ? k / 2 : k;
   base.row_scale_stride = k / kBlock;
+  if constexpr (kPacked && (kDType == DType::BF16 || kDType == DType::F16)) {
+    base.fp4_thresholds = mx_e2m1_thresholds(kDType).below;
+    base.fp4_wide_thresholds = wide_fp4_thresholds<kDType>();
+  }
   // Large outputs are written with streaming stores: they cannot stay in the caches anyway, and a
   // streamed whole line skips the read for ownership that a plain store costs (measured: 15.5 ->
   // 13.5 ms at 4096 x 4096 bf16, MXFP8 both directions). Needs every full chunk's lines aligned;

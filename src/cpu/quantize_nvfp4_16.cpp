@@ -33,7 +33,7 @@
 #include <vector>
 
 #if defined(__SSE2__)
-#include <emmintrin.h>  // SSE2: the threshold transpose, streaming stores
+#include <emmintrin.h>  // SSE2: streaming stores
 #endif
 
 #include "core/fp_environment.hpp"
@@ -114,15 +114,6 @@ MICROSCALE_CPU_INLINE uint16_t code_sign(uint16_t x, int16_t a) {
   return static_cast<uint16_t>(((x >> 12) & 8) & (0u - static_cast<unsigned>(a <= kInf16Bits<kIn>)));
 }
 
-// Codes (16-bit, < 16) two per byte: out[q] = codes[2q] | codes[2q + 1] << 4, q < bytes.
-// NOTE: each pair is read as one little-endian 32-bit word (the first code in its low half), so
-// that the loop vectorises (GCC 12 did not vectorise the two 16-bit reads).
-MICROSCALE_CPU_INLINE void pack_codes(const uint16_t* codes, int bytes, uint8_t* __restrict out) {
-  using CodePair = uint32_t __attribute__((may_alias));
-  const auto* pairs = reinterpret_cast<const CodePair*>(codes);
-  for (int q = 0; q < bytes; ++q) out[q] = static_cast<uint8_t>(pairs[q] | (pairs[q] >> 12));
-}
-
 // A block's E4M3 scale code from its amax (numerics-te.md §1.3).
 MICROSCALE_CPU_INLINE uint8_t block_scale_code(float amax, const Direction& d) {
   return E4M3Codec::encode_rn(min_nonnegative(amax * d.multiplier, FLT_MAX));  // amax >= 0
@@ -134,37 +125,6 @@ MICROSCALE_CPU_DISPATCH uint16_t max_magnitude_bits(const uint16_t* x, int64_t n
   uint16_t m = 0;
   for (int64_t i = 0; i < n; ++i) m = std::max(m, magnitude_bits<kIn>(x[i]));
   return m;
-}
-
-// The thresholds of 8 columns (scale codes `codes`) to below[k][j0 + t], t = 0..7: their table
-// rows, 16 bytes each, transposed as 8 x 8 16-bit lanes by unpacks of 16-, 32- and 64-bit lanes
-// (SSE2, which every x86-64 CPU has; a plain loop elsewhere).
-// NOTE: lane by lane this was 16 scalar moves per column, ~15 % of the AVX2 kernel's time.
-MICROSCALE_CPU_INLINE void transpose_thresholds(const E2m1Thresholds& table, const uint8_t* codes,
-                                                int16_t (*below)[kChunkCols], int j0) {
-#if defined(__SSE2__)
-  __m128i r[8], t[8], u[8];
-  for (int q = 0; q < 8; ++q) r[q] = _mm_load_si128(reinterpret_cast<const __m128i*>(table.below[codes[q]]));
-  for (int p = 0; p < 4; ++p) {  // t[2p]: columns 2p, 2p + 1 interleaved, thresholds 0-3; t[2p + 1]: 4-7
-    t[2 * p] = _mm_unpacklo_epi16(r[2 * p], r[2 * p + 1]);
-    t[2 * p + 1] = _mm_unpackhi_epi16(r[2 * p], r[2 * p + 1]);
-  }
-  for (int h = 0; h < 2; ++h) {  // columns 4h..4h+3: thresholds (0, 1), (2, 3), (4, 5), (6, 7)
-    const __m128i *a = t + 4 * h, *b = t + 4 * h + 2;
-    u[4 * h] = _mm_unpacklo_epi32(a[0], b[0]);
-    u[4 * h + 1] = _mm_unpackhi_epi32(a[0], b[0]);
-    u[4 * h + 2] = _mm_unpacklo_epi32(a[1], b[1]);
-    u[4 * h + 3] = _mm_unpackhi_epi32(a[1], b[1]);
-  }
-  for (int q = 0; q < 4; ++q) {  // threshold 2q from u[q] (columns 0-3) and u[4 + q] (4-7), 2q + 1 after
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(&below[2 * q][j0]), _mm_unpacklo_epi64(u[q], u[4 + q]));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(&below[2 * q + 1][j0]), _mm_unpackhi_epi64(u[q], u[4 + q]));
-  }
-#else
-  for (int t = 0; t < 8; ++t) {
-    for (int k = 0; k < 8; ++k) below[k][j0 + t] = table.below[codes[t]][k];
-  }
-#endif
 }
 
 // One 64-byte line of output: streamed where `stream` (the line is aligned; SSE2, which every
@@ -241,7 +201,7 @@ MICROSCALE_CPU_DISPATCH void quantize_chunk(const Call& call, const Chunk& c, Co
     for (int j = 0; j < c.cols; ++j) scale[j * kGroupBands] = col_codes[j];
     if constexpr (!kSameCodes) {
       for (int j = 0; j < c.cols; j += 8)
-        transpose_thresholds(*call.col_thresholds, col_codes + j, col_below, j);
+        transpose_thresholds<kChunkCols>(call.col_thresholds->below, col_codes + j, col_below, j);
     }
   }
 

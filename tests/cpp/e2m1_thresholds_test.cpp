@@ -1,8 +1,13 @@
-// The NVFP4 element codes by thresholds (src/cpu/e2m1_thresholds.hpp), which the portable bf16/f16
-// kernel runs, against the reference's per-element code: for every bf16 and f16 pattern (NaN, Inf,
-// subnormals and both zeros included), every E4M3 block scale code and global scales from tiny to
-// huge amaxes, code_by_thresholds equals select(x * e == 0, 0, E2M1 encode_rn(x * e)) with e the
-// block's encode scale. Runs on every CPU.
+// The E2M1 element codes by thresholds (src/cpu/e2m1_thresholds.hpp), which the portable bf16/f16
+// kernels run, against the reference's per-element code, for every bf16 and f16 pattern (NaN, Inf,
+// subnormals and both zeros included):
+// - NVFP4: every E4M3 block scale code and global scales from tiny to huge amaxes;
+//   code_by_thresholds equals select(x * e == 0, 0, E2M1 encode_rn(x * e)) with e the block's
+//   encode scale.
+// - MXFP4: every E8M0 scale byte; code_by_thresholds equals encode_rn(E2M1,
+//   mx_scaled_element(x, mx_inverse_scale(S))) for every pattern a block with that byte can hold
+//   (finite ones below 0xFF; any, NaN and Inf included, for 0xFF).
+// Runs on every CPU.
 #include "cpu/e2m1_thresholds.hpp"
 
 #include <gtest/gtest.h>
@@ -13,6 +18,7 @@
 
 #include "core/scale_math.hpp"
 #include "cpu/encode_fast.hpp"
+#include "microscale/format.hpp"
 #include "microscale/half.hpp"
 
 namespace microscale {
@@ -59,6 +65,35 @@ TEST(E2m1Thresholds, Bf16CodesEqualReferenceEncoder) {
 TEST(E2m1Thresholds, F16CodesEqualReferenceEncoder) {
   for (float amax : kAmaxes) expect_thresholds_equal_reference(DType::F16, amax);
 }
+
+// The MXFP4 table of `input` against the reference kernel's code (quantize_mx_ref.cpp).
+void expect_mx_thresholds_equal_reference(DType input) {
+  const cpu::MxE2m1Thresholds& t = cpu::mx_e2m1_thresholds(input);
+  const uint32_t inf_bits = input == DType::BF16 ? 0x7F80u : 0x7C00u;
+  int failures = 0;
+  for (uint32_t byte = 0; byte < 256 && failures < 10; ++byte) {
+    const float inverse = mx_inverse_scale(static_cast<uint8_t>(byte));
+    for (uint32_t p = 0; p < 0x10000 && failures < 10; ++p) {
+      const auto a = static_cast<int16_t>(p & 0x7FFF);
+      // Inf and NaN make their block's byte 0xFF: with another byte no block holds them.
+      if (byte != 0xFF && static_cast<uint32_t>(a) >= inf_bits) continue;
+      const float x = input == DType::BF16 ? bf16_to_float(static_cast<uint16_t>(p))
+                                           : half_to_float(static_cast<uint16_t>(p));
+      const auto sign = static_cast<uint16_t>((p >> 12) & 8);  // as the kernel takes it
+      const uint32_t got = cpu::e2m1_code_by_thresholds(a, sign, t.below[byte]);
+      const uint32_t want = encode_rn(Format::E2M1, mx_scaled_element(x, inverse));
+      if (got != want) {
+        ++failures;
+        ADD_FAILURE() << dtype_name(input) << " scale byte 0x" << std::hex << byte << " pattern 0x" << p
+                      << ": code " << got << ", reference " << want;
+      }
+    }
+  }
+}
+
+TEST(E2m1Thresholds, MxBf16CodesEqualReferenceEncoder) { expect_mx_thresholds_equal_reference(DType::BF16); }
+
+TEST(E2m1Thresholds, MxF16CodesEqualReferenceEncoder) { expect_mx_thresholds_equal_reference(DType::F16); }
 
 }  // namespace
 }  // namespace microscale
