@@ -1,7 +1,7 @@
 // CPU quantize throughput beside memcpy, in one run.
 //
 // Effective bandwidth = (bytes read + bytes written) / time, for a 4096x4096 bf16 input (32 MiB):
-// NVFP4 rowwise+columnwise with and without RHT, NVFP4 16x16 (both directions), MXFP8 E4M3
+// NVFP4 rowwise+columnwise with and without RHT, NVFP4 16x16 (both directions), MXFP8 E4M3 and MXFP4
 // rowwise+columnwise, and NVFP4 and MXFP8 rowwise+columnwise of the same values as f16 (32 MiB
 // too); the fast path (AVX-512 kernels where the CPU has them) on 1 thread and on all
 // threads, its portable kernels and the reference path on 1.
@@ -71,10 +71,13 @@ std::vector<Case> cases() {
   nvfp4_2d.tile = Tile::k16x16;
   QuantizeOptions mxfp8 = nvfp4;
   mxfp8.scheme = Scheme::MXFP8_E4M3;
+  QuantizeOptions mxfp4 = nvfp4;
+  mxfp4.scheme = Scheme::MXFP4;
   return {{"nvfp4_row_col", nvfp4},
           {"nvfp4_row_col_rht", nvfp4_rht},
           {"nvfp4_16x16", nvfp4_2d},
           {"mxfp8_row_col", mxfp8},
+          {"mxfp4_row_col", mxfp4},
           {"nvfp4_row_col_f16", nvfp4, DType::F16},
           {"mxfp8_row_col_f16", mxfp8, DType::F16}};
 }

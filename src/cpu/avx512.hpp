@@ -36,6 +36,10 @@ namespace microscale::cpu::avx512 {
 // Shared by both kernels (measured on each, see their files): the input is prefetched in software
 // this many columns ahead (the hardware prefetchers do not follow 16-32 rows read side by side),
 // and outputs from kStreamBytes (quantize_kernels.hpp) on are written with streaming stores.
+// The prefetches go to L2 (_MM_HINT_T1), not L1: a chunk's 64-128 prefetched lines at once would
+// evict lines still in use from the 32-48 KiB L1 (paired on Zen 4, seventeenth session: MX
+// 16-bit kernels 0.78-0.88, NVFP4 RHT pass 1 0.97 against T0; NVFP4 pass 2 had measured the same,
+// v10.5 in docs/perf.md).
 constexpr int64_t kPrefetchCols = 128;
 
 /// Whether `t`'s data starts on a 64-byte line (streaming stores need it).

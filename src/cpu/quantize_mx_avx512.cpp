@@ -181,7 +181,7 @@ MICROSCALE_AVX512_INLINE void quantize_chunk(const Band& b, int64_t col, float (
   for (int i = 0; i < kBlock; ++i) {
     if (i < b.rows && ahead > 0) {
       for (int64_t l = 0; l < kTiles * kLanes * kElementBytes; l += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(src + i * b.row_bytes + ahead + l), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(src + i * b.row_bytes + ahead + l), _MM_HINT_T1);
     }
     __m512i a[kTiles];
     for (int t = 0; t < kTiles; ++t) {
@@ -342,7 +342,7 @@ MICROSCALE_AVX512_INLINE void load_chunk16(const Band& b, int64_t col, uint16_t 
         const int r = 16 * h + i;
         if (t == 0 && ahead > 0) {
           for (int64_t l = 0; l < kRegs * k16Lanes * 2; l += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(src + r * stride) + ahead + l, _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(src + r * stride) + ahead + l, _MM_HINT_T1);
         }
         const __m512i v = _mm512_loadu_si512(src + r * stride + t * k16Lanes);
         _mm512_store_si512(buffer[r] + t * k16Lanes, v);

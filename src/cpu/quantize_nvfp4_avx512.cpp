@@ -1012,7 +1012,7 @@ MICROSCALE_AVX512_INLINE bool rht_unit_amaxes(const std::byte* src, int64_t row_
   __m512 sum[2][2] = {{_mm512_setzero_ps(), _mm512_setzero_ps()},
                       {_mm512_setzero_ps(), _mm512_setzero_ps()}};  // [even / odd][row parity]
   for (int i = 0; i < kBlock; ++i) {
-    prefetch_unit_row<_MM_HINT_T0>(src + i * row_bytes);
+    prefetch_unit_row<_MM_HINT_T1>(src + i * row_bytes);
     const __m512i a = _mm512_and_si512(_mm512_loadu_si512(src + i * row_bytes), _mm512_set1_epi16(0x7FFF));
     col_max = _mm512_max_epu16(col_max, a);
     sum[0][i % 2] = _mm512_add_ps(sum[0][i % 2], _mm512_castsi512_ps(_mm512_slli_epi32(a, 16)));
@@ -1064,7 +1064,7 @@ MICROSCALE_AVX512 void group_amaxes(const Group& g, bool want_rht, float* amax_x
     }
     for (int64_t col = 0; col < g.k;) {
       const bool unit = kDType == DType::BF16 && rows == kBlock && col + kUnitColumns <= g.k;
-      if (!unit) prefetch_band_ahead<kDType, _MM_HINT_T0>(g, src, rows, col);  // units: prefetch_unit_row
+      if (!unit) prefetch_band_ahead<kDType, _MM_HINT_T1>(g, src, rows, col);  // units: prefetch_unit_row
       if (unit &&
           rht_unit_amaxes(src + col * 2, g.row_bytes, *g.rht, g.rht_input_scale, &mx16, &mr, rht_floor)) {
         col += kUnitColumns;
