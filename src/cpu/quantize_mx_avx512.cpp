@@ -354,6 +354,20 @@ MICROSCALE_AVX512_INLINE void load_chunk16(const Band& b, int64_t col, uint16_t 
   }
 }
 
+// The columnwise scale bytes of a 16-bit chunk from its column maxes (col_max[t]: columns
+// 32t..32t+31): s[2t + h] holds those of columns 32t + 16h.. + 15, one per 32-bit lane.
+template <MxScaleRule kRule, int kRegs, DType kIn>
+MICROSCALE_AVX512_INLINE void column_scale_bytes(const Band& b, const __m512i* col_max, __m512i* s) {
+  for (int t = 0; t < kRegs; ++t) {
+    for (int h = 0; h < 2; ++h) {
+      const __m256i half =
+          h == 0 ? _mm512_castsi512_si256(col_max[t]) : _mm512_extracti64x4_epi64(col_max[t], 1);
+      s[2 * t + h] = mx_scale_bytes<kRule>(_mm512_castps_si512(widen16<kIn>(half)), b.emax, b.mantissa_bits,
+                                           b.max_normal);
+    }
+  }
+}
+
 // One chunk of a full band of kIn (bf16 or f16) inputs: columns [col, col + 32 * kRegs). False,
 // with nothing written, when the chunk holds an Inf or NaN, or (bf16) a scale byte below the bias
 // (see mx_bf16_codes). `buffer` is scratch: the chunk's rows, contiguous (see the file comment on
@@ -381,14 +395,7 @@ MICROSCALE_AVX512_INLINE bool quantize_chunk16(const Band& b, int64_t col, uint1
   __m512i col_bytes = _mm512_setzero_si512();
   if (columnwise) {
     __m512i s[2 * kRegs];
-    for (int t = 0; t < kRegs; ++t) {
-      for (int h = 0; h < 2; ++h) {
-        const __m256i half =
-            h == 0 ? _mm512_castsi512_si256(col_max[t]) : _mm512_extracti64x4_epi64(col_max[t], 1);
-        s[2 * t + h] = mx_scale_bytes<kRule>(_mm512_castps_si512(widen16<kIn>(half)), b.emax, b.mantissa_bits,
-                                             b.max_normal);
-      }
-    }
+    column_scale_bytes<kRule, kRegs, kIn>(b, col_max, s);
     col_bytes = pack_bytes<2 * kRegs>(s);  // byte j = column j's scale
     const __mmask64 valid = kRegs == 2 ? ~__mmask64{0} : __mmask64{0xFFFFFFFF};
     if constexpr (kIn == DType::BF16) {
@@ -604,14 +611,7 @@ MICROSCALE_AVX512_INLINE void quantize_chunk16_fp4(const Band& b, int64_t col,
   __m512i col_sign[kRegs];
   if (columnwise) {
     __m512i s[2 * kRegs];
-    for (int t = 0; t < kRegs; ++t) {
-      for (int h = 0; h < 2; ++h) {
-        const __m256i half =
-            h == 0 ? _mm512_castsi512_si256(col_max[t]) : _mm512_extracti64x4_epi64(col_max[t], 1);
-        s[2 * t + h] = mx_scale_bytes<kRule>(_mm512_castps_si512(widen16<kIn>(half)), b.emax, b.mantissa_bits,
-                                             b.max_normal);
-      }
-    }
+    column_scale_bytes<kRule, kRegs, kIn>(b, col_max, s);
     alignas(64) uint8_t bytes[kFp4ChunkCols];  // byte j = column j's scale
     if constexpr (kRegs == 1) {
       _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), _mm512_castsi512_si256(pack_bytes<2>(s)));
