@@ -80,9 +80,12 @@ void build_e2m1_thresholds(DType input, float s_dec, E2m1Thresholds& out) {
 }
 
 const MxE2m1Thresholds& mx_e2m1_thresholds(DType input) {
-  static const MxE2m1Thresholds bf16 = build_mx<DType::BF16>();
+  if (input == DType::BF16) {
+    static const MxE2m1Thresholds bf16 = build_mx<DType::BF16>();  // built on the first bf16 call only
+    return bf16;
+  }
   static const MxE2m1Thresholds f16 = build_mx<DType::F16>();
-  return input == DType::BF16 ? bf16 : f16;
+  return f16;
 }
 
 }  // namespace microscale::cpu

@@ -60,12 +60,17 @@ struct Chunk {
   int64_t data_stride;  // bytes: K, or K / 2 for FP4 codes (two per byte)
 };
 
+// A block's E8M0 byte from the max |x| pattern of the block (a NaN pattern gives 0xFF).
+template <DType kIn, MxScaleRule kRule>
+MICROSCALE_CPU_INLINE uint8_t block_scale_byte(uint16_t max_bits, const MxParams& p) {
+  return mx_scale_byte_branch_free<kRule>(widen16<kIn>(max_bits), p.emax, p.mantissa_bits, p.max_normal);
+}
+
 // A block's scale byte and its terms, from the max |x| pattern of the block.
 template <typename Codec, DType kIn, MxScaleRule kRule>
 MICROSCALE_CPU_INLINE void block_terms(uint16_t max_bits, const MxParams& p, uint8_t* scale, float* inverse,
                                        uint16_t* lower, uint16_t* limit) {
-  const uint8_t s =
-      mx_scale_byte_branch_free<kRule>(widen16<kIn>(max_bits), p.emax, p.mantissa_bits, p.max_normal);
+  const uint8_t s = block_scale_byte<kIn, kRule>(max_bits, p);
   const Mx16Terms t = mx16_terms<Codec, kIn>(s);
   *scale = s;
   *inverse = mx_inverse_scale(s);
@@ -232,12 +237,6 @@ MICROSCALE_CPU_DISPATCH void quantize_chunk(const Chunk& c) {
 // E2M1 puts a large share of a block in the format's subnormals (|x| below about a sixth of the
 // block's amax), outside the 16-bit form above; there each element's code is 8 compares of its
 // |x| pattern against its block's thresholds (e2m1_thresholds.hpp), and codes go two per byte.
-
-// A block's E8M0 byte from the max |x| pattern of the block (a NaN pattern gives 0xFF).
-template <DType kIn, MxScaleRule kRule>
-MICROSCALE_CPU_INLINE uint8_t block_scale_byte(uint16_t max_bits, const MxParams& p) {
-  return mx_scale_byte_branch_free<kRule>(widen16<kIn>(max_bits), p.emax, p.mantissa_bits, p.max_normal);
-}
 
 // One chunk row's packed codes in the requested directions (kRow, kCol): rowwise against the
 // thresholds of its blocks' bytes (row_scale from index `first_block`), columnwise against each
