@@ -73,11 +73,14 @@ std::vector<Case> cases() {
   mxfp8.scheme = Scheme::MXFP8_E4M3;
   QuantizeOptions mxfp4 = nvfp4;
   mxfp4.scheme = Scheme::MXFP4;
+  QuantizeOptions mxfp6 = nvfp4;
+  mxfp6.scheme = Scheme::MXFP6_E2M3;
   return {{"nvfp4_row_col", nvfp4},
           {"nvfp4_row_col_rht", nvfp4_rht},
           {"nvfp4_16x16", nvfp4_2d},
           {"mxfp8_row_col", mxfp8},
           {"mxfp4_row_col", mxfp4},
+          {"mxfp6_e2m3_row_col", mxfp6},
           {"nvfp4_row_col_f16", nvfp4, DType::F16},
           {"mxfp8_row_col_f16", mxfp8, DType::F16}};
 }
