@@ -2,8 +2,8 @@
 //
 // Effective bandwidth = (bytes read + bytes written) / time, for a 4096x4096 bf16 input (32 MiB):
 // NVFP4 rowwise+columnwise with and without RHT, NVFP4 16x16 (both directions), MXFP8 E4M3, MXFP4
-// and MXFP6 E2M3 rowwise+columnwise, and NVFP4 and MXFP8 rowwise+columnwise of the same values as f16 (32 MiB
-// too); the fast path (AVX-512 kernels where the CPU has them) on 1 thread and on all
+// and MXFP6 E2M3 rowwise+columnwise, and NVFP4 and MXFP8 rowwise+columnwise of the same values as
+// f16 (32 MiB too); the fast path (AVX-512 kernels where the CPU has them) on 1 thread and on all
 // threads, its portable kernels and the reference path on 1.
 // The baseline is memcpy of the input (read 32 MiB + write 32 MiB) on the same thread counts.
 // The table printed last gives each figure as a ratio to memcpy and to the reference path.
