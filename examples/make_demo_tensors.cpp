@@ -1,6 +1,6 @@
 // Writes a small safetensors file of bf16 tensors that look like a transformer layer's: a weight
 // (normal, std 0.02), an activation with a few large outlier channels, and a gradient with a
-// heavy-tailed magnitude. The README's main job quantizes it with `microscale quantize-tensors`.
+// heavy-tailed magnitude: input for trying `microscale quantize-tensors` (docs/cli.md).
 //
 // Usage: make_demo_tensors OUT.safetensors
 #include <cmath>

@@ -69,7 +69,7 @@ int main() {
     std::printf("rowwise SQNR %.1f dB; columnwise %s\n", 10.0 * std::log10(sig / err),
                 ms::shape_string(yt.shape()).c_str());
 
-    // Save the rowwise operand. These tensor names are our own; cli.md describes the checkpoint
+    // Save the rowwise operand. These tensor names are our own; checkpoints.md describes the checkpoint
     // conventions that inference engines read.
     const float amax = q.rowwise_amax;
     ms::write_safetensors(

@@ -101,7 +101,7 @@ struct QuantizedTensor {
 ///
 /// Compact or swizzled scales per options.scale_layout (swizzled: [roundup(R,128), roundup(C,4)] of
 /// the compact [R, C], MX columnwise as its transpose [K, M/32]). Every backend allocates from this,
-/// and callers that bring their own buffers (the CUDA entry points, the PyTorch frontend) size them
+/// and callers that bring their own buffers (the CUDA entry points, a PyTorch frontend) size them
 /// with it. Assumes `options` are valid for `shape` (quantize() checks that).
 struct QuantizedShapes {
   int64_t rows = 0;  ///< M: the product of the leading dims
