@@ -16,6 +16,7 @@
 #include "quantize_checkpoint.hpp"
 #ifdef MICROSCALE_HAVE_CUDA
 #include "bench_cuda.hpp"
+#include "threads_option.hpp"
 #endif
 
 namespace microscale::tools {
@@ -118,7 +119,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--size", *size, "quantize a SIZE x SIZE bf16 tensor (default 4096)")
       ->check(CLI::Range(32, 65536));
   cmd->add_option("--gemm-size", *gemm, "GEMM M = N = K (default 1024)")->check(CLI::Range(32, 16384));
-  cmd->add_option("--threads", *threads, "CPU threads (default: all)")->check(CLI::NonNegativeNumber);
+  add_threads_option(cmd, *threads);
   cmd->add_option("--repeats", *repeats, "timed runs per case; the median is shown (default 5)")
       ->check(CLI::Range(1, 1000));
   cmd->callback([=] {

@@ -14,15 +14,19 @@ namespace {
 
 std::string declared_method(const Checkpoint& c) {
   if (c.config_json().empty()) return "";
+  nlohmann::json j;
   try {
-    const nlohmann::json j = nlohmann::json::parse(c.config_json());
-    if (j.contains("quantization_config") && j["quantization_config"].contains("quant_method")) {
-      return j["quantization_config"]["quant_method"].get<std::string>();
-    }
+    j = nlohmann::json::parse(c.config_json());
   } catch (const nlohmann::json::exception&) {
     throw Error("config.json of '" + c.directory() + "' is not valid JSON");
   }
-  return "";
+  if (!j.is_object() || !j.contains("quantization_config")) return "";
+  const nlohmann::json& q = j["quantization_config"];
+  if (!q.is_object() || !q.contains("quant_method")) return "";
+  if (!q["quant_method"].is_string()) {
+    throw Error("config.json of '" + c.directory() + "': quantization_config.quant_method is not a string");
+  }
+  return q["quant_method"].get<std::string>();
 }
 
 void run_inspect(const std::string& path, bool all) {

@@ -7,17 +7,20 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "microscale/checkpoint.hpp"
 #include "microscale/error.hpp"
+#include "microscale/output_file.hpp"
+#include "threads_option.hpp"
 
 namespace microscale::tools {
 namespace {
 
 struct QuantizeArgs {
-  std::string input, output, format, convention, scale_mode = "rceil", report, calibration;
+  std::string input, output, format, convention, report, calibration;
+  std::optional<std::string> scale_mode;  // MX only; rceil when not given
   std::vector<std::string> skip, only;
   bool no_default_skips = false, quiet = false;
   int threads = 0;
@@ -48,7 +51,10 @@ void run_quantize(const QuantizeArgs& a) {
   o.format = parse_checkpoint_format(a.format);
   o.convention = a.convention.empty() ? default_convention(o.format) : parse_convention(a.convention);
   check_supported(o.format, o.convention);
-  o.mx_scale_mode = parse_scale_mode(a.scale_mode);
+  if (a.scale_mode) {
+    if (o.format == CheckpointFormat::NVFP4) throw Error("--scale-mode applies to the MX formats, not nvfp4");
+    o.mx_scale_mode = parse_scale_mode(*a.scale_mode);
+  }
   if (a.no_default_skips) o.rules.skip.clear();
   o.rules.skip.insert(o.rules.skip.end(), a.skip.begin(), a.skip.end());
   o.rules.only = a.only;
@@ -121,9 +127,8 @@ void run_quantize(const QuantizeArgs& a) {
           {"bytes_before", before},
           {"bytes_after", after},
           {"seconds", seconds}}}};
-    std::ofstream out(a.report);
-    out << report.dump(2) << "\n";
-    if (!out) throw Error("cannot write the report '" + a.report + "'");
+    // Names from the file system need not be UTF-8: replaced, not an exception from the dump.
+    write_text_file(a.report, report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   }
 }
 
@@ -146,7 +151,7 @@ void add_quantize_command(CLI::App& app) {
   cmd->add_flag("--no-default-skips", a->no_default_skips,
                 "also quantize embeddings, norms, lm_head, routers and gates (kept by default)");
   cmd->add_option("--scale-mode", a->scale_mode, "MX scale rule: rceil (default) | floor | ceil | even");
-  cmd->add_option("--threads", a->threads, "CPU threads (default: all)")->check(CLI::NonNegativeNumber);
+  add_threads_option(cmd, a->threads);
   cmd->add_option("--report", a->report, "also write the report as JSON to this file");
   cmd->add_option(
          "--calibration", a->calibration,

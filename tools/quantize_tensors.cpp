@@ -1,8 +1,11 @@
 #include "quantize_tensors.hpp"
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,23 +14,35 @@
 #include "microscale/hadamard.hpp"
 #include "microscale/quantize.hpp"
 #include "microscale/safetensors.hpp"
+#include "threads_option.hpp"
 
 namespace microscale::tools {
 namespace {
 
 struct Args {
-  std::string input, output, scheme, scale_mode, tile = "1x16";
+  std::string input, output, scheme, tile = "1x16";
+  std::optional<std::string> scale_mode;
   bool rht = false, rowwise = false, columnwise = false, swizzle = false;
-  int64_t sr_seed = -1;
+  std::optional<std::string> sr_seed;  // parsed by parse_seed (CLI11 wraps negatives and overflows)
   int threads = 0;
 };
+
+// A decimal integer in [0, 2^64 - 1], all of the text.
+uint64_t parse_seed(const std::string& text) {
+  uint64_t seed = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), seed);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
+    throw Error("--sr-seed must be a whole number from 0 to 18446744073709551615, got '" + text + "'");
+  }
+  return seed;
+}
 
 QuantizeOptions to_options(const Args& a) {
   QuantizeOptions o;
   o.scheme = parse_scheme(a.scheme);
-  if (!a.scale_mode.empty()) {
+  if (a.scale_mode) {
     if (!is_mx(o.scheme)) throw Error("--scale-mode applies to the MX schemes, not " + a.scheme);
-    o.scale_mode = parse_scale_mode(a.scale_mode);
+    o.scale_mode = parse_scale_mode(*a.scale_mode);
   }
   if (a.tile == "16x16") {
     if (is_mx(o.scheme)) throw Error("--tile applies to nvfp4 only");
@@ -40,7 +55,7 @@ QuantizeOptions to_options(const Args& a) {
   o.rowwise = a.rowwise || !a.columnwise;
   o.columnwise = a.columnwise || !a.rowwise;
   o.scale_layout = a.swizzle ? ScaleLayout::Swizzled : ScaleLayout::Compact;
-  if (a.sr_seed >= 0) o.stochastic_rounding = StochasticRounding{static_cast<uint64_t>(a.sr_seed), 0};
+  if (a.sr_seed) o.stochastic_rounding = StochasticRounding{parse_seed(*a.sr_seed), 0};
   o.num_threads = a.threads;
   return o;
 }
@@ -67,6 +82,10 @@ void append(std::vector<SafetensorsTensor>& out, const std::string& name, const 
 
 void run(const Args& a) {
   const QuantizeOptions options = to_options(a);
+  std::error_code ec;
+  if (std::filesystem::equivalent(a.input, a.output, ec)) {
+    throw Error("the output '" + a.output + "' is the input file: write the quantized tensors elsewhere");
+  }
   const SafetensorsFile in = SafetensorsFile::open(a.input);
   std::vector<SafetensorsTensor> out;
   std::vector<QuantizedTensor> keep;  // owns the bytes `out` points at
@@ -108,14 +127,16 @@ void run(const Args& a) {
     keep.push_back(std::move(q));
   }
   std::map<std::string, std::string> metadata = {
-      {"microscale.scheme", a.scheme},
+      {"microscale.scheme", std::string(scheme_name(options.scheme))},
       {"microscale.scale_layout", a.swizzle ? "swizzled" : "compact"},
   };
   if (is_mx(options.scheme))
     metadata["microscale.scale_mode"] = std::string(scale_mode_name(options.scale_mode));
   if (!is_mx(options.scheme)) {
     metadata["microscale.tile"] = a.tile;
-    metadata["microscale.rht"] = a.rht ? "true" : "false";
+    metadata["microscale.rht"] = options.rht && options.columnwise ? "true" : "false";  // as applied
+    if (options.stochastic_rounding)
+      metadata["microscale.sr_seed"] = std::to_string(options.stochastic_rounding->seed);
   }
   write_safetensors(a.output, out, metadata);
   std::printf("wrote %zu tensors to %s\n", out.size(), a.output.c_str());
@@ -143,9 +164,9 @@ void add_quantize_tensors_command(CLI::App& app) {
   cmd->add_flag("--columnwise", args->columnwise, "write the columnwise output (default: both usages)");
   cmd->add_flag("--swizzle", args->swizzle,
                 "write scales in the cuBLAS 128x4 swizzled layout (default compact)");
-  cmd->add_option("--sr-seed", args->sr_seed, "nvfp4: stochastic rounding with this Philox seed")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--threads", args->threads, "CPU threads (default: all)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--sr-seed", args->sr_seed,
+                  "nvfp4: stochastic rounding with this Philox seed (0 to 2^64 - 1)");
+  add_threads_option(cmd, args->threads);
   cmd->callback([args] { run(*args); });
 }
 

@@ -61,6 +61,7 @@ class SafetensorsFile {
   const std::byte* bytes_ = nullptr;
   size_t size_ = 0;
   std::vector<SafetensorsEntry> tensors_;
+  std::map<std::string, size_t, std::less<>> by_name_;  // index into tensors_
   std::map<std::string, std::string> metadata_;
 };
 

@@ -1,9 +1,11 @@
 // convert_checkpoint: plan every output tensor from shapes alone, write each shard's header,
 // then quantize and stream one tensor at a time (a checkpoint larger than memory converts).
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -12,6 +14,7 @@
 #include "microscale/checkpoint.hpp"
 #include "microscale/error.hpp"
 #include "microscale/error_stats.hpp"
+#include "microscale/output_file.hpp"
 
 namespace microscale {
 
@@ -79,6 +82,8 @@ std::string module_of(const std::string& weight_name) {
   return weight_name;
 }
 
+constexpr float kMinCalibrationAmax = 2688.0f * std::numeric_limits<float>::min();
+
 // Input amax of each quantized Linear (by module name) from the calibration file.
 std::map<std::string, float> calibration_amaxes(const std::string& path) {
   const SafetensorsFile f = SafetensorsFile::open(path);
@@ -97,14 +102,24 @@ std::map<std::string, float> calibration_amaxes(const std::string& path) {
         throw Error("calibration tensor '" + e.name + "' must be one F32 value");
       std::memcpy(&value, e.data, 4);
     } else if (!(module = take(".input")).empty()) {
-      const Tensor x = to_f32_matrix(f.view(e.name));
+      Tensor x;
+      try {
+        x = to_f32_matrix(f.view(e.name));
+      } catch (const Error& err) {
+        throw Error("calibration tensor '" + e.name + "' of '" + path + "': " + err.reason());
+      }
       for (int64_t i = 0; i < x.numel(); ++i) value = std::fmax(value, std::fabs(x.data_as<float>()[i]));
     } else {
       continue;
     }
-    if (!std::isfinite(value) || value <= 0.0f) {
-      throw Error("calibration amax of '" + module + "' must be finite and > 0, got " +
-                  std::to_string(value));
+    // Engines divide by ModelOpt's input_scale (amax / 2688) and multiply by compressed-tensors'
+    // input_global_scale (2688 / amax): an amax below 2688 x FLT_MIN would make the first
+    // subnormal or zero and the second Inf.
+    if (!std::isfinite(value) || value < kMinCalibrationAmax) {
+      char got[32];
+      std::snprintf(got, sizeof got, "%g", static_cast<double>(value));
+      throw Error("calibration amax of '" + module + "' in '" + path +
+                  "' must be finite and at least 2688 x FLT_MIN (~3.2e-35), got " + got);
     }
     amax[module] = value;
   }
@@ -162,10 +177,34 @@ json quantization_config(const ConvertOptions& o, const std::vector<std::string>
   return {};
 }
 
-void write_text(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  if (!out) throw Error("cannot write '" + path.string() + "'");
+void write_text(const fs::path& path, const std::string& text) { write_text_file(path.string(), text); }
+
+// Copies the files of directory `from` into `to`, subdirectories too, except `output_dir` itself
+// when it lies inside the input and, at the top level (`top`), the names in `skip` (what the
+// conversion wrote) and every .safetensors file (the weights, converted or not the model's).
+// Subdirectories are copied whole (a sentence-transformers Dense module keeps its own weights). Symbolic
+// links to files are followed (a Hugging Face cache links into its blobs); links to directories, and FIFOs,
+// sockets and devices, are skipped: a link could lead out of the model or back into it.
+void copy_model_files(const fs::path& from, const fs::path& to, const fs::path& output_dir, bool top,
+                      const std::vector<std::string>& skip) {
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(from)) {
+    const std::string name = entry.path().filename().string();
+    if (top && (std::find(skip.begin(), skip.end(), name) != skip.end() ||
+                entry.path().extension() == ".safetensors"))
+      continue;
+    if (fs::equivalent(entry.path(), output_dir, ec)) continue;
+    const fs::path target = to / name;
+    if (entry.is_directory(ec)) {
+      if (entry.is_symlink(ec)) continue;
+      fs::create_directories(target, ec);
+      if (ec) throw Error("cannot create '" + target.string() + "': " + ec.message());
+      copy_model_files(entry.path(), target, output_dir, false, {});
+    } else if (entry.is_regular_file(ec)) {
+      fs::copy_file(entry.path(), target, fs::copy_options::overwrite_existing, ec);
+      if (ec) throw Error("cannot copy '" + entry.path().string() + "': " + ec.message());
+    }
+  }
 }
 
 }  // namespace
@@ -192,6 +231,16 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
   }
   const std::map<std::string, float> input_amax =
       w4a4 ? calibration_amaxes(o.calibration) : std::map<std::string, float>{};
+  // The input's config.json, checked before anything is written: its quantization_config is set.
+  json config = json::object();
+  if (!ckpt.config_json().empty()) {
+    try {
+      config = json::parse(ckpt.config_json());
+    } catch (const json::exception& e) {
+      throw Error("config.json of the input is not valid JSON: " + std::string(e.what()));
+    }
+    if (!config.is_object()) throw Error("config.json of the input is not a JSON object");
+  }
 
   // Plan: what each input tensor becomes.
   std::vector<TensorReport> reports(ckpt.tensors().size());
@@ -286,14 +335,6 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
   }
 
   // config.json with the quantization_config; hf_quant_config.json for ModelOpt.
-  json config = json::object();
-  if (!ckpt.config_json().empty()) {
-    try {
-      config = json::parse(ckpt.config_json());
-    } catch (const json::exception& e) {
-      throw Error("config.json of the input is not valid JSON: " + std::string(e.what()));
-    }
-  }
   config["quantization_config"] = quantization_config(o, ignored, w4a4);
   write_text(fs::path(output_dir) / "config.json", config.dump(2));
   if (o.convention == Convention::ModelOpt) {
@@ -307,17 +348,10 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
   }
   // The rest of the model directory (tokenizer, module configs...) is copied as it is.
   if (fs::is_directory(input)) {
-    for (const auto& entry : fs::directory_iterator(ckpt.directory())) {
-      const std::string file = entry.path().filename().string();
-      if (fs::equivalent(entry.path(), fs::path(output_dir), ec)) continue;  // output inside the input
-      if (entry.path().extension() == ".safetensors" || file == "config.json" ||
-          file == "model.safetensors.index.json" || file == "hf_quant_config.json") {
-        continue;
-      }
-      fs::copy(entry.path(), fs::path(output_dir) / file,
-               fs::copy_options::recursive | fs::copy_options::overwrite_existing, ec);
-      if (ec) throw Error("cannot copy '" + entry.path().string() + "': " + ec.message());
-    }
+    std::vector<std::string> written = ckpt.shard_names();
+    for (const char* name : {"config.json", "model.safetensors.index.json", "hf_quant_config.json"})
+      written.emplace_back(name);
+    copy_model_files(ckpt.directory(), output_dir, output_dir, true, written);
   }
   return reports;
 }

@@ -10,6 +10,7 @@
 
 #include "microscale/checkpoint.hpp"
 #include "microscale/error.hpp"
+#include "microscale/output_file.hpp"
 
 namespace microscale {
 
@@ -19,6 +20,8 @@ using json = nlohmann::json;
 namespace {
 
 std::string read_text(const fs::path& path) {
+  std::error_code ec;  // a FIFO or device would block or never end: regular files only
+  if (!fs::is_regular_file(path, ec)) throw Error("'" + path.string() + "' is not a regular file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("cannot read '" + path.string() + "'");
   std::ostringstream s;
@@ -33,6 +36,7 @@ Checkpoint Checkpoint::open(const std::string& path) {
   std::error_code ec;
   const fs::path p(path);
   std::vector<std::string> files;
+  std::vector<std::pair<std::string, std::string>> index_map;  // (tensor, shard) as the index says
   if (fs::is_regular_file(p, ec)) {
     c.directory_ = p.has_parent_path() ? p.parent_path().string() : ".";
     files.push_back(p.filename().string());
@@ -53,10 +57,13 @@ Checkpoint Checkpoint::open(const std::string& path) {
         if (!it.value().is_string())
           throw Error("'" + index.string() + "': weight_map values must be file names");
         const std::string file = it.value().get<std::string>();
-        if (file.find('/') != std::string::npos || file.find("..") != std::string::npos) {
+        // A plain file name: no directory part, so no way out of the checkpoint's directory.
+        if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos ||
+            file.find('\\') != std::string::npos) {
           throw Error("'" + index.string() + "' names a shard outside the directory: '" + file + "'");
         }
         if (std::find(files.begin(), files.end(), file) == files.end()) files.push_back(file);
+        index_map.emplace_back(it.key(), file);
       }
       std::sort(files.begin(), files.end());
     } else if (fs::exists(p / "model.safetensors")) {
@@ -85,6 +92,13 @@ Checkpoint Checkpoint::open(const std::string& path) {
       c.entries_.push_back({&e, s});
     }
   }
+  for (const auto& [tensor, file] : index_map) {  // a loader would look for it there
+    const auto it = c.by_name_.find(tensor);
+    if (it == c.by_name_.end() || c.shard_names_[c.entries_[it->second].shard] != file) {
+      throw Error("the index of '" + path + "' places tensor '" + tensor + "' in '" + file +
+                  "', which does not hold it");
+    }
+  }
   const fs::path config = fs::path(c.directory_) / "config.json";
   if (fs::is_directory(p, ec) && fs::exists(config)) c.config_json_ = read_text(config);
   return c;
@@ -99,8 +113,8 @@ const SafetensorsEntry& Checkpoint::at(const std::string& name) const {
 // ---- streaming writer -----------------------------------------------------------------------------------
 
 struct SafetensorsStreamWriter::File {
-  std::ofstream out;
-  std::string path;
+  explicit File(const std::string& path) : out(path) {}
+  OutputFile out;  // in place at finish(); discarded if the writer is destroyed before
 };
 
 SafetensorsStreamWriter::SafetensorsStreamWriter() = default;
@@ -134,15 +148,12 @@ void SafetensorsStreamWriter::begin(const std::string& path,
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
-  file_ = std::make_unique<File>();
-  file_->path = path;
-  file_->out.open(path, std::ios::binary | std::ios::trunc);
-  if (!file_->out) throw Error("cannot write '" + path + "'");
+  file_ = std::make_unique<File>(path);
   std::array<char, 8> len{};
   for (int i = 0; i < 8; ++i)
     len[i] = static_cast<char>((static_cast<uint64_t>(text.size()) >> (8 * i)) & 0xFF);
   file_->out.write(len.data(), 8);
-  file_->out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  file_->out.write(text);
 }
 
 void SafetensorsStreamWriter::write(const std::string& name, const void* data, size_t nbytes) {
@@ -154,19 +165,17 @@ void SafetensorsStreamWriter::write(const std::string& name, const void* data, s
     throw Error("tensor '" + name + "': " + std::to_string(nbytes) + " bytes written, " +
                 std::to_string(declared_[next_].nbytes) + " declared");
   }
-  file_->out.write(static_cast<const char*>(data), static_cast<std::streamsize>(nbytes));
-  if (!file_->out) throw Error("error while writing '" + file_->path + "'");
+  file_->out.write(data, nbytes);
   ++next_;
 }
 
 void SafetensorsStreamWriter::finish() {
   if (!file_) throw Error("nothing to finish: begin() was not called");
   if (next_ != declared_.size()) {
-    throw Error("'" + file_->path + "': " + std::to_string(declared_.size() - next_) +
+    throw Error("'" + file_->out.path() + "': " + std::to_string(declared_.size() - next_) +
                 " declared tensors not written");
   }
-  file_->out.close();
-  if (!file_->out) throw Error("error while closing '" + file_->path + "'");
+  file_->out.commit();
 }
 
 }  // namespace microscale

@@ -10,11 +10,11 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 
 #include "microscale/error.hpp"
+#include "microscale/output_file.hpp"
 
 namespace microscale {
 namespace {
@@ -76,7 +76,8 @@ std::string_view dtype_to_safetensors(DType dtype) {
 }
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO opens at once (and is refused below) instead of waiting for a writer.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw Error("cannot open '" + path + "': " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -202,18 +203,16 @@ void SafetensorsFile::parse(const std::string& origin) {
       throw Error(where + ": tensors '" + tensors_[i - 1].name + "' and '" + tensors_[i].name + "' overlap");
     }
   }
+  for (size_t i = 0; i < tensors_.size(); ++i) by_name_.emplace(tensors_[i].name, i);
 }
 
-bool SafetensorsFile::contains(std::string_view name) const {
-  return std::any_of(tensors_.begin(), tensors_.end(),
-                     [&](const SafetensorsEntry& e) { return e.name == name; });
-}
+bool SafetensorsFile::contains(std::string_view name) const { return by_name_.find(name) != by_name_.end(); }
 
 const SafetensorsEntry& SafetensorsFile::at(std::string_view name) const {
-  for (const SafetensorsEntry& e : tensors_) {
-    if (e.name == name) return e;
-  }
-  throw Error("no tensor named '" + std::string(name) + "' in the safetensors file");
+  const auto it = by_name_.find(name);
+  if (it == by_name_.end())
+    throw Error("no tensor named '" + std::string(name) + "' in the safetensors file");
+  return tensors_[it->second];
 }
 
 TensorView SafetensorsFile::view(std::string_view name) const {
@@ -249,16 +248,14 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data buffer starts 8-byte aligned
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw Error("cannot write '" + path + "'");
+  OutputFile out(path);
   const uint64_t len = text.size();
   std::array<char, 8> len_bytes{};
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<char>((len >> (8 * i)) & 0xFF);
   out.write(len_bytes.data(), 8);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  for (const SafetensorsTensor& t : tensors)
-    out.write(static_cast<const char*>(t.data), static_cast<std::streamsize>(t.nbytes));
-  if (!out) throw Error("error while writing '" + path + "'");
+  out.write(text);
+  for (const SafetensorsTensor& t : tensors) out.write(t.data, t.nbytes);
+  out.commit();
 }
 
 }  // namespace microscale

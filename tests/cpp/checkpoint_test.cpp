@@ -3,6 +3,7 @@
 #include "microscale/checkpoint.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <cstring>
@@ -86,6 +87,58 @@ TEST(Checkpoint, BadDirectoriesAreErrors) {
   EXPECT_THROW(Checkpoint::open(bad.string()), Error);
   std::ofstream(bad / "model.safetensors.index.json") << R"({"weight_map": {"a": "../../etc/passwd"}})";
   EXPECT_THROW(Checkpoint::open(bad.string()), Error);
+  // An index that places a tensor in a shard that does not hold it: a loader would fail there.
+  const fs::path lies = make_model("index_lies");
+  nlohmann::json index = nlohmann::json::parse(std::ifstream(lies / "model.safetensors.index.json"));
+  index["weight_map"]["model.layers.9.ghost.weight"] = "model-00001-of-00002.safetensors";
+  std::ofstream(lies / "model.safetensors.index.json") << index.dump();
+  EXPECT_THROW(Checkpoint::open(lies.string()), Error);
+  index["weight_map"].erase("model.layers.9.ghost.weight");
+  index["weight_map"]["position_ids"] = "model-00001-of-00002.safetensors";  // it is in shard 2
+  std::ofstream(lies / "model.safetensors.index.json") << index.dump();
+  EXPECT_THROW(Checkpoint::open(lies.string()), Error);
+}
+
+TEST(Checkpoint, ShardNamesNeedOnlyBePlainFileNames) {
+  // Two dots in a name are not a path out of the directory.
+  const fs::path dir = fresh_dir("dots");
+  const std::vector<float> a(32 * 32, 1.0f);
+  write_safetensors((dir / "model..safetensors").string(), {{"w", "F32", {32, 32}, a.data(), a.size() * 4}});
+  std::ofstream(dir / "model.safetensors.index.json") << R"({"weight_map": {"w": "model..safetensors"}})";
+  EXPECT_TRUE(Checkpoint::open(dir.string()).contains("w"));
+  for (const char* name : {"..", ".", "", "sub/model.safetensors"}) {
+    std::ofstream(dir / "model.safetensors.index.json")
+        << nlohmann::json{{"weight_map", {{"w", name}}}}.dump();
+    EXPECT_THROW(Checkpoint::open(dir.string()), Error) << name;
+  }
+}
+
+TEST(Checkpoint, ConversionCopiesTheModelDirectoryOnce) {
+  // The output inside a subdirectory of the input is not copied into itself; links to
+  // directories are not followed; a FIFO is skipped, not read.
+  const fs::path model = make_model("copy_in");
+  fs::create_directories(model / "1_Pooling");
+  std::ofstream(model / "1_Pooling" / "config.json") << "{}";
+  fs::create_directory_symlink("/etc", model / "etc_link");
+  fs::create_directory_symlink(".", model / "loop");
+  ASSERT_EQ(::mkfifo((model / "pipe").c_str(), 0600), 0);
+  const fs::path out = model / "1_Pooling" / "quantized";
+  convert_checkpoint(model.string(), out.string(), ConvertOptions{});
+  EXPECT_TRUE(fs::exists(out / "1_Pooling" / "config.json"));
+  EXPECT_TRUE(fs::exists(out / "tokenizer.json"));
+  EXPECT_FALSE(fs::exists(out / "1_Pooling" / "quantized"));
+  EXPECT_FALSE(fs::exists(out / "etc_link"));
+  EXPECT_FALSE(fs::exists(out / "loop"));
+  EXPECT_FALSE(fs::exists(out / "pipe"));
+  EXPECT_TRUE(Checkpoint::open(out.string()).contains("model.layers.0.self_attn.q_proj.weight_scale"));
+}
+
+TEST(Checkpoint, ConfigThatIsNotAnObjectFailsBeforeWriting) {
+  const fs::path model = make_model("array_config");
+  std::ofstream(model / "config.json") << "[1, 2]";
+  const fs::path out = fresh_dir("array_config_out");
+  EXPECT_THROW(convert_checkpoint(model.string(), out.string(), ConvertOptions{}), Error);
+  EXPECT_TRUE(fs::is_empty(out));
 }
 
 TEST(Checkpoint, StreamWriterChecksOrderAndSizes) {
@@ -275,6 +328,17 @@ TEST(Checkpoint, CalibrationWritesInputScales) {
   o.calibration = calib.string();
   o.format = CheckpointFormat::MXFP8;
   EXPECT_THROW(convert_checkpoint(model.string(), fresh_dir("calib_bad2").string(), o), Error);
+  // An amax so small that amax / 2688 is no normal float (and 2688 / amax overflows): an error,
+  // not an input_scale of 0 or an input_global_scale of Inf.
+  const fs::path tiny = fresh_dir("calib_tiny") / "calibration.safetensors";
+  const float tiny_amax = 1e-40f;
+  write_safetensors(tiny.string(),
+                    {{"model.layers.0.self_attn.q_proj.input_amax", "F32", {1}, &tiny_amax, 4},
+                     {"model.layers.0.mlp.experts.gate_up_proj.input_amax", "F32", {}, &amax_q, 4},
+                     {"model.layers.0.mlp.up_proj.input_amax", "F32", {}, &amax_q, 4}});
+  o.calibration = tiny.string();
+  o.format = CheckpointFormat::NVFP4;
+  EXPECT_THROW(convert_checkpoint(model.string(), fresh_dir("calib_bad3").string(), o), Error);
 }
 
 }  // namespace

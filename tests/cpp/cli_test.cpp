@@ -74,6 +74,14 @@ TEST(Cli, QuantizeTensorsNvfp4) {
   ASSERT_EQ(scale.nbytes, q.rowwise_scale.nbytes());
   EXPECT_EQ(0, std::memcmp(scale.data, q.rowwise_scale.data(), scale.nbytes));
   EXPECT_EQ(f.metadata().at("microscale.scheme"), "nvfp4");
+  // The largest seed is taken whole and recorded; the scheme is recorded by its canonical name.
+  const Result seeded = run_cli("quantize-tensors " + in + " -o " + out +
+                                " --scheme NVFP4 --rowwise --rht --sr-seed 18446744073709551615");
+  ASSERT_EQ(seeded.exit_code, 0) << seeded.output;
+  const SafetensorsFile g = SafetensorsFile::open(out);
+  EXPECT_EQ(g.metadata().at("microscale.sr_seed"), "18446744073709551615");
+  EXPECT_EQ(g.metadata().at("microscale.scheme"), "nvfp4");
+  EXPECT_EQ(g.metadata().at("microscale.rht"), "false");  // rowwise only: no transform applied
 }
 
 TEST(Cli, QuantizeTensorsMxRowwiseOnly) {
@@ -100,6 +108,13 @@ TEST(Cli, BadInputIsAMessageAndNonZeroExit) {
       {"quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --tile 8x8", "--tile must be"},
       {"quantize-tensors " + in + " -o " + out + " --scheme mxfp4 --sr-seed 3", "stochastic rounding"},
       {"quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --bogus", "bogus"},
+      {"quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --sr-seed -5", "--sr-seed must be"},
+      {"quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --sr-seed 18446744073709551616",
+       "--sr-seed must be"},
+      {"quantize-tensors " + in + " -o " + out + " --scheme mxfp4 --scale-mode ''", "unknown scale mode"},
+      {"quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --threads 1000000", "not in range"},
+      {"quantize-tensors " + in + " -o " + in + " --scheme nvfp4", "is the input file"},
+      {"quantize-tensors " + in + " -o /dev/full --scheme nvfp4", "not a regular file"},
       {"quantize-tensors " + in + " --scheme nvfp4", "output"},
       {"quantize-tensors /nonexistent.safetensors -o " + out + " --scheme nvfp4", "nonexistent"},
       {"frobnicate", "subcommand"},
@@ -185,6 +200,7 @@ TEST(CliCheckpoint, BadInputIsAMessageAndNonZeroExit) {
       {"quantize " + in + " -o " + out + " --format mxfp8 --convention awq", "unknown convention"},
       {"quantize /nonexistent -o " + out + " --format nvfp4", "neither a file nor a directory"},
       {"quantize " + in + " -o " + in + " --format nvfp4", "must differ"},
+      {"quantize " + in + " -o " + out + " --format nvfp4 --scale-mode floor", "--scale-mode applies"},
       {"inspect /nonexistent.safetensors", "neither a file nor a directory"},
       {"bench --size 33", "multiples of 32"},
   };

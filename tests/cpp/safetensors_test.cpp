@@ -2,6 +2,7 @@
 #include "microscale/safetensors.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <cstring>
@@ -136,6 +137,11 @@ TEST(Safetensors, FilesystemErrors) {
                                  {{"a", "F32", {4}, a.data(), 16}, {"a", "F32", {4}, a.data(), 16}}),
                Error);
   EXPECT_THROW(write_safetensors("/nonexistent_dir/x.safetensors", {}), Error);
+  // A FIFO is refused at once, not waited on for a writer that never comes.
+  const std::string fifo = temp_path("fifo.safetensors");
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_THROW(SafetensorsFile::open(fifo), Error);
 }
 
 // A small mutation fuzzer: random byte flips of a valid file parse or throw Error, nothing else.

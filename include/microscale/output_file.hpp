@@ -1,0 +1,42 @@
+// microscale/output_file.hpp — files written whole or not at all.
+//
+// Every file microscale writes (safetensors, config and index JSON, reports) goes through
+// OutputFile: the bytes go to a temporary file beside the destination, which is renamed onto the
+// destination only once it is complete and closed without error. So a full disk or a failed
+// conversion leaves no truncated file under the real name, and a destination that is also being
+// read (an input file still mapped) is replaced, never truncated under the reader.
+#pragma once
+
+#include <cstddef>
+#include <fstream>
+#include <string>
+
+namespace microscale {
+
+/// @brief A file being written; commit() puts it in place, destruction without commit() discards it.
+class OutputFile {
+ public:
+  /// @brief Creates the temporary file. Throws microscale::Error when `path` names a directory or
+  /// another non-regular file, or when the temporary file cannot be created.
+  explicit OutputFile(std::string path);
+  ~OutputFile();
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+
+  /// @brief Appends bytes; throws microscale::Error when the write fails.
+  void write(const void* data, size_t nbytes);
+  void write(const std::string& text) { write(text.data(), text.size()); }
+  /// @brief Flushes and closes the file, checking both, then renames it onto the destination.
+  void commit();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_, temporary_;
+  std::ofstream out_;
+  bool committed_ = false;
+};
+
+/// @brief Writes `text` to `path` through an OutputFile.
+void write_text_file(const std::string& path, const std::string& text);
+
+}  // namespace microscale
