@@ -10,7 +10,8 @@ namespace microscale::tools {
 constexpr int kMaxThreads = 1024;
 
 inline CLI::Option* add_threads_option(CLI::App* cmd, int& threads) {
-  return cmd->add_option("--threads", threads, "CPU threads (default: all)")->check(CLI::Range(0, kMaxThreads));
+  return cmd->add_option("--threads", threads, "CPU threads (default: all)")
+      ->check(CLI::Range(0, kMaxThreads));
 }
 
 }  // namespace microscale::tools

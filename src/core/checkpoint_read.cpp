@@ -15,9 +15,16 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-int64_t numel(const std::vector<int64_t>& shape) {
+// a * b for the dimensions of a header (each >= 0), or an error naming `tensor` when it overflows.
+int64_t checked_product(int64_t a, int64_t b, const std::string& tensor) {
+  int64_t p = 0;
+  if (__builtin_mul_overflow(a, b, &p)) throw Error("tensor '" + tensor + "' has a shape too large");
+  return p;
+}
+
+int64_t numel(const std::vector<int64_t>& shape, const std::string& tensor) {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape) n = checked_product(n, d, tensor);
   return n;
 }
 
@@ -26,7 +33,12 @@ int64_t numel(const std::vector<int64_t>& shape) {
 template <typename ScaleOf>
 Tensor dequantize_blocks(const SafetensorsEntry& data, bool fp4, const SafetensorsEntry& scales, int block,
                          std::vector<int64_t> shape, ScaleOf scale_of) {
-  const int64_t n = numel(shape);
+  // Blocks run along the last dimension and never cross a row.
+  if (shape.empty() || shape.back() % block != 0) {
+    throw Error("tensor '" + data.name + "' of " + shape_string(shape) +
+                ": its last dimension is not a multiple of the block of " + std::to_string(block));
+  }
+  const int64_t n = numel(shape, data.name);
   if (static_cast<int64_t>(data.nbytes) * (fp4 ? 2 : 1) != n) {
     throw Error("tensor '" + data.name + "' holds " + std::to_string(data.nbytes) +
                 " bytes, not the codes of " + shape_string(shape));
@@ -59,7 +71,7 @@ float scalar_f32(const SafetensorsEntry& e) {
 // compressed-tensors and gpt-oss write them) or as the F4 dtype (header shape in elements).
 std::vector<int64_t> fp4_logical_shape(const SafetensorsEntry& e) {
   std::vector<int64_t> s = e.shape;
-  if (e.dtype == "U8" && !s.empty()) s.back() *= 2;
+  if (e.dtype == "U8" && !s.empty()) s.back() = checked_product(s.back(), 2, e.name);
   return s;
 }
 
@@ -84,7 +96,7 @@ std::vector<DetectedWeight> read_quantized_weights(const Checkpoint& c) {
       if (e.dtype != "U8" || e.shape.size() < 2 || e.shape.back() != 16)
         throw Error("'" + n + "' is not gpt-oss MXFP4 blocks");
       std::vector<int64_t> shape(e.shape.begin(), e.shape.end() - 2);
-      shape.push_back(e.shape[e.shape.size() - 2] * 32);
+      shape.push_back(checked_product(e.shape[e.shape.size() - 2], 32, n));
       found.push_back({base, CheckpointFormat::MXFP4, Convention::GptOss,
                        dequantize_blocks(e, true, c.at(base + "_scales"), 32, shape, e8m0)});
     } else if (ends_with(n, "_packed") && c.contains(n.substr(0, n.size() - 7) + "_scale")) {

@@ -270,6 +270,33 @@ TEST(Checkpoint, ConventionErrors) {
   EXPECT_THROW(convert_checkpoint(model.string(), model.string(), ConvertOptions{}), Error);  // in place
 }
 
+TEST(Checkpoint, HostileQuantizedLayoutsAreErrors) {
+  const fs::path dir = fresh_dir("hostile_layouts");
+  const std::vector<uint8_t> bytes(64, 0x38);
+  const float one = 1.0f;
+  const auto expect_rejected = [&](const std::vector<SafetensorsTensor>& tensors, const std::string& reason) {
+    write_safetensors((dir / "model.safetensors").string(), tensors);
+    const Checkpoint c = Checkpoint::open(dir.string());
+    try {
+      read_quantized_weights(c);
+      ADD_FAILURE() << "accepted: " << reason;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(reason), std::string::npos) << e.what();
+    }
+  };
+  // MXFP8 [4, 16]: two scales for 64 values would make blocks that cross rows.
+  expect_rejected({{"w", "F8_E4M3", {4, 16}, bytes.data(), 64}, {"w_scale", "U8", {2}, bytes.data(), 2}},
+                  "not a multiple of the block");
+  // Logical shapes that overflow int64 (zero elements, so the header itself is consistent).
+  expect_rejected({{"w", "U8", {0, int64_t{1} << 62}, bytes.data(), 0},
+                   {"w_scale", "F8_E4M3", {0}, bytes.data(), 0},
+                   {"w_scale_2", "F32", {}, &one, 4}},
+                  "too large");
+  expect_rejected({{"e_blocks", "U8", {0, (int64_t{1} << 59) + 1, 16}, bytes.data(), 0},
+                   {"e_scales", "U8", {0}, bytes.data(), 0}},
+                  "too large");
+}
+
 }  // namespace
 }  // namespace microscale
 

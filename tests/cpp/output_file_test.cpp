@@ -74,7 +74,7 @@ TEST(OutputFile, ReplacesAFileThatIsStillMapped) {
 TEST(OutputFile, ErrorsNameThePath) {
   const fs::path dir = testing_paths::temp_path("a_directory");
   fs::create_directories(dir);
-  EXPECT_THROW(OutputFile(dir.string()), Error);                     // not a regular file
+  EXPECT_THROW(OutputFile(dir.string()), Error);                      // not a regular file
   EXPECT_THROW(OutputFile("/nonexistent_dir/x.safetensors"), Error);  // cannot create
   if (fs::exists("/dev/full")) {
     try {
