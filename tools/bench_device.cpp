@@ -14,9 +14,9 @@
 #include "microscale/half.hpp"
 #include "microscale/quantize.hpp"
 #include "quantize_checkpoint.hpp"
+#include "threads_option.hpp"
 #ifdef MICROSCALE_HAVE_CUDA
 #include "bench_cuda.hpp"
-#include "threads_option.hpp"
 #endif
 
 namespace microscale::tools {

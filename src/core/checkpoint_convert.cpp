@@ -177,8 +177,6 @@ json quantization_config(const ConvertOptions& o, const std::vector<std::string>
   return {};
 }
 
-void write_text(const fs::path& path, const std::string& text) { write_text_file(path.string(), text); }
-
 // Copies the files of directory `from` into `to`, subdirectories too, except `output_dir` itself
 // when it lies inside the input and, at the top level (`top`), the names in `skip` (what the
 // conversion wrote) and every .safetensors file (the weights, converted or not the model's).
@@ -187,12 +185,17 @@ void write_text(const fs::path& path, const std::string& text) { write_text_file
 // sockets and devices, are skipped: a link could lead out of the model or back into it.
 void copy_model_files(const fs::path& from, const fs::path& to, const fs::path& output_dir, bool top,
                       const std::vector<std::string>& skip) {
-  std::error_code ec;
-  for (const fs::directory_entry& entry : fs::directory_iterator(from)) {
+  // NOTE: the error_code forms throughout: an unreadable directory is our Error, not a
+  // std::filesystem_error escaping to the caller.
+  std::error_code listing;
+  fs::directory_iterator it(from, listing);
+  for (; !listing && it != fs::directory_iterator(); it.increment(listing)) {
+    const fs::directory_entry& entry = *it;
     const std::string name = entry.path().filename().string();
     if (top && (std::find(skip.begin(), skip.end(), name) != skip.end() ||
                 entry.path().extension() == ".safetensors"))
       continue;
+    std::error_code ec;  // a broken link is neither equivalent, nor a directory, nor a regular file
     if (fs::equivalent(entry.path(), output_dir, ec)) continue;
     const fs::path target = to / name;
     if (entry.is_directory(ec)) {
@@ -205,6 +208,7 @@ void copy_model_files(const fs::path& from, const fs::path& to, const fs::path& 
       if (ec) throw Error("cannot copy '" + entry.path().string() + "': " + ec.message());
     }
   }
+  if (listing) throw Error("cannot list '" + from.string() + "': " + listing.message());
 }
 
 }  // namespace
@@ -330,13 +334,13 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
     writer.finish();
   }
   if (ckpt.shard_names().size() > 1) {
-    write_text(fs::path(output_dir) / "model.safetensors.index.json",
-               json{{"metadata", {{"total_size", total_size}}}, {"weight_map", weight_map}}.dump(2));
+    write_text_file((fs::path(output_dir) / "model.safetensors.index.json").string(),
+                    json{{"metadata", {{"total_size", total_size}}}, {"weight_map", weight_map}}.dump(2));
   }
 
   // config.json with the quantization_config; hf_quant_config.json for ModelOpt.
   config["quantization_config"] = quantization_config(o, ignored, w4a4);
-  write_text(fs::path(output_dir) / "config.json", config.dump(2));
+  write_text_file((fs::path(output_dir) / "config.json").string(), config.dump(2));
   if (o.convention == Convention::ModelOpt) {
     json hf = {{"producer", {{"name", "microscale"}, {"version", "0.1.0"}}},
                {"quantization",
@@ -344,7 +348,7 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
                  {"kv_cache_quant_algo", nullptr},
                  {"group_size", block},
                  {"exclude_modules", ignored}}}};
-    write_text(fs::path(output_dir) / "hf_quant_config.json", hf.dump(2));
+    write_text_file((fs::path(output_dir) / "hf_quant_config.json").string(), hf.dump(2));
   }
   // The rest of the model directory (tokenizer, module configs...) is copied as it is.
   if (fs::is_directory(input)) {

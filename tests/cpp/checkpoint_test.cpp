@@ -115,12 +115,13 @@ TEST(Checkpoint, ShardNamesNeedOnlyBePlainFileNames) {
 
 TEST(Checkpoint, ConversionCopiesTheModelDirectoryOnce) {
   // The output inside a subdirectory of the input is not copied into itself; links to
-  // directories are not followed; a FIFO is skipped, not read.
+  // directories are not followed; a FIFO and a dangling link are skipped, not read.
   const fs::path model = make_model("copy_in");
   fs::create_directories(model / "1_Pooling");
   std::ofstream(model / "1_Pooling" / "config.json") << "{}";
   fs::create_directory_symlink("/etc", model / "etc_link");
   fs::create_directory_symlink(".", model / "loop");
+  fs::create_symlink("/nonexistent_target", model / "dangling");
   ASSERT_EQ(::mkfifo((model / "pipe").c_str(), 0600), 0);
   const fs::path out = model / "1_Pooling" / "quantized";
   convert_checkpoint(model.string(), out.string(), ConvertOptions{});
@@ -130,6 +131,7 @@ TEST(Checkpoint, ConversionCopiesTheModelDirectoryOnce) {
   EXPECT_FALSE(fs::exists(out / "etc_link"));
   EXPECT_FALSE(fs::exists(out / "loop"));
   EXPECT_FALSE(fs::exists(out / "pipe"));
+  EXPECT_FALSE(fs::is_symlink(out / "dangling"));
   EXPECT_TRUE(Checkpoint::open(out.string()).contains("model.layers.0.self_attn.q_proj.weight_scale"));
 }
 
