@@ -1,14 +1,16 @@
 // microscale/output_file.hpp — files written whole or not at all.
 //
-// Every file microscale writes (safetensors, config and index JSON, reports) goes through
-// OutputFile: the bytes go to a temporary file beside the destination, which is renamed onto the
-// destination only once it is complete and closed without error. So a full disk or a failed
-// conversion leaves no truncated file under the real name, and a destination that is also being
-// read (an input file still mapped) is replaced, never truncated under the reader.
+// Every file microscale writes (safetensors, config and index JSON, reports; not the files a
+// conversion copies from the model directory) goes through OutputFile: the bytes go to a hidden
+// temporary file beside the destination (a random name, created exclusively), which is renamed
+// onto the destination only once it is complete and closed without error. So a full disk or a
+// failed conversion leaves no truncated file under the real name, and a destination that is also
+// being read (an input file still mapped) is replaced, never truncated under the reader. A
+// symbolic link at the destination is replaced by the file, not written through; a replaced file
+// keeps its permissions. (A process killed while writing leaves its hidden temporary file.)
 #pragma once
 
 #include <cstddef>
-#include <fstream>
 #include <string>
 
 namespace microscale {
@@ -32,7 +34,7 @@ class OutputFile {
 
  private:
   std::string path_, temporary_;
-  std::ofstream out_;
+  int fd_ = -1;  // the temporary file, unbuffered: callers write whole headers and tensors
   bool committed_ = false;
 };
 

@@ -220,7 +220,9 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
   const Checkpoint ckpt = Checkpoint::open(input);
   std::error_code ec;
   fs::create_directories(output_dir, ec);
-  if (!fs::is_directory(output_dir)) throw Error("cannot create the output directory '" + output_dir + "'");
+  if (!fs::is_directory(output_dir, ec)) {
+    throw Error("cannot create the output directory '" + output_dir + "'" + (ec ? ": " + ec.message() : ""));
+  }
   if (fs::equivalent(fs::path(output_dir), fs::path(ckpt.directory()), ec)) {
     throw Error("the output directory must differ from the input's");
   }
@@ -333,7 +335,11 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
     }
     writer.finish();
   }
-  if (ckpt.shard_names().size() > 1) {
+  // An index for shards, and for a single shard the input indexed (model-00001-of-00001: its
+  // name is not model.safetensors, so loaders find it through the index only).
+  const bool input_indexed =
+      fs::is_directory(input, ec) && fs::exists(fs::path(input) / "model.safetensors.index.json", ec);
+  if (ckpt.shard_names().size() > 1 || input_indexed) {
     write_text_file((fs::path(output_dir) / "model.safetensors.index.json").string(),
                     json{{"metadata", {{"total_size", total_size}}}, {"weight_map", weight_map}}.dump(2));
   }
@@ -351,7 +357,7 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
     write_text_file((fs::path(output_dir) / "hf_quant_config.json").string(), hf.dump(2));
   }
   // The rest of the model directory (tokenizer, module configs...) is copied as it is.
-  if (fs::is_directory(input)) {
+  if (fs::is_directory(input, ec)) {
     std::vector<std::string> written = ckpt.shard_names();
     for (const char* name : {"config.json", "model.safetensors.index.json", "hf_quant_config.json"})
       written.emplace_back(name);

@@ -11,6 +11,7 @@
 #include "microscale/checkpoint.hpp"
 #include "microscale/error.hpp"
 #include "microscale/output_file.hpp"
+#include "safetensors_header.hpp"
 
 namespace microscale {
 
@@ -36,14 +37,13 @@ Checkpoint Checkpoint::open(const std::string& path) {
   std::error_code ec;
   const fs::path p(path);
   std::vector<std::string> files;
-  std::vector<std::pair<std::string, std::string>> index_map;  // (tensor, shard) as the index says
   if (fs::is_regular_file(p, ec)) {
     c.directory_ = p.has_parent_path() ? p.parent_path().string() : ".";
     files.push_back(p.filename().string());
   } else if (fs::is_directory(p, ec)) {
     c.directory_ = p.string();
     const fs::path index = p / "model.safetensors.index.json";
-    if (fs::exists(index)) {
+    if (fs::exists(index, ec)) {
       json j;
       try {
         j = json::parse(read_text(index));
@@ -62,17 +62,21 @@ Checkpoint Checkpoint::open(const std::string& path) {
             file.find('\\') != std::string::npos) {
           throw Error("'" + index.string() + "' names a shard outside the directory: '" + file + "'");
         }
+        // NOTE: which shard each tensor is in is not checked against the index: loaders read
+        // every tensor of the shards it lists, and the output's index is written from the shards.
         if (std::find(files.begin(), files.end(), file) == files.end()) files.push_back(file);
-        index_map.emplace_back(it.key(), file);
       }
       std::sort(files.begin(), files.end());
-    } else if (fs::exists(p / "model.safetensors")) {
+    } else if (fs::exists(p / "model.safetensors", ec)) {
       files.push_back("model.safetensors");
     } else {
-      for (const auto& e : fs::directory_iterator(p)) {
-        if (e.is_regular_file() && e.path().extension() == ".safetensors")
-          files.push_back(e.path().filename().string());
+      fs::directory_iterator it(p, ec);
+      for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
+        std::error_code type;
+        if (it->is_regular_file(type) && it->path().extension() == ".safetensors")
+          files.push_back(it->path().filename().string());
       }
+      if (ec) throw Error("cannot list '" + path + "': " + ec.message());
       std::sort(files.begin(), files.end());
     }
     if (files.empty()) throw Error("no .safetensors file in '" + path + "'");
@@ -92,15 +96,8 @@ Checkpoint Checkpoint::open(const std::string& path) {
       c.entries_.push_back({&e, s});
     }
   }
-  for (const auto& [tensor, file] : index_map) {  // a loader would look for it there
-    const auto it = c.by_name_.find(tensor);
-    if (it == c.by_name_.end() || c.shard_names_[c.entries_[it->second].shard] != file) {
-      throw Error("the index of '" + path + "' places tensor '" + tensor + "' in '" + file +
-                  "', which does not hold it");
-    }
-  }
   const fs::path config = fs::path(c.directory_) / "config.json";
-  if (fs::is_directory(p, ec) && fs::exists(config)) c.config_json_ = read_text(config);
+  if (fs::is_directory(p, ec) && fs::exists(config, ec)) c.config_json_ = read_text(config);
   return c;
 }
 
@@ -146,8 +143,7 @@ void SafetensorsStreamWriter::begin(const std::string& path,
     header[d.name] = {{"dtype", d.dtype}, {"shape", d.shape}, {"data_offsets", {offset, offset + d.nbytes}}};
     offset += d.nbytes;
   }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');
+  const std::string text = safetensors_header_text(header);
   file_ = std::make_unique<File>(path);
   std::array<char, 8> len{};
   for (int i = 0; i < 8; ++i)

@@ -1,12 +1,16 @@
 // OutputFile: write beside the destination, rename onto it when complete.
 #include "microscale/output_file.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <random>
 
 #include "microscale/error.hpp"
 
@@ -16,46 +20,68 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// errno's text after a failed stream operation, when the C library left one.
-std::string system_reason() { return errno != 0 ? std::string(": ") + std::strerror(errno) : std::string(); }
+std::string errno_text(int error) { return std::string(": ") + std::strerror(error); }
+
+// A fresh name beside `destination`: hidden, with a random suffix, short enough that a
+// destination name of up to 255 bytes still gives a valid one.
+std::string temporary_name(const fs::path& destination) {
+  static thread_local std::mt19937_64 random(std::random_device{}() ^ static_cast<uint64_t>(::getpid()));
+  char suffix[20];
+  std::snprintf(suffix, sizeof suffix, ".%012llx",
+                static_cast<unsigned long long>(random() & 0xFFFFFFFFFFFFull));
+  std::string name = destination.filename().string();
+  name.resize(std::min<size_t>(name.size(), 200));
+  name.insert(name.begin(), '.');
+  name.append(suffix);
+  return (destination.parent_path() / name).string();
+}
 
 }  // namespace
 
 OutputFile::OutputFile(std::string path) : path_(std::move(path)) {
-  std::error_code ec;
-  const fs::file_status status = fs::status(path_, ec);
-  if (fs::exists(status) && !fs::is_regular_file(status)) {
+  struct stat existing {};
+  const bool exists = ::stat(path_.c_str(), &existing) == 0;
+  if (exists && !S_ISREG(existing.st_mode)) {
     throw Error("cannot write '" + path_ + "': it exists and is not a regular file");
   }
-  // NOTE: in the destination's directory, so that the rename is atomic (one file system); the
-  // process id keeps two writers of the same destination apart.
-  temporary_ = path_ + ".microscale-tmp." + std::to_string(::getpid());
-  errno = 0;
-  out_.open(temporary_, std::ios::binary | std::ios::trunc);
-  if (!out_) throw Error("cannot write '" + path_ + "'" + system_reason());
+  // NOTE: in the destination's directory, so that the rename is atomic (one file system).
+  // O_EXCL | O_NOFOLLOW: a name that exists (another writer's, or a planted link) is never
+  // written through; another random name is tried.
+  for (int attempt = 0; attempt < 16 && fd_ < 0; ++attempt) {
+    temporary_ = temporary_name(path_);
+    fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd_ < 0 && errno != EEXIST) throw Error("cannot write '" + path_ + "'" + errno_text(errno));
+  }
+  if (fd_ < 0) throw Error("cannot write '" + path_ + "': no free temporary name beside it");
+  // A replaced file keeps its permissions (a new one gets 0666 less the umask, as open gives it).
+  if (exists) static_cast<void>(::fchmod(fd_, existing.st_mode & 07777));  // best effort
 }
 
 OutputFile::~OutputFile() {
   if (committed_) return;
-  out_.close();
-  std::remove(temporary_.c_str());
+  if (fd_ >= 0) ::close(fd_);
+  ::unlink(temporary_.c_str());
 }
 
 void OutputFile::write(const void* data, size_t nbytes) {
   if (committed_) throw Error("'" + path_ + "' was already committed");
-  errno = 0;
-  out_.write(static_cast<const char*>(data), static_cast<std::streamsize>(nbytes));
-  if (!out_) throw Error("error while writing '" + path_ + "'" + system_reason());
+  const auto* bytes = static_cast<const char*>(data);
+  while (nbytes > 0) {  // write() may take part of the bytes (a signal, a file size limit)
+    const ssize_t n = ::write(fd_, bytes, nbytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw Error("error while writing '" + path_ + "'" + errno_text(n < 0 ? errno : ENOSPC));
+    bytes += n;
+    nbytes -= static_cast<size_t>(n);
+  }
 }
 
 void OutputFile::commit() {
   if (committed_) return;
-  errno = 0;
-  out_.flush();
-  out_.close();  // buffered bytes reach the file system here: a full disk shows now
-  if (!out_) throw Error("error while writing '" + path_ + "'" + system_reason());
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) throw Error("error while writing '" + path_ + "'" + errno_text(errno));
   if (std::rename(temporary_.c_str(), path_.c_str()) != 0) {
-    throw Error("cannot move the finished file onto '" + path_ + "'" + system_reason());
+    throw Error("cannot move the finished file onto '" + path_ + "'" + errno_text(errno));
   }
   committed_ = true;
 }

@@ -15,6 +15,7 @@
 
 #include "microscale/error.hpp"
 #include "microscale/output_file.hpp"
+#include "safetensors_header.hpp"
 
 namespace microscale {
 namespace {
@@ -40,6 +41,17 @@ constexpr std::array<DtypeRow, 22> kDtypes = {{
 std::string describe(const std::string& origin) { return origin.empty() ? "safetensors data" : origin; }
 
 }  // namespace
+
+std::string safetensors_header_text(const nlohmann::json& header) {
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception&) {  // the format's JSON is UTF-8
+    throw Error("tensor names and metadata of a safetensors file must be valid UTF-8");
+  }
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data buffer starts 8-byte aligned
+  return text;
+}
 
 size_t safetensors_dtype_bits(std::string_view dtype) {
   for (const DtypeRow& row : kDtypes) {
@@ -246,8 +258,7 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
     header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.nbytes}}};
     offset += t.nbytes;
   }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');  // the data buffer starts 8-byte aligned
+  std::string text = safetensors_header_text(header);
   OutputFile out(path);
   const uint64_t len = text.size();
   std::array<char, 8> len_bytes{};

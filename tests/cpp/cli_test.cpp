@@ -114,7 +114,9 @@ TEST(Cli, BadInputIsAMessageAndNonZeroExit) {
       {"quantize-tensors " + in + " -o " + out + " --scheme mxfp4 --scale-mode ''", "unknown scale mode"},
       {"quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --threads 1000000", "not in range"},
       {"quantize-tensors " + in + " -o " + in + " --scheme nvfp4", "is the input file"},
-      {"quantize-tensors " + in + " -o /dev/full --scheme nvfp4", "not a regular file"},
+      {"quantize-tensors " + in + " -o " + testing_paths::temp_path("").parent_path().string() +
+           " --scheme nvfp4",
+       "not a regular file"},  // a directory
       {"quantize-tensors " + in + " --scheme nvfp4", "output"},
       {"quantize-tensors /nonexistent.safetensors -o " + out + " --scheme nvfp4", "nonexistent"},
       {"frobnicate", "subcommand"},

@@ -2,12 +2,15 @@
 #include "microscale/output_file.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <vector>
 
 #include "microscale/error.hpp"
 #include "microscale/safetensors.hpp"
@@ -69,6 +72,35 @@ TEST(OutputFile, ReplacesAFileThatIsStillMapped) {
   write_safetensors(path.string(), {{"b", "F32", {2}, a.data(), 8}});
   EXPECT_EQ(reinterpret_cast<const float*>(mapped.at("a").data)[3], 4.0f);  // the old bytes, intact
   EXPECT_TRUE(SafetensorsFile::open(path.string()).contains("b"));
+}
+
+TEST(OutputFile, AFullDiskIsAnError) {
+  // A file size limit stands in for a full disk: write() stops at it with EFBIG (SIGXFSZ ignored).
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  if (old.rlim_max != RLIM_INFINITY && old.rlim_max < 4096)
+    GTEST_SKIP() << "file size hard limit below 4 KiB";
+  const auto previous = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = old;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  const fs::path path = testing_paths::temp_path("limited.bin");
+  std::string what;
+  try {
+    OutputFile f(path.string());
+    const std::vector<char> bytes(8192, 'x');
+    f.write(bytes.data(), bytes.size());
+    f.commit();
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, previous);
+  EXPECT_NE(what.find("error while writing"), std::string::npos) << what;
+  EXPECT_FALSE(fs::exists(path));
+  for (const auto& e : fs::directory_iterator(path.parent_path())) {  // nor its temporary file
+    EXPECT_NE(e.path().filename().string().rfind("." + path.filename().string(), 0), 0u) << e.path();
+  }
 }
 
 TEST(OutputFile, ErrorsNameThePath) {

@@ -140,7 +140,7 @@ TEST(Safetensors, FilesystemErrors) {
   // A FIFO is refused at once, not waited on for a writer that never comes.
   const std::string fifo = temp_path("fifo.safetensors");
   std::filesystem::remove(fifo);
-  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  if (::mkfifo(fifo.c_str(), 0600) != 0) GTEST_SKIP() << "no FIFOs in the temporary directory";
   EXPECT_THROW(SafetensorsFile::open(fifo), Error);
 }
 
