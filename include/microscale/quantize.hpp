@@ -65,6 +65,10 @@ struct StochasticRounding {
   uint64_t offset = 0;
 };
 
+/// The most CPU threads an options struct may ask for: more is a mistake, not a machine (an OpenMP
+/// team of 100 000 threads overflows the runtime's stack and kills the process).
+constexpr int kMaxThreads = 1024;
+
 struct QuantizeOptions {
   Scheme scheme = Scheme::NVFP4;
   bool rowwise = true;
@@ -77,7 +81,7 @@ struct QuantizeOptions {
   std::optional<float> amax_rowwise;     ///< NVFP4: use this amax (e.g. all-reduced over a TP group)
   std::optional<float> amax_columnwise;  ///< NVFP4: the same for the columnwise (post-RHT) amax
   ScaleLayout scale_layout = ScaleLayout::Compact;
-  int num_threads = 0;  ///< CPU fast path: 0 = all hardware threads
+  int num_threads = 0;  ///< CPU fast path: 0 = all hardware threads; at most kMaxThreads
 };
 
 /// @brief Quantized data and scales; the outputs not asked for are undefined Tensors.

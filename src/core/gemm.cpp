@@ -2,7 +2,9 @@
 // The accumulation itself is backend work (src/cpu/gemm_cpu.cpp).
 #include "microscale/gemm.hpp"
 
+#include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/fp_environment.hpp"
@@ -25,6 +27,26 @@ void check_view(const TensorView& v, const std::string& what) {
   require(v.ndim() == 2 || v.ndim() == 3,
           what + " must be 2-D or 3-D (batched), got " + shape_string(v.shape));
   for (int64_t s : v.effective_strides()) require(s > 0, what + " must have positive strides");
+}
+
+// An output whose strides map two elements to one address would have them written over each
+// other: with the dims (of size > 1) ordered by stride, each stride must step past everything the
+// smaller ones reach. (Positive strides: check_view.)
+void require_no_overlap(const TensorView& v, const std::string& what) {
+  const std::vector<int64_t> strides = v.effective_strides();
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
+  for (int64_t i = 0; i < v.ndim(); ++i) {
+    if (v.shape[i] > 1) dims.emplace_back(strides[i], v.shape[i]);
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t reach = 0;  // the largest offset the dims so far reach
+  for (const auto& [stride, size] : dims) {
+    require(stride > reach, what + " has strides " + shape_string(strides) + " that make elements of " +
+                                shape_string(v.shape) + " overlap");
+    int64_t span = 0;
+    require(!__builtin_mul_overflow(size - 1, stride, &span) && !__builtin_add_overflow(reach, span, &reach),
+            what + " has strides " + shape_string(strides) + " out of range");
+  }
 }
 
 // Checks one operand's internal consistency; returns {rows, K, L}.
@@ -141,6 +163,7 @@ void gemm_into(const GemmOperand& a, const GemmOperand& b, const GemmProblem& p,
   }
   const int64_t batches = la;
   check_view(d, "output D");
+  require_no_overlap(d, "output D");
   require(d.dtype == DType::F32 || d.dtype == DType::BF16 || d.dtype == DType::F16,
           "D must be f32, bf16 or f16");
   std::vector<int64_t> want = {m, n};

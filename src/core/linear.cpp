@@ -77,8 +77,19 @@ Tensor linear_forward(const TensorView& x, const TensorView& weight, const std::
     xo.columnwise = saved != nullptr;  // X^T only feeds wgrad
     Tensor x_bf16;
     const QuantizedTensor xq = quantize(rht_ready(x, m, k, xo, x_bf16), xo);
-    const QuantizedTensor wq =
-        cached_weight ? *cached_weight : quantize(weight, *quantize_options(recipe, TensorRole::Weight));
+    const QuantizeOptions wo = *quantize_options(recipe, TensorRole::Weight);
+    if (cached_weight) {  // it must be what quantize(weight, wo) would give, at least in kind and shape
+      const QuantizedTensor& c = *cached_weight;
+      if (c.scheme != wo.scheme || c.tile != wo.tile || c.rows != n || c.cols != k ||
+          !c.has(Usage::Rowwise)) {
+        throw Error("the cached weight is " + std::string(scheme_name(c.scheme)) + " [" +
+                    std::to_string(c.rows) + ", " + std::to_string(c.cols) + "]" +
+                    (c.has(Usage::Rowwise) ? "" : " without rowwise data") + "; this recipe's weight is " +
+                    std::string(scheme_name(wo.scheme)) + " [" + std::to_string(n) + ", " +
+                    std::to_string(k) + "] with rowwise data");
+      }
+    }
+    const QuantizedTensor wq = cached_weight ? *cached_weight : quantize(weight, wo);
     const auto [first, second] = te_gemm_operands(wq, xq, "TN");  // y = x W^T
     y = gemm(first, second, problem);
     if (saved) {

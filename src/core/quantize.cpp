@@ -2,6 +2,7 @@
 // CPU kernels, and the scale layout pass. Kernels see only validated inputs.
 #include "microscale/quantize.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cctype>
 #include <cmath>
@@ -61,7 +62,8 @@ void validate_quantize(const InputMatrix& x, const QuantizeOptions& o) {
   shape += std::to_string(x.cols);
   shape += "]";
   require(o.rowwise || o.columnwise, "ask for rowwise and/or columnwise output");
-  require(o.num_threads >= 0, "num_threads must be >= 0");
+  require(o.num_threads >= 0 && o.num_threads <= kMaxThreads,
+          "num_threads must be from 0 (all hardware threads) to " + std::to_string(kMaxThreads));
   require(o.scale_layout == ScaleLayout::Compact || o.scale_layout == ScaleLayout::Swizzled,
           "unknown scale layout");
   if (o.rowwise) {
@@ -124,13 +126,22 @@ QuantizedTensor allocate(const TensorView& input, const InputMatrix& x, const Qu
   QuantizeOptions compact = o;
   compact.scale_layout = ScaleLayout::Compact;
   const QuantizedShapes s = quantized_shapes(input.shape, compact);
+  // Reused tensors that share their bytes (a caller set two fields to one Tensor) would have two
+  // outputs written over each other: each buffer is reused once at most.
+  std::vector<const void*> taken;
+  auto output = [&](const Tensor* reused, const std::vector<int64_t>& shape) {
+    Tensor t = output_tensor(reused, shape);
+    if (std::find(taken.begin(), taken.end(), t.data()) != taken.end()) t = Tensor(DType::U8, shape);
+    taken.push_back(t.data());
+    return t;
+  };
   if (o.rowwise) {
-    q.rowwise_data = output_tensor(reuse ? &reuse->rowwise_data : nullptr, s.rowwise_data);
-    q.rowwise_scale = output_tensor(reuse ? &reuse->rowwise_scale : nullptr, s.rowwise_scale);
+    q.rowwise_data = output(reuse ? &reuse->rowwise_data : nullptr, s.rowwise_data);
+    q.rowwise_scale = output(reuse ? &reuse->rowwise_scale : nullptr, s.rowwise_scale);
   }
   if (o.columnwise) {
-    q.columnwise_data = output_tensor(reuse ? &reuse->columnwise_data : nullptr, s.columnwise_data);
-    q.columnwise_scale = output_tensor(reuse ? &reuse->columnwise_scale : nullptr, s.columnwise_scale);
+    q.columnwise_data = output(reuse ? &reuse->columnwise_data : nullptr, s.columnwise_data);
+    q.columnwise_scale = output(reuse ? &reuse->columnwise_scale : nullptr, s.columnwise_scale);
   }
   return q;
 }
@@ -214,7 +225,11 @@ QuantizedShapes quantized_shapes(const std::vector<int64_t>& shape, const Quanti
   QuantizedShapes s;
   s.cols = shape.back();
   s.rows = 1;
-  for (size_t i = 0; i + 1 < shape.size(); ++i) s.rows *= shape[i];
+  for (size_t i = 0; i + 1 < shape.size(); ++i) {
+    if (shape[i] < 0 || __builtin_mul_overflow(s.rows, shape[i], &s.rows))
+      throw Error("input shape " + shape_string(shape) + " has a negative dimension or too many elements");
+  }
+  if (s.cols < 0) throw Error("input shape " + shape_string(shape) + " has a negative dimension");
   const int64_t m = s.rows, k = s.cols;
   const int block = block_size(o.scheme);
   const bool swizzled = o.scale_layout == ScaleLayout::Swizzled;
@@ -290,12 +305,61 @@ QuantizedTensor quantize_ref(const TensorView& input, const QuantizeOptions& opt
   return run(input, options, cpu::quantize_nvfp4_ref, cpu::quantize_mx_ref);
 }
 
+namespace {
+
+// A QuantizedTensor's fields agree with each other for `usage` (one filled in by hand may not):
+// a known scheme and layout, a blockable [rows, cols], and u8 data and scales of the sizes
+// quantize gives them. Reading it then stays inside its tensors.
+void check_consistent(const QuantizedTensor& q, Usage usage) {
+  const std::string which = usage == Usage::Rowwise ? "rowwise" : "columnwise";
+  static_cast<void>(scheme_row(q.scheme));  // throws for an unknown scheme
+  require(q.scale_layout == ScaleLayout::Compact || q.scale_layout == ScaleLayout::Swizzled,
+          "unknown scale layout id " + std::to_string(static_cast<int>(q.scale_layout)));
+  require(q.rows >= 0 && q.cols >= 0, "the quantized tensor's rows and cols must be >= 0");
+  const int block = block_size(q.scheme);
+  const bool packed = element_format(q.scheme) == Format::E2M1;
+  if (usage == Usage::Rowwise) {
+    require(q.cols % block == 0,
+            "a rowwise quantized tensor needs cols divisible by " + std::to_string(block));
+  } else {
+    require(q.rows % block == 0,
+            "a columnwise quantized tensor needs rows divisible by " + std::to_string(block));
+    require(!(packed && is_mx(q.scheme)) || q.cols % 2 == 0,
+            "MXFP4 columnwise data needs an even number of cols");
+  }
+  QuantizeOptions o;
+  o.scheme = q.scheme;
+  o.scale_layout = q.scale_layout;
+  o.rowwise = usage == Usage::Rowwise;
+  o.columnwise = usage == Usage::Columnwise;
+  const QuantizedShapes expected = quantized_shapes({q.rows, q.cols}, o);
+  const Tensor& data = usage == Usage::Rowwise ? q.rowwise_data : q.columnwise_data;
+  const Tensor& scales = usage == Usage::Rowwise ? q.rowwise_scale : q.columnwise_scale;
+  const std::vector<int64_t>& data_shape =
+      usage == Usage::Rowwise ? expected.rowwise_data : expected.columnwise_data;
+  const std::vector<int64_t>& scale_shape =
+      usage == Usage::Rowwise ? expected.rowwise_scale : expected.columnwise_scale;
+  require(data.dtype() == DType::U8 && data.shape() == data_shape,
+          "the " + which + " data is " + std::string(dtype_name(data.dtype())) + " " +
+              shape_string(data.shape()) + "; a " + std::string(scheme_name(q.scheme)) + " tensor of [" +
+              std::to_string(q.rows) + ", " + std::to_string(q.cols) + "] has u8 " +
+              shape_string(data_shape));
+  require(scales.dtype() == DType::U8 && scales.shape() == scale_shape,
+          "the " + which + " scales are " + std::string(dtype_name(scales.dtype())) + " " +
+              shape_string(scales.shape()) + "; this tensor's " +
+              (q.scale_layout == ScaleLayout::Swizzled ? "swizzled" : "compact") + " scales are u8 " +
+              shape_string(scale_shape));
+}
+
+}  // namespace
+
 Tensor dequantize(const QuantizedTensor& q, Usage usage, DType out_dtype) {
   const IeeeSubnormals ieee;  // code x scale can be subnormal (fp_environment.hpp)
   if (!q.has(usage)) {
     throw Error(std::string("this quantized tensor has no ") +
                 (usage == Usage::Rowwise ? "rowwise" : "columnwise") + " data");
   }
+  check_consistent(q, usage);
   if (out_dtype == DType::U8) throw Error("dequantize output dtype must be f32, bf16 or f16");
   const Tensor& data = usage == Usage::Rowwise ? q.rowwise_data : q.columnwise_data;
   const Tensor scales = compact_scales(q, usage);

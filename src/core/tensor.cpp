@@ -29,8 +29,9 @@ std::string_view dtype_name(DType dtype) {
 }
 
 namespace {
-// Product of the dims, with an error instead of overflow or a negative dim.
-int64_t checked_numel(const std::vector<int64_t>& shape) {
+// Product of the dims, with an error instead of overflow or a negative dim; with
+// `element_bytes`, also when the byte count numel * element_bytes would overflow.
+int64_t checked_numel(const std::vector<int64_t>& shape, int64_t element_bytes = 1) {
   int64_t n = 1;
   for (int64_t d : shape) {
     if (d < 0) throw Error("negative dimension in shape " + shape_string(shape));
@@ -38,6 +39,9 @@ int64_t checked_numel(const std::vector<int64_t>& shape) {
       throw Error("shape " + shape_string(shape) + " has too many elements");
     }
     n *= d;
+  }
+  if (n > std::numeric_limits<int64_t>::max() / element_bytes) {
+    throw Error("shape " + shape_string(shape) + " has too many bytes");
   }
   return n;
 }
@@ -51,7 +55,7 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 
 TensorView TensorView::from_buffer(const void* data, size_t size_bytes, DType dtype,
                                    std::vector<int64_t> shape) {
-  const int64_t n = checked_numel(shape);
+  const int64_t n = checked_numel(shape, static_cast<int64_t>(dtype_size(dtype)));
   if (data == nullptr && n > 0) throw Error("null data pointer for shape " + shape_string(shape));
   const size_t needed = static_cast<size_t>(n) * dtype_size(dtype);
   if (size_bytes < needed) {
@@ -92,7 +96,8 @@ bool TensorView::is_contiguous() const {
 }
 
 Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
-  const size_t bytes = static_cast<size_t>(checked_numel(shape_)) * dtype_size(dtype_);
+  const size_t bytes = static_cast<size_t>(checked_numel(shape_, static_cast<int64_t>(dtype_size(dtype_)))) *
+                       dtype_size(dtype_);
   // Data 64-byte aligned (a cache line, a ZMM register): the quantizers write whole output lines.
   // NOTE: plain new[] plus an offset, not aligned new: glibc serves large aligned allocations
   // with fresh pages every time (page faults measured at ~40 % of a 4096 x 4096 quantize).

@@ -296,6 +296,20 @@ TEST(Gemm, ClearErrors) {
   const QuantizedTensor xm = quantize(x.view(), mx);
   expect_error([&] { gemm(GemmOperand::from(xq, Usage::Rowwise), GemmOperand::from(xm, Usage::Rowwise)); },
                "different block sizes");
+  {  // an output view whose strides put two elements at one address
+    Tensor d(DType::F32, {32, 32});
+    TensorView overlapping = d.view();
+    overlapping.shape = {8, 8};
+    overlapping.strides = {1, 1};
+    const QuantizedTensor a8 =
+        quantize(random_tensor(DType::F32, {8, 64}, Fill::Normal, 5).view(), QuantizeOptions{});
+    expect_error(
+        [&] {
+          gemm_into(GemmOperand::from(a8, Usage::Rowwise), GemmOperand::from(a8, Usage::Rowwise), {},
+                    overlapping);
+        },
+        "overlap");
+  }
   GemmOperand bad = GemmOperand::from(xq, Usage::Rowwise);
   bad.scales.shape = {32, 3};
   expect_error([&] { gemm(bad, GemmOperand::from(xq, Usage::Rowwise)); }, "compact scales");

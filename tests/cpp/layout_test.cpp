@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
 
 #include "microscale/error.hpp"
@@ -51,6 +52,12 @@ TEST(Layout, BadArguments) {
   Tensor small(DType::U8, {100});
   EXPECT_THROW(unswizzle_scales(small.view(), 128, 4), Error);
   EXPECT_THROW(unswizzle_scales(small.view(), -1, 4), Error);
+  // Negative shapes and sizes whose padded image would overflow int64.
+  TensorView negative = small.view();
+  negative.shape = {4, -4};
+  EXPECT_THROW(swizzle_scales(negative), Error);
+  Tensor empty(DType::U8, {0});
+  EXPECT_THROW(unswizzle_scales(empty.view(), INT64_MAX - 10, 1), Error);
 }
 
 }  // namespace

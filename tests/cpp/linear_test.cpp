@@ -261,6 +261,15 @@ TEST(Linear, ClearErrors) {
   const Tensor x_odd = random_tensor(DType::F32, {10, 64}, Fill::Normal, 45);
   EXPECT_THROW(linear_forward(x_odd.view(), w2.view(), std::nullopt, NVFP4BlockScaling{}, &saved), Error);
   EXPECT_THROW(Linear(0, 4, false, 1), Error);
+  // A cached weight of another scheme or shape than the recipe's weight.
+  QuantizeOptions mxfp4;
+  mxfp4.scheme = Scheme::MXFP4;
+  const QuantizedTensor w4 = quantize(w2.view(), mxfp4);
+  EXPECT_THROW(linear_forward(x.view(), w2.view(), std::nullopt, MXFP8BlockScaling{}, nullptr, &w4), Error);
+  const QuantizedTensor w_small = quantize(random_tensor(DType::F32, {32, 32}, Fill::Normal, 46).view(),
+                                           *quantize_options(NVFP4BlockScaling{}, TensorRole::Weight));
+  EXPECT_THROW(linear_forward(x.view(), w2.view(), std::nullopt, NVFP4BlockScaling{}, nullptr, &w_small),
+               Error);
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // Bad input: every case is a microscale::Error with a reason, never a crash or silent garbage.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "microscale/error.hpp"
 #include "microscale/layout.hpp"
@@ -138,6 +140,79 @@ TEST(QuantizeErrors, NamesAndDequantize) {
   TensorView cuda_view = x.view();
   cuda_view.device = Device::CUDA;
   expect_rejected(cuda_view, QuantizeOptions{}, "CPU tensor");
+}
+
+// Expects fn() to throw microscale::Error whose message contains `text`.
+template <typename Fn>
+void expect_error(Fn fn, const std::string& text) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error; expected '" << text << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+  }
+}
+
+TEST(QuantizeErrors, SizesThatOverflowAndThreadCounts) {
+  const std::vector<float> buf(4);
+  // 2^62 f32 elements: the element count fits int64, the byte count does not.
+  expect_error([&] { TensorView::from_buffer(buf.data(), 16, DType::F32, {int64_t{1} << 62}); },
+               "too many bytes");
+  expect_error([&] { Tensor(DType::F32, {int64_t{1} << 62}); }, "too many bytes");
+  expect_error([&] { quantized_shapes({-32, 64}, QuantizeOptions{}); }, "negative dimension");
+  expect_error(
+      [&] {
+        quantized_shapes({int64_t{1} << 40, int64_t{1} << 40, 32}, QuantizeOptions{});
+      },
+      "too many elements");
+  const Tensor x = random_tensor(DType::F32, {32, 32}, Fill::Normal, 9);
+  QuantizeOptions o;
+  for (int threads : {-1, kMaxThreads + 1, 100000}) {
+    o.num_threads = threads;
+    expect_rejected(x.view(), o, "num_threads must be");
+  }
+}
+
+TEST(QuantizeErrors, DequantizeChecksAHandBuiltQuantizedTensor) {
+  const Tensor x = random_tensor(DType::F32, {64, 64}, Fill::Normal, 10);
+  QuantizeOptions o;
+  o.columnwise = true;
+  const QuantizedTensor good = quantize(x.view(), o);
+  QuantizedTensor q = good;
+  q.rowwise_data = Tensor(DType::U8, {1, 1});  // too short
+  expect_error([&] { dequantize(q, Usage::Rowwise); }, "rowwise data is u8 [1, 1]");
+  q = good;
+  q.rows = q.cols = 4096;  // the data is that of [64, 64]
+  expect_error([&] { dequantize(q, Usage::Columnwise); }, "columnwise data");
+  q = good;
+  q.scheme = Scheme::MXFP8_E4M3;  // NVFP4 bytes labelled MXFP8
+  expect_error([&] { dequantize(q, Usage::Rowwise); }, "rowwise data");
+  q = good;
+  q.rowwise_scale = Tensor(DType::F32, {64, 4});  // the right count of the wrong dtype
+  expect_error([&] { dequantize(q, Usage::Rowwise); }, "rowwise scales are f32");
+  q = good;
+  q.scale_layout = ScaleLayout::Swizzled;  // compact [64, 4] scales labelled swizzled [128, 4]
+  expect_error([&] { dequantize(q, Usage::Rowwise); }, "swizzled scales are u8 [128, 4]");
+  q = good;
+  q.scale_layout = static_cast<ScaleLayout>(5);
+  expect_error([&] { dequantize(q, Usage::Rowwise); }, "unknown scale layout");
+  EXPECT_NO_THROW(dequantize(good, Usage::Columnwise));
+}
+
+TEST(QuantizeErrors, OutputsThatShareTheirBytesAreNotWrittenOverEachOther) {
+  // Square NVFP4: rowwise and columnwise data have the same shape; one Tensor given for both.
+  const Tensor x = random_tensor(DType::F32, {64, 64}, Fill::Normal, 11);
+  QuantizeOptions o;
+  o.columnwise = true;
+  const QuantizedTensor expected = quantize(x.view(), o);
+  QuantizedTensor q;
+  q.rowwise_data = q.columnwise_data = Tensor(DType::U8, {64, 32});
+  quantize_into(x.view(), o, q);
+  EXPECT_NE(q.rowwise_data.data(), q.columnwise_data.data());
+  EXPECT_EQ(0,
+            std::memcmp(q.rowwise_data.data(), expected.rowwise_data.data(), expected.rowwise_data.nbytes()));
+  EXPECT_EQ(0, std::memcmp(q.columnwise_data.data(), expected.columnwise_data.data(),
+                           expected.columnwise_data.nbytes()));
 }
 
 }  // namespace
