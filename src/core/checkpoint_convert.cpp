@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/fp_environment.hpp"
+#include "core/quantize_checks.hpp"
 #include "core/scale_math.hpp"
 #include "microscale/checkpoint.hpp"
 #include "microscale/error.hpp"
@@ -230,10 +231,8 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
   QuantizeOptions qo;
   qo.scheme = scheme_of(o.format);
   qo.scale_mode = o.mx_scale_mode;
-  qo.num_threads = o.num_threads;  // checked by quantize (0..kMaxThreads) with the first tensor
-  if (o.num_threads < 0 || o.num_threads > kMaxThreads) {
-    throw Error("num_threads must be from 0 (all hardware threads) to " + std::to_string(kMaxThreads));
-  }
+  validate_thread_count(o.num_threads);  // before anything is written, as quantize would
+  qo.num_threads = o.num_threads;
   const bool w4a4 = !o.calibration.empty();
   if (w4a4 && o.format != CheckpointFormat::NVFP4) {
     throw Error("--calibration applies to nvfp4 (MX activations need no static scale)");

@@ -52,6 +52,11 @@ std::string lowercase(std::string_view s) {
 
 }  // namespace
 
+void validate_thread_count(int num_threads) {
+  require(num_threads >= 0 && num_threads <= kMaxThreads,
+          "num_threads must be from 0 (all hardware threads) to " + std::to_string(kMaxThreads));
+}
+
 void validate_quantize(const InputMatrix& x, const QuantizeOptions& o) {
   const SchemeRow& s = scheme_row(o.scheme);
   const std::string name(s.name);
@@ -62,8 +67,7 @@ void validate_quantize(const InputMatrix& x, const QuantizeOptions& o) {
   shape += std::to_string(x.cols);
   shape += "]";
   require(o.rowwise || o.columnwise, "ask for rowwise and/or columnwise output");
-  require(o.num_threads >= 0 && o.num_threads <= kMaxThreads,
-          "num_threads must be from 0 (all hardware threads) to " + std::to_string(kMaxThreads));
+  validate_thread_count(o.num_threads);
   require(o.scale_layout == ScaleLayout::Compact || o.scale_layout == ScaleLayout::Swizzled,
           "unknown scale layout");
   if (o.rowwise) {

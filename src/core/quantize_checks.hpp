@@ -10,4 +10,7 @@ namespace microscale {
 /// Throws microscale::Error when `options` cannot quantize the (flattened) input `x`.
 void validate_quantize(const InputMatrix& x, const QuantizeOptions& options);
 
+/// Throws microscale::Error unless 0 <= num_threads <= kMaxThreads (0: all hardware threads).
+void validate_thread_count(int num_threads);
+
 }  // namespace microscale
