@@ -63,14 +63,15 @@ LinearGrads linear_backward(const TensorView& grad_output, const LinearSaved& sa
 
 /// @brief A Linear layer holding fp32 parameters, their fp32 gradients, and the weight's
 /// quantization cached across forward calls until the weight changes. Forward runs under
-/// current_recipe() (the autocast scope); backward uses the context of the last forward.
+/// current_recipe() (the autocast scope); backward uses the context of the last forward, once:
+/// a second backward without a forward in between is an error (as in autograd).
 class Linear {
  public:
   /// Weights U(-1/sqrt(K), 1/sqrt(K)) from `seed` (PyTorch's default Linear init range).
   Linear(int64_t in_features, int64_t out_features, bool bias, uint64_t seed);
 
   Tensor forward(const TensorView& x);
-  /// Returns dx and accumulates dW, db into main_grad() / bias_grad().
+  /// Returns dx and accumulates dW, db into main_grad() / bias_grad(); frees the forward's context.
   Tensor backward(const TensorView& grad_output);
 
   Tensor& weight() { return weight_; }          ///< f32 [N, K]; call weight_updated() after changing it

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 
 #include "core/fp_environment.hpp"
 #include "core/input_matrix.hpp"
@@ -48,6 +49,15 @@ TensorView rht_ready(const TensorView& x, int64_t rows, int64_t cols, const Quan
   return storage.view();
 }
 
+// quantize() of one of the layer's tensors; its errors say which tensor ("weight [24, 64]: ...").
+QuantizedTensor quantize_operand(const TensorView& v, const QuantizeOptions& o, const std::string& what) {
+  try {
+    return quantize(v, o);
+  } catch (const Error& e) {
+    throw Error(what + " " + shape_string(v.shape) + ": " + e.reason());
+  }
+}
+
 }  // namespace
 
 Tensor linear_forward(const TensorView& x, const TensorView& weight, const std::optional<TensorView>& bias,
@@ -76,7 +86,7 @@ Tensor linear_forward(const TensorView& x, const TensorView& weight, const std::
     QuantizeOptions xo = *quantize_options(recipe, TensorRole::Input);
     xo.columnwise = saved != nullptr;  // X^T only feeds wgrad
     Tensor x_bf16;
-    const QuantizedTensor xq = quantize(rht_ready(x, m, k, xo, x_bf16), xo);
+    const QuantizedTensor xq = quantize_operand(rht_ready(x, m, k, xo, x_bf16), xo, "x");
     const QuantizeOptions wo = *quantize_options(recipe, TensorRole::Weight);
     if (cached_weight) {  // it must be what quantize(weight, wo) would give, at least in kind and shape
       const QuantizedTensor& c = *cached_weight;
@@ -89,7 +99,7 @@ Tensor linear_forward(const TensorView& x, const TensorView& weight, const std::
                     std::to_string(k) + "] with rowwise data");
       }
     }
-    const QuantizedTensor wq = cached_weight ? *cached_weight : quantize(weight, wo);
+    const QuantizedTensor wq = cached_weight ? *cached_weight : quantize_operand(weight, wo, "weight");
     const auto [first, second] = te_gemm_operands(wq, xq, "TN");  // y = x W^T
     y = gemm(first, second, problem);
     if (saved) {
@@ -148,7 +158,8 @@ LinearGrads linear_backward(const TensorView& grad_output, const LinearSaved& sa
   } else {
     const QuantizeOptions go = *quantize_options(recipe, TensorRole::GradOutput, options.stochastic_rounding);
     Tensor dy_bf16;
-    const QuantizedTensor dyq = quantize(rht_ready(grad_output, saved.m, saved.n, go, dy_bf16), go);
+    const QuantizedTensor dyq =
+        quantize_operand(rht_ready(grad_output, saved.m, saved.n, go, dy_bf16), go, "grad_output");
     if (options.compute_grad_input) {
       const auto [first, second] = te_gemm_operands(saved.weight, dyq, "NN");  // dx = dy W
       grads.grad_input = gemm(first, second);
@@ -195,7 +206,7 @@ Tensor Linear::forward(const TensorView& x) {
   const QuantizedTensor* cached = nullptr;
   if (!std::holds_alternative<HighPrecision>(recipe)) {
     if (cached_version_ != weight_version_ || cached_recipe_ != recipe_name(recipe)) {
-      cached_weight_ = quantize(weight_.view(), *quantize_options(recipe, TensorRole::Weight));
+      cached_weight_ = quantize_operand(weight_.view(), *quantize_options(recipe, TensorRole::Weight), "weight");
       cached_version_ = weight_version_;
       cached_recipe_ = recipe_name(recipe);
       ++weight_quantizations_;
@@ -209,6 +220,8 @@ Tensor Linear::forward(const TensorView& x) {
 
 Tensor Linear::backward(const TensorView& grad_output) {
   const IeeeSubnormals ieee;  // the bias gradient accumulates in fp32 (fp_environment.hpp)
+  // As in autograd, one backward per forward: a second would add the same gradients again.
+  if (!saved_.recipe) throw Error("Linear::backward needs a forward first (each forward serves one backward)");
   LinearBackwardOptions o;
   o.main_grad = main_grad_.view();
   o.compute_grad_bias = bias_.defined();
@@ -218,6 +231,7 @@ Tensor Linear::backward(const TensorView& grad_output) {
     for (int64_t j = 0; j < bias_grad_.numel(); ++j)
       bias_grad_.data_as<float>()[j] += g.grad_bias.data_as<float>()[j];
   }
+  saved_ = LinearSaved{};  // used up (and its quantized copies freed)
   return g.grad_input;
 }
 

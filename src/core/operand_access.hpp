@@ -6,9 +6,11 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/fp_environment.hpp"
+#include "microscale/error.hpp"
 #include "microscale/format.hpp"
 #include "microscale/gemm.hpp"
 #include "microscale/half.hpp"
@@ -23,10 +25,11 @@ class OperandReader {
       format_ = element_format(op.scheme);
       block_ = block_size(op.scheme);
       packed_ = format_ == Format::E2M1;
-      for (int c = 0; c < 256; ++c) {
-        const bool valid = format_info(format_).bits == 8 || c < (1 << format_info(format_).bits);
-        codes_[c] = valid ? decode(format_, static_cast<uint8_t>(c)) : 0.0f;
-      }
+      // A 6-bit format's bytes must have their two high bits clear; an FP4 byte holds two codes
+      // (each read as a nibble), an 8-bit format uses every byte.
+      const int bits = format_info(format_).bits;
+      if (bits == 6) invalid_bits_ = 0xC0;
+      for (int c = 0; c < (1 << bits); ++c) codes_[c] = decode(format_, static_cast<uint8_t>(c));
       for (int c = 0; c < 256; ++c) {
         scale_values_[c] = op.scheme == Scheme::NVFP4 ? decode(Format::E4M3, static_cast<uint8_t>(c))
                            : c == 0xFF                ? NAN
@@ -54,30 +57,36 @@ class OperandReader {
   }
 
   /// Exact value of logical element (r, k) of batch l, without any global (amax) scale.
+  /// Throws on a byte that is not a code of the operand's format.
   float at(int64_t l, int64_t r, int64_t k) const {
-    if (!op_.quantized) return dense_at(l, r, k);
-    return codes_[code_at(l, r, k)] * block_scale(l, r, k / block_);
+    unsigned seen_invalid = 0;
+    const float v = value_at(l, r, k, seen_invalid);
+    if (seen_invalid != 0) throw_invalid_codes();
+    return v;
   }
 
   /// out[r * width + j] = at(l, r, k0 + j) for every row: the fp32 panel sgemm reads.
-  /// k0 and width are multiples of the block size (the GEMM's panels are).
+  /// k0 and width are multiples of the block size (the GEMM's panels are). Throws (after the
+  /// panel) if the panel holds a byte that is not a code of the operand's format.
   void dequantize_panel(int64_t l, int64_t k0, int64_t width, float* out) const {
     const int64_t n = rows();
+    unsigned seen_invalid = 0;  // OR of every code's invalid bits (checked once, after the threads)
     if (!op_.quantized || op_.stored_transposed || data_strides_[1] != 1) {
-#pragma omp parallel
+#pragma omp parallel reduction(| : seen_invalid)
       {
         const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < n; ++r) {
-          for (int64_t j = 0; j < width; ++j) out[r * width + j] = at(l, r, k0 + j);
+          for (int64_t j = 0; j < width; ++j) out[r * width + j] = value_at(l, r, k0 + j, seen_invalid);
         }
       }
+      if (seen_invalid != 0) throw_invalid_codes();
       return;
     }
     // K-major codes: one scale lookup per block, then a table decode per element.
     const auto* bytes = static_cast<const uint8_t*>(op_.data.data);
     const int64_t batch_offset = data_strides_.size() == 3 ? l * data_strides_[2] : 0;
-#pragma omp parallel
+#pragma omp parallel reduction(| : seen_invalid)
     {
       const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
 #pragma omp for schedule(static)
@@ -91,14 +100,25 @@ class OperandReader {
             const int64_t k = first + j;
             const uint8_t code =
                 packed_ ? static_cast<uint8_t>((row[k / 2] >> (4 * (k % 2))) & 0x0F) : row[k];
+            seen_invalid |= code & invalid_bits_;
             dst[k - k0] = codes_[code] * scale;
           }
         }
       }
     }
+    if (seen_invalid != 0) throw_invalid_codes();
   }
 
  private:
+  // at() without the throw (callable inside a parallel region): ORs the code's invalid bits into
+  // `seen_invalid`.
+  float value_at(int64_t l, int64_t r, int64_t k, unsigned& seen_invalid) const {
+    if (!op_.quantized) return dense_at(l, r, k);
+    const uint8_t code = code_at(l, r, k);
+    seen_invalid |= code & invalid_bits_;
+    return codes_[code] * block_scale(l, r, k / block_);
+  }
+
   float dense_at(int64_t l, int64_t r, int64_t k) const {
     const int64_t i =
         r * data_strides_[0] + k * data_strides_[1] + (data_strides_.size() == 3 ? l * data_strides_[2] : 0);
@@ -135,8 +155,15 @@ class OperandReader {
     return scale_values_[byte];
   }
 
+  [[noreturn]] void throw_invalid_codes() const {
+    throw Error(std::string("a ") + std::string(scheme_name(op_.scheme)) +
+                " operand holds bytes that are not " + std::string(format_info(format_).name) +
+                " codes (a 6-bit code has its two high bits clear)");
+  }
+
   const GemmOperand& op_;
   Format format_ = Format::E2M1;
+  unsigned invalid_bits_ = 0;  // bits no code of the format sets
   int block_ = 16;
   bool packed_ = false;
   std::array<float, 256> codes_{};         // element code -> value

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -329,6 +330,43 @@ TEST(Gemm, ClearErrors) {
   const Tensor u8(DType::U8, {4, 4});
   expect_error([&] { gemm(GemmOperand::from_dense(u8.view()), GemmOperand::from_dense(u8.view())); },
                "f32, bf16 or f16");
+  bad = GemmOperand::from(xq, Usage::Rowwise);
+  bad.scale_layout = static_cast<ScaleLayout>(7);
+  expect_error([&] { gemm(bad, GemmOperand::from(xq, Usage::Rowwise)); }, "unknown scale layout id 7");
+}
+
+// A 6-bit operand's bytes with the two high bits set are no code of the format: an error, from
+// either panel path (K-major rowwise data, and MX columnwise data stored untransposed).
+TEST(Gemm, SixBitOperandWithInvalidBytesIsAnError) {
+  const Tensor x = random_tensor(DType::F32, {32, 64}, Fill::Normal, 1);
+  for (Scheme scheme : {Scheme::MXFP6_E2M3, Scheme::MXFP6_E3M2}) {
+    QuantizeOptions o;
+    o.scheme = scheme;
+    o.columnwise = true;
+    QuantizedTensor q = quantize(x.view(), o);
+    const Tensor fine = gemm(GemmOperand::from(q, Usage::Rowwise), GemmOperand::from(q, Usage::Rowwise));
+    EXPECT_EQ(fine.shape(), (std::vector<int64_t>{32, 32}));
+    for (Usage usage : {Usage::Rowwise, Usage::Columnwise}) {
+      QuantizedTensor broken = q;
+      Tensor& data = usage == Usage::Rowwise ? broken.rowwise_data : broken.columnwise_data;
+      data = Tensor(DType::U8, data.shape());  // a copy: q's bytes stay valid
+      const Tensor& original = usage == Usage::Rowwise ? q.rowwise_data : q.columnwise_data;
+      std::copy_n(original.data_as<uint8_t>(), original.numel(), data.data_as<uint8_t>());
+      data.data_as<uint8_t>()[37] = 0xC5;
+      const GemmOperand op = GemmOperand::from(broken, usage);
+      try {
+        gemm(op, op);
+        ADD_FAILURE() << scheme_name(scheme) << ": no error";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("not " + std::string(format_info(element_format(scheme)).name) +
+                                             " codes"),
+                  std::string::npos)
+            << e.what();
+      }
+      const OperandReader reader(op);  // stored byte 37 is (row 0, column 37) of [32, 64]
+      EXPECT_THROW(usage == Usage::Rowwise ? reader.at(0, 0, 37) : reader.at(0, 37, 0), Error);
+    }
+  }
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/operand_access.hpp"
@@ -270,6 +271,51 @@ TEST(Linear, ClearErrors) {
                                            *quantize_options(NVFP4BlockScaling{}, TensorRole::Weight));
   EXPECT_THROW(linear_forward(x.view(), w2.view(), std::nullopt, NVFP4BlockScaling{}, nullptr, &w_small),
                Error);
+}
+
+// Quantization errors inside the layer say which of its tensors they are about.
+TEST(Linear, QuantizationErrorsNameTheTensor) {
+  auto message = [](auto fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const Tensor x = random_tensor(DType::F32, {16, 64}, Fill::Normal, 51);
+  const Tensor w24 = random_tensor(DType::F32, {24, 64}, Fill::Normal, 52);  // N = 24: no 16x16 tiles
+  EXPECT_NE(message([&] { linear_forward(x.view(), w24.view(), std::nullopt, NVFP4BlockScaling{}); })
+                .find("weight [24, 64]: nvfp4 columnwise needs"),
+            std::string::npos);
+  const Tensor x10 = random_tensor(DType::F32, {10, 64}, Fill::Normal, 53);
+  const Tensor w = random_tensor(DType::F32, {16, 64}, Fill::Normal, 54);
+  LinearSaved saved;
+  EXPECT_NE(message([&] { linear_forward(x10.view(), w.view(), std::nullopt, NVFP4BlockScaling{}, &saved); })
+                .find("x [10, 64]: nvfp4 columnwise needs"),
+            std::string::npos);
+  Linear layer(64, 24, false, 7);
+  const autocast scope(NVFP4BlockScaling{});
+  EXPECT_NE(message([&] { layer.forward(x.view()); }).find("weight [24, 64]"), std::string::npos);
+}
+
+// One backward per forward, as in autograd: a second one would accumulate the same gradients again.
+TEST(Linear, BackwardTwiceWithoutForwardIsAnError) {
+  const Tensor x = random_tensor(DType::F32, {32, 64}, Fill::Normal, 61);
+  const Tensor dy = random_tensor(DType::F32, {32, 32}, Fill::Normal, 62);
+  Linear layer(64, 32, true, 9);
+  const autocast scope(MXFP8BlockScaling{});
+  EXPECT_THROW(layer.backward(dy.view()), Error);  // no forward yet
+  layer.forward(x.view());
+  const Tensor wrong = random_tensor(DType::F32, {32, 8}, Fill::Normal, 63);
+  EXPECT_THROW(layer.backward(wrong.view()), Error);  // a failed backward keeps the context
+  layer.backward(dy.view());
+  const std::vector<float> once(layer.main_grad().data_as<float>(),
+                                layer.main_grad().data_as<float>() + layer.main_grad().numel());
+  EXPECT_THROW(layer.backward(dy.view()), Error);
+  EXPECT_TRUE(std::equal(once.begin(), once.end(), layer.main_grad().data_as<float>()));
+  layer.forward(x.view());
+  EXPECT_NO_THROW(layer.backward(dy.view()));
 }
 
 }  // namespace
