@@ -90,7 +90,9 @@ int main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks(&reporter);
   std::printf("\n%-8s %8s %10s %10s\n", "gemm", "M=N=K", "GFLOP/s", "vs sgemm");
   for (int64_t s : sizes) {
-    const std::string suffix = "/" + std::to_string(s) + "/real_time";
+    std::string suffix = "/";  // appended piece by piece: GCC 12's -Wrestrict false positive on "/" + ...
+    suffix += std::to_string(s);
+    suffix += "/real_time";
     const double base = reporter.rates["sgemm" + suffix];
     for (const char* name : {"sgemm", "nvfp4", "mxfp8"}) {
       const double r = reporter.rates[name + suffix];

@@ -44,12 +44,8 @@ QuantizeOptions to_options(const Args& a) {
     if (!is_mx(o.scheme)) throw Error("--scale-mode applies to the MX schemes, not " + a.scheme);
     o.scale_mode = parse_scale_mode(*a.scale_mode);
   }
-  if (a.tile == "16x16") {
-    if (is_mx(o.scheme)) throw Error("--tile applies to nvfp4 only");
-    o.tile = Tile::k16x16;
-  } else if (a.tile != "1x16") {
-    throw Error("--tile must be 1x16 or 16x16, got '" + a.tile + "'");
-  }
+  o.tile = parse_tile(a.tile);
+  if (o.tile != Tile::k1x16 && is_mx(o.scheme)) throw Error("--tile applies to nvfp4 only");
   o.rht = a.rht;
   // Neither flag: both usages, as TransformerEngine's quantizers produce by default.
   o.rowwise = a.rowwise || !a.columnwise;
@@ -133,7 +129,7 @@ void run(const Args& a) {
   if (is_mx(options.scheme))
     metadata["microscale.scale_mode"] = std::string(scale_mode_name(options.scale_mode));
   if (!is_mx(options.scheme)) {
-    metadata["microscale.tile"] = a.tile;
+    metadata["microscale.tile"] = std::string(tile_name(options.tile));
     metadata["microscale.rht"] = options.rht && options.columnwise ? "true" : "false";  // as applied
     if (options.stochastic_rounding)
       metadata["microscale.sr_seed"] = std::to_string(options.stochastic_rounding->seed);

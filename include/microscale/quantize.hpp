@@ -127,6 +127,9 @@ std::string_view scheme_name(Scheme scheme);
 Scheme parse_scheme(std::string_view name);
 std::string_view scale_mode_name(ScaleMode mode);
 ScaleMode parse_scale_mode(std::string_view name);
+/// @brief "1x16", "16x16" and back. The parsers take any ASCII case.
+std::string_view tile_name(Tile tile);
+Tile parse_tile(std::string_view name);
 
 /// @brief Quantizes with the fast CPU path (threads + SIMD); equal bit for bit to quantize_ref.
 QuantizedTensor quantize(const TensorView& input, const QuantizeOptions& options);

@@ -1,22 +1,23 @@
 // Format/convention names and the rules that decide which tensors are quantized.
-#include <cctype>
-
+#include "core/ascii_lowercase.hpp"
 #include "microscale/checkpoint.hpp"
 #include "microscale/error.hpp"
 
 namespace microscale {
 
 CheckpointFormat parse_checkpoint_format(const std::string& name) {
-  if (name == "nvfp4") return CheckpointFormat::NVFP4;
-  if (name == "mxfp8") return CheckpointFormat::MXFP8;
-  if (name == "mxfp4") return CheckpointFormat::MXFP4;
+  const std::string lower = ascii_lowercase(name);
+  if (lower == "nvfp4") return CheckpointFormat::NVFP4;
+  if (lower == "mxfp8") return CheckpointFormat::MXFP8;
+  if (lower == "mxfp4") return CheckpointFormat::MXFP4;
   throw Error("unknown format '" + name + "' (expected nvfp4, mxfp8 or mxfp4)");
 }
 
 Convention parse_convention(const std::string& name) {
-  if (name == "modelopt") return Convention::ModelOpt;
-  if (name == "compressed-tensors") return Convention::CompressedTensors;
-  if (name == "gpt-oss") return Convention::GptOss;
+  const std::string lower = ascii_lowercase(name);
+  if (lower == "modelopt") return Convention::ModelOpt;
+  if (lower == "compressed-tensors") return Convention::CompressedTensors;
+  if (lower == "gpt-oss") return Convention::GptOss;
   throw Error("unknown convention '" + name + "' (expected modelopt, compressed-tensors or gpt-oss)");
 }
 

@@ -7,10 +7,10 @@
 
 #include <algorithm>
 #include <array>
-#include <cctype>
 #include <cmath>
 #include <string>
 
+#include "core/ascii_lowercase.hpp"
 #include "microscale/error.hpp"
 
 namespace microscale {
@@ -88,8 +88,7 @@ const FormatInfo& format_info(Format format) {
 }
 
 Format parse_format(std::string_view name) {
-  std::string lower(name);
-  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string lower = ascii_lowercase(name);
   for (size_t i = 0; i < kFormats.size(); ++i) {
     if (kFormats[i].name == lower) return static_cast<Format>(i);
   }

@@ -4,12 +4,12 @@
 
 #include <algorithm>
 #include <array>
-#include <cctype>
 #include <cmath>
 #include <string>
 
 #include "core/fp_environment.hpp"
 #include "core/input_matrix.hpp"
+#include "core/ascii_lowercase.hpp"
 #include "core/quantize_checks.hpp"
 #include "core/require.hpp"
 #include "core/scale_math.hpp"
@@ -42,12 +42,6 @@ const SchemeRow& scheme_row(Scheme scheme) {
     if (row.scheme == scheme) return row;
   }
   throw Error("unknown scheme id " + std::to_string(static_cast<int>(scheme)));
-}
-
-std::string lowercase(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
 }
 
 }  // namespace
@@ -271,7 +265,7 @@ bool is_mx(Scheme scheme) { return scheme != Scheme::NVFP4; }
 std::string_view scheme_name(Scheme scheme) { return scheme_row(scheme).name; }
 
 Scheme parse_scheme(std::string_view name) {
-  const std::string lower = lowercase(name);
+  const std::string lower = ascii_lowercase(name);
   for (const SchemeRow& row : kSchemes) {
     if (row.name == lower) return row.scheme;
   }
@@ -289,8 +283,24 @@ std::string_view scale_mode_name(ScaleMode mode) {
   throw Error("unknown scale mode id " + std::to_string(static_cast<int>(mode)));
 }
 
+std::string_view tile_name(Tile tile) {
+  switch (tile) {
+    case Tile::k1x16: return "1x16";
+    case Tile::k16x16: return "16x16";
+  }
+  throw Error("unknown NVFP4 tile id " + std::to_string(static_cast<int>(tile)));
+}
+
+Tile parse_tile(std::string_view name) {
+  const std::string lower = ascii_lowercase(name);
+  for (Tile tile : {Tile::k1x16, Tile::k16x16}) {
+    if (tile_name(tile) == lower) return tile;
+  }
+  throw Error("unknown NVFP4 tile '" + std::string(name) + "' (expected 1x16 or 16x16)");
+}
+
 ScaleMode parse_scale_mode(std::string_view name) {
-  const std::string lower = lowercase(name);
+  const std::string lower = ascii_lowercase(name);
   for (ScaleMode mode : {ScaleMode::Floor, ScaleMode::Ceil, ScaleMode::Even, ScaleMode::RCeil}) {
     if (scale_mode_name(mode) == lower) return mode;
   }

@@ -82,6 +82,10 @@ TEST(Cli, QuantizeTensorsNvfp4) {
   EXPECT_EQ(g.metadata().at("microscale.sr_seed"), "18446744073709551615");
   EXPECT_EQ(g.metadata().at("microscale.scheme"), "nvfp4");
   EXPECT_EQ(g.metadata().at("microscale.rht"), "false");  // rowwise only: no transform applied
+  // Names in any case, as --scheme; the metadata keeps the canonical spelling.
+  const Result upper = run_cli("quantize-tensors " + in + " -o " + out + " --scheme NvFp4 --tile 16X16");
+  ASSERT_EQ(upper.exit_code, 0) << upper.output;
+  EXPECT_EQ(SafetensorsFile::open(out).metadata().at("microscale.tile"), "16x16");
 }
 
 TEST(Cli, QuantizeTensorsMxRowwiseOnly) {
@@ -105,7 +109,8 @@ TEST(Cli, BadInputIsAMessageAndNonZeroExit) {
        "unknown scale mode"},
       {"quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --scale-mode floor",
        "--scale-mode applies"},
-      {"quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --tile 8x8", "--tile must be"},
+      {"quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --tile 8x8", "unknown NVFP4 tile '8x8'"},
+      {"quantize-tensors " + in + " -o " + out + " --scheme mxfp8_e4m3 --tile 16x16", "--tile applies"},
       {"quantize-tensors " + in + " -o " + out + " --scheme mxfp4 --sr-seed 3", "stochastic rounding"},
       {"quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --bogus", "bogus"},
       {"quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --sr-seed -5", "--sr-seed must be"},
@@ -189,7 +194,7 @@ TEST(CliCheckpoint, QuantizeWritesModelReportAndJson) {
   EXPECT_NE(inspect.output.find("compressed-tensors nvfp4"), std::string::npos) << inspect.output;
   EXPECT_NE(inspect.output.find("layers.0.proj"), std::string::npos) << inspect.output;
   // --skip keeps a layer; gpt-oss needs mxfp4.
-  const Result skip = run_cli("quantize " + in + " -o " + out + "2 --format mxfp4 --skip '*proj*' -q");
+  const Result skip = run_cli("quantize " + in + " -o " + out + "2 --format MXFP4 --skip '*proj*' -q");
   ASSERT_EQ(skip.exit_code, 0) << skip.output;
   EXPECT_NE(skip.output.find("0 of 2 tensors quantized"), std::string::npos) << skip.output;
 }
