@@ -8,6 +8,9 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "core/fp_environment.hpp"
 #include "core/quantize_checks.hpp"
@@ -212,6 +215,32 @@ void copy_model_files(const fs::path& from, const fs::path& to, const fs::path& 
   if (listing) throw Error("cannot list '" + from.string() + "': " + listing.message());
 }
 
+// The files a conversion writes into its output directory, removed again (and the directory, if
+// the conversion created it and it is empty then) unless keep() is called: a conversion that fails
+// leaves no partial model behind. A file it replaced is not restored.
+class PartialOutput {
+ public:
+  PartialOutput(fs::path dir, bool created_dir) : dir_(std::move(dir)), created_dir_(created_dir) {}
+  PartialOutput(const PartialOutput&) = delete;
+  PartialOutput& operator=(const PartialOutput&) = delete;
+  ~PartialOutput() {
+    if (kept_) return;
+    std::error_code ec;  // best effort, no throwing from a destructor
+    for (const fs::path& f : files_) fs::remove(f, ec);
+    if (created_dir_) fs::remove(dir_, ec);  // removes an empty directory only
+  }
+  /// Records a file this conversion has written (after the write: an older file of that name is
+  /// only gone once the new one is in place).
+  void written(const std::string& path) { files_.emplace_back(path); }
+  void keep() { kept_ = true; }
+
+ private:
+  fs::path dir_;
+  bool created_dir_;
+  std::vector<fs::path> files_;
+  bool kept_ = false;
+};
+
 }  // namespace
 
 std::vector<TensorReport> convert_checkpoint(const std::string& input, const std::string& output_dir,
@@ -220,10 +249,12 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
   check_supported(o.format, o.convention);
   const Checkpoint ckpt = Checkpoint::open(input);
   std::error_code ec;
-  fs::create_directories(output_dir, ec);
+  const bool created_output_dir = fs::create_directories(output_dir, ec);
   if (!fs::is_directory(output_dir, ec)) {
     throw Error("cannot create the output directory '" + output_dir + "'" + (ec ? ": " + ec.message() : ""));
   }
+  // Until the last JSON file is written, a failure removes what this call wrote.
+  PartialOutput partial(output_dir, created_output_dir);
   if (fs::equivalent(fs::path(output_dir), fs::path(ckpt.directory()), ec)) {
     throw Error("the output directory must differ from the input's");
   }
@@ -293,7 +324,8 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
         weight_map[spec.name] = ckpt.shard_names()[s];
       }
     }
-    writer.begin((fs::path(output_dir) / ckpt.shard_names()[s]).string(), {{"format", "pt"}});
+    const std::string shard_path = (fs::path(output_dir) / ckpt.shard_names()[s]).string();
+    writer.begin(shard_path, {{"format", "pt"}});
     for (size_t i = 0; i < ckpt.tensors().size(); ++i) {
       if (ckpt.tensors()[i].shard != s) continue;
       const SafetensorsEntry& e = *ckpt.tensors()[i].tensor;
@@ -336,19 +368,24 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
       if (o.progress) o.progress(++done, reports.size(), r);
     }
     writer.finish();
+    partial.written(shard_path);
   }
   // An index for shards, and for a single shard the input indexed (model-00001-of-00001: its
   // name is not model.safetensors, so loaders find it through the index only).
   const bool input_indexed =
       fs::is_directory(input, ec) && fs::exists(fs::path(input) / "model.safetensors.index.json", ec);
   if (ckpt.shard_names().size() > 1 || input_indexed) {
-    write_text_file((fs::path(output_dir) / "model.safetensors.index.json").string(),
+    const std::string index_path = (fs::path(output_dir) / "model.safetensors.index.json").string();
+    write_text_file(index_path,
                     json{{"metadata", {{"total_size", total_size}}}, {"weight_map", weight_map}}.dump(2));
+    partial.written(index_path);
   }
 
   // config.json with the quantization_config; hf_quant_config.json for ModelOpt.
   config["quantization_config"] = quantization_config(o, ignored, w4a4);
-  write_text_file((fs::path(output_dir) / "config.json").string(), config.dump(2));
+  const std::string config_path = (fs::path(output_dir) / "config.json").string();
+  write_text_file(config_path, config.dump(2));
+  partial.written(config_path);
   if (o.convention == Convention::ModelOpt) {
     json hf = {{"producer", {{"name", "microscale"}, {"version", "0.1.0"}}},
                {"quantization",
@@ -358,6 +395,7 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
                  {"exclude_modules", ignored}}}};
     write_text_file((fs::path(output_dir) / "hf_quant_config.json").string(), hf.dump(2));
   }
+  partial.keep();  // the last file is in place: the model is whole
   // The rest of the model directory (tokenizer, module configs...) is copied as it is.
   if (fs::is_directory(input, ec)) {
     std::vector<std::string> written = ckpt.shard_names();

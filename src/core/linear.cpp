@@ -206,7 +206,8 @@ Tensor Linear::forward(const TensorView& x) {
   const QuantizedTensor* cached = nullptr;
   if (!std::holds_alternative<HighPrecision>(recipe)) {
     if (cached_version_ != weight_version_ || cached_recipe_ != recipe_name(recipe)) {
-      cached_weight_ = quantize_operand(weight_.view(), *quantize_options(recipe, TensorRole::Weight), "weight");
+      cached_weight_ =
+          quantize_operand(weight_.view(), *quantize_options(recipe, TensorRole::Weight), "weight");
       cached_version_ = weight_version_;
       cached_recipe_ = recipe_name(recipe);
       ++weight_quantizations_;
@@ -221,7 +222,8 @@ Tensor Linear::forward(const TensorView& x) {
 Tensor Linear::backward(const TensorView& grad_output) {
   const IeeeSubnormals ieee;  // the bias gradient accumulates in fp32 (fp_environment.hpp)
   // As in autograd, one backward per forward: a second would add the same gradients again.
-  if (!saved_.recipe) throw Error("Linear::backward needs a forward first (each forward serves one backward)");
+  if (!saved_.recipe)
+    throw Error("Linear::backward needs a forward first (each forward serves one backward)");
   LinearBackwardOptions o;
   o.main_grad = main_grad_.view();
   o.compute_grad_bias = bias_.defined();

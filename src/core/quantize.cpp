@@ -7,9 +7,9 @@
 #include <cmath>
 #include <string>
 
+#include "core/ascii_lowercase.hpp"
 #include "core/fp_environment.hpp"
 #include "core/input_matrix.hpp"
-#include "core/ascii_lowercase.hpp"
 #include "core/quantize_checks.hpp"
 #include "core/require.hpp"
 #include "core/scale_math.hpp"

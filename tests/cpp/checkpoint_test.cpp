@@ -3,9 +3,11 @@
 #include "microscale/checkpoint.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -162,6 +164,51 @@ TEST(Checkpoint, ConfigThatIsNotAnObjectFailsBeforeWriting) {
   const fs::path out = fresh_dir("array_config_out");
   EXPECT_THROW(convert_checkpoint(model.string(), out.string(), ConvertOptions{}), Error);
   EXPECT_TRUE(fs::is_empty(out));
+}
+
+// A conversion that fails half way (here the second shard meets a file size limit, as on a full
+// disk) removes the shards it had written, and the output directory if it created it.
+TEST(Checkpoint, AFailedConversionLeavesNoPartialModel) {
+  const fs::path model = fresh_dir("partial_model");
+  const Tensor w = random_tensor(DType::BF16, {32, 64}, Fill::Normal, 71);
+  const Tensor emb = random_tensor(DType::F32, {256, 256}, Fill::Normal, 72);  // 256 KiB, kept
+  write_safetensors((model / "model-00001-of-00002.safetensors").string(),
+                    {{"model.layers.0.q_proj.weight", "BF16", w.shape(), w.data(), w.nbytes()}});
+  write_safetensors((model / "model-00002-of-00002.safetensors").string(),
+                    {{"model.embed_tokens.weight", "F32", emb.shape(), emb.data(), emb.nbytes()}});
+  std::ofstream(model / "model.safetensors.index.json")
+      << R"({"weight_map": {"model.layers.0.q_proj.weight": "model-00001-of-00002.safetensors",
+                            "model.embed_tokens.weight": "model-00002-of-00002.safetensors"}})";
+  std::ofstream(model / "config.json") << R"({"model_type": "llama"})";
+
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  if (old.rlim_max != RLIM_INFINITY && old.rlim_max < 64 * 1024)
+    GTEST_SKIP() << "file size hard limit below 64 KiB";
+  const fs::path fresh = testing_paths::temp_path("partial_out_new");
+  fs::remove_all(fresh);
+  const fs::path existing = fresh_dir("partial_out_existing");
+  std::vector<std::string> errors;
+  const auto previous = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = old;
+  small.rlim_cur = 64 * 1024;  // the first shard (~1 KiB) fits, the second does not
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  for (const fs::path& out : {fresh, existing}) {
+    try {
+      convert_checkpoint(model.string(), out.string(), ConvertOptions{});
+      errors.emplace_back("no error");
+    } catch (const Error& e) {
+      errors.emplace_back(e.what());
+    }
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, previous);
+  for (const std::string& e : errors) EXPECT_NE(e.find("error while writing"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(fresh));     // created by the conversion, removed with it
+  EXPECT_TRUE(fs::is_empty(existing));  // the first shard removed again, no temporary file left
+  // Without the limit the same conversion completes.
+  convert_checkpoint(model.string(), existing.string(), ConvertOptions{});
+  EXPECT_TRUE(Checkpoint::open(existing.string()).contains("model.embed_tokens.weight"));
 }
 
 TEST(Checkpoint, StreamWriterChecksOrderAndSizes) {
