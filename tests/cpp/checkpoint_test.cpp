@@ -204,7 +204,7 @@ TEST(Checkpoint, AFailedConversionLeavesNoPartialModel) {
   ::setrlimit(RLIMIT_FSIZE, &old);
   std::signal(SIGXFSZ, previous);
   for (const std::string& e : errors) EXPECT_NE(e.find("error while writing"), std::string::npos) << e;
-  EXPECT_FALSE(fs::exists(fresh));     // created by the conversion, removed with it
+  EXPECT_FALSE(fs::exists(fresh));      // created by the conversion, removed with it
   EXPECT_TRUE(fs::is_empty(existing));  // the first shard removed again, no temporary file left
   // Without the limit the same conversion completes.
   convert_checkpoint(model.string(), existing.string(), ConvertOptions{});

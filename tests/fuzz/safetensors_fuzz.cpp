@@ -1,7 +1,7 @@
 // libFuzzer target for the safetensors parser: any byte string either parses (and every tensor's
 // bytes lie inside the buffer: touched here, checked by AddressSanitizer) or is a microscale::Error.
 // Built with clang (-fsanitize=fuzzer,address,undefined) when available; ctest runs a short smoke
-// run from the small seed corpus in tests/fuzz/corpus.
+// run from the small seed corpus in tests/fuzz/safetensors_corpus.
 #include <cstddef>
 #include <cstdint>
 #include <vector>
