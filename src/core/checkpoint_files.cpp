@@ -57,9 +57,10 @@ Checkpoint Checkpoint::open(const std::string& path) {
         if (!it.value().is_string())
           throw Error("'" + index.string() + "': weight_map values must be file names");
         const std::string file = it.value().get<std::string>();
-        // A plain file name: no directory part, so no way out of the checkpoint's directory.
+        // A plain file name: no directory part, so no way out of the checkpoint's directory (and
+        // no NUL, at which the operating system would cut the name short).
         if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos ||
-            file.find('\\') != std::string::npos) {
+            file.find('\\') != std::string::npos || file.find('\0') != std::string::npos) {
           throw Error("'" + index.string() + "' names a shard outside the directory: '" + file + "'");
         }
         // NOTE: which shard each tensor is in is not checked against the index: loaders read

@@ -113,9 +113,10 @@ TEST(Checkpoint, ShardNamesNeedOnlyBePlainFileNames) {
   write_safetensors((dir / "model..safetensors").string(), {{"w", "F32", {32, 32}, a.data(), a.size() * 4}});
   std::ofstream(dir / "model.safetensors.index.json") << R"({"weight_map": {"w": "model..safetensors"}})";
   EXPECT_TRUE(Checkpoint::open(dir.string()).contains("w"));
-  for (const char* name : {"..", ".", "", "sub/model.safetensors"}) {
+  using namespace std::string_literals;
+  for (const std::string& name : {".."s, "."s, ""s, "sub/model.safetensors"s, "model..safetensors\0x"s}) {
     std::ofstream(dir / "model.safetensors.index.json")
-        << nlohmann::json{{"weight_map", {{"w", name}}}}.dump();
+        << nlohmann::json{{"weight_map", {{"w", name}}}}.dump();  // a NUL as \u0000
     EXPECT_THROW(Checkpoint::open(dir.string()), Error) << name;
   }
 }

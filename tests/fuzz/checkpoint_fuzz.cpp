@@ -10,8 +10,8 @@
 #include <unistd.h>
 
 #include <cstddef>
-#include <cstdlib>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -44,12 +44,14 @@ std::string_view take_part(const uint8_t*& data, size_t& size) {
 void put(const fs::path& path, std::string_view bytes, bool present) {
   std::error_code ec;
   fs::remove(path, ec);
-  if (present) std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (present)
+    std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 const fs::path& model_dir() {
   static const fs::path dir = [] {
-    const fs::path d = fs::temp_directory_path() / ("microscale_checkpoint_fuzz_" + std::to_string(::getpid()));
+    const fs::path d =
+        fs::temp_directory_path() / ("microscale_checkpoint_fuzz_" + std::to_string(::getpid()));
     fs::create_directories(d);
     std::atexit([] {
       std::error_code ec;
