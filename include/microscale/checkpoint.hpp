@@ -151,7 +151,8 @@ struct ConvertOptions {
 /// @brief Converts `input` (file or directory) into the directory `output_dir`: the tensors (one
 /// output shard per input shard, plus model.safetensors.index.json when sharded), config.json with
 /// the convention's quantization_config, hf_quant_config.json for modelopt, and the directory's
-/// other small files copied. Returns one report per input tensor.
+/// other small files copied. Returns one report per input tensor. A conversion that throws
+/// before its last JSON file is written removes the files and directories it had made.
 std::vector<TensorReport> convert_checkpoint(const std::string& input, const std::string& output_dir,
                                              const ConvertOptions& options);
 

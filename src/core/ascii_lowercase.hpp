@@ -1,7 +1,7 @@
-// ASCII lower case for the names the parsers accept in any case ("NVFP4", "RCEIL", "16X16").
+// ASCII lower case for the names the parsers accept in any case ("NVFP4", "RCEIL", "16X16"): A-Z
+// only, whatever the C locale (std::tolower follows it: a Turkish locale maps 'I' elsewhere).
 #pragma once
 
-#include <cctype>
 #include <string>
 #include <string_view>
 
@@ -9,7 +9,9 @@ namespace microscale {
 
 inline std::string ascii_lowercase(std::string_view s) {
   std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (char& c : out) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
   return out;
 }
 

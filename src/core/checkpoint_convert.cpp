@@ -215,19 +215,20 @@ void copy_model_files(const fs::path& from, const fs::path& to, const fs::path& 
   if (listing) throw Error("cannot list '" + from.string() + "': " + listing.message());
 }
 
-// The files a conversion writes into its output directory, removed again (and the directory, if
-// the conversion created it and it is empty then) unless keep() is called: a conversion that fails
-// leaves no partial model behind. A file it replaced is not restored.
+// The files a conversion writes into its output directory, removed again unless keep() is called,
+// and the directories it created for it (when empty then): a conversion that fails leaves no file
+// of its own behind. A file of an earlier run that it had replaced is not restored.
 class PartialOutput {
  public:
-  PartialOutput(fs::path dir, bool created_dir) : dir_(std::move(dir)), created_dir_(created_dir) {}
+  /// `created_dirs`: the directories the conversion created, deepest first.
+  explicit PartialOutput(std::vector<fs::path> created_dirs) : created_dirs_(std::move(created_dirs)) {}
   PartialOutput(const PartialOutput&) = delete;
   PartialOutput& operator=(const PartialOutput&) = delete;
   ~PartialOutput() {
     if (kept_) return;
     std::error_code ec;  // best effort, no throwing from a destructor
     for (const fs::path& f : files_) fs::remove(f, ec);
-    if (created_dir_) fs::remove(dir_, ec);  // removes an empty directory only
+    for (const fs::path& d : created_dirs_) fs::remove(d, ec);  // removes an empty directory only
   }
   /// Records a file this conversion has written (after the write: an older file of that name is
   /// only gone once the new one is in place).
@@ -235,8 +236,7 @@ class PartialOutput {
   void keep() { kept_ = true; }
 
  private:
-  fs::path dir_;
-  bool created_dir_;
+  std::vector<fs::path> created_dirs_;
   std::vector<fs::path> files_;
   bool kept_ = false;
 };
@@ -249,12 +249,17 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
   check_supported(o.format, o.convention);
   const Checkpoint ckpt = Checkpoint::open(input);
   std::error_code ec;
-  const bool created_output_dir = fs::create_directories(output_dir, ec);
+  std::vector<fs::path> missing_dirs;  // what create_directories makes, deepest first
+  for (fs::path p = output_dir; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+    missing_dirs.push_back(p);
+    if (p == p.parent_path()) break;
+  }
+  fs::create_directories(output_dir, ec);
   if (!fs::is_directory(output_dir, ec)) {
     throw Error("cannot create the output directory '" + output_dir + "'" + (ec ? ": " + ec.message() : ""));
   }
   // Until the last JSON file is written, a failure removes what this call wrote.
-  PartialOutput partial(output_dir, created_output_dir);
+  PartialOutput partial(std::move(missing_dirs));
   if (fs::equivalent(fs::path(output_dir), fs::path(ckpt.directory()), ec)) {
     throw Error("the output directory must differ from the input's");
   }

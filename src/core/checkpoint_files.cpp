@@ -60,9 +60,11 @@ Checkpoint Checkpoint::open(const std::string& path) {
         // A plain file name: no directory part, so no way out of the checkpoint's directory (and
         // no NUL, at which the operating system would cut the name short).
         if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos ||
-            file.find('\\') != std::string::npos || file.find('\0') != std::string::npos) {
+            file.find('\\') != std::string::npos) {
           throw Error("'" + index.string() + "' names a shard outside the directory: '" + file + "'");
         }
+        if (file.find('\0') != std::string::npos)
+          throw Error("'" + index.string() + "' names a shard with a NUL character in its name");
         // NOTE: which shard each tensor is in is not checked against the index: loaders read
         // every tensor of the shards it lists, and the output's index is written from the shards.
         if (std::find(files.begin(), files.end(), file) == files.end()) files.push_back(file);

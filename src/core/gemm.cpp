@@ -9,6 +9,7 @@
 
 #include "core/fp_environment.hpp"
 #include "core/operand_access.hpp"
+#include "core/quantize_checks.hpp"
 #include "core/require.hpp"
 #include "cpu/gemm_kernels.hpp"
 #include "microscale/error.hpp"
@@ -64,8 +65,7 @@ std::array<int64_t, 3> check_operand(const GemmOperand& op, const char* name) {
   require(op.scales.dtype == DType::U8, who + " scales must be u8");
   require(op.scales.device == Device::CPU && (op.scales.data != nullptr || op.scales.numel() == 0),
           who + " scales must be CPU memory");
-  require(op.scale_layout == ScaleLayout::Compact || op.scale_layout == ScaleLayout::Swizzled,
-          who + " has an unknown scale layout id " + std::to_string(static_cast<int>(op.scale_layout)));
+  validate_scale_layout(op.scale_layout, who);
   const OperandReader r(op);
   const int64_t rows = r.rows(), k = r.k(), batches = r.batches(), block = block_size(op.scheme);
   require(k % block == 0, who + ": K = " + std::to_string(k) + " is not a multiple of the block size " +

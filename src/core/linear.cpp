@@ -49,12 +49,12 @@ TensorView rht_ready(const TensorView& x, int64_t rows, int64_t cols, const Quan
   return storage.view();
 }
 
-// quantize() of one of the layer's tensors; its errors say which tensor ("weight [24, 64]: ...").
+// quantize() of one of the layer's tensors; its errors say which tensor ("weight: ...").
 QuantizedTensor quantize_operand(const TensorView& v, const QuantizeOptions& o, const std::string& what) {
   try {
     return quantize(v, o);
   } catch (const Error& e) {
-    throw Error(what + " " + shape_string(v.shape) + ": " + e.reason());
+    throw Error(what + ": " + e.reason());  // the reason gives the shape
   }
 }
 
@@ -227,13 +227,14 @@ Tensor Linear::backward(const TensorView& grad_output) {
   LinearBackwardOptions o;
   o.main_grad = main_grad_.view();
   o.compute_grad_bias = bias_.defined();
-  o.stochastic_rounding = StochasticRounding{seed_, backward_calls_++};  // a fresh stream per step
+  o.stochastic_rounding = StochasticRounding{seed_, backward_calls_};  // a fresh stream per step
   LinearGrads g = linear_backward(grad_output, saved_, o);
+  ++backward_calls_;  // after success: a retried backward draws what the first would have
   if (bias_.defined()) {
     for (int64_t j = 0; j < bias_grad_.numel(); ++j)
       bias_grad_.data_as<float>()[j] += g.grad_bias.data_as<float>()[j];
   }
-  saved_ = LinearSaved{};  // used up (and its quantized copies freed)
+  saved_ = LinearSaved{};  // used up (the quantized input freed; the weight's stays cached)
   return g.grad_input;
 }
 

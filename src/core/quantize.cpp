@@ -46,6 +46,11 @@ const SchemeRow& scheme_row(Scheme scheme) {
 
 }  // namespace
 
+void validate_scale_layout(ScaleLayout layout, const std::string& who) {
+  require(layout == ScaleLayout::Compact || layout == ScaleLayout::Swizzled,
+          who + " has an unknown scale layout id " + std::to_string(static_cast<int>(layout)));
+}
+
 void validate_thread_count(int num_threads) {
   require(num_threads >= 0 && num_threads <= kMaxThreads,
           "num_threads must be from 0 (all hardware threads) to " + std::to_string(kMaxThreads));
@@ -62,8 +67,7 @@ void validate_quantize(const InputMatrix& x, const QuantizeOptions& o) {
   shape += "]";
   require(o.rowwise || o.columnwise, "ask for rowwise and/or columnwise output");
   validate_thread_count(o.num_threads);
-  require(o.scale_layout == ScaleLayout::Compact || o.scale_layout == ScaleLayout::Swizzled,
-          "unknown scale layout");
+  validate_scale_layout(o.scale_layout, "QuantizeOptions");
   if (o.rowwise) {
     require(x.cols % s.block == 0, name + " rowwise needs the last dim divisible by " +
                                        std::to_string(s.block) + "; input (flattened) is " + shape);
@@ -327,8 +331,7 @@ namespace {
 void check_consistent(const QuantizedTensor& q, Usage usage) {
   const std::string which = usage == Usage::Rowwise ? "rowwise" : "columnwise";
   static_cast<void>(scheme_row(q.scheme));  // throws for an unknown scheme
-  require(q.scale_layout == ScaleLayout::Compact || q.scale_layout == ScaleLayout::Swizzled,
-          "unknown scale layout id " + std::to_string(static_cast<int>(q.scale_layout)));
+  validate_scale_layout(q.scale_layout, "the quantized tensor");
   require(q.rows >= 0 && q.cols >= 0, "the quantized tensor's rows and cols must be >= 0");
   const int block = block_size(q.scheme);
   const bool packed = element_format(q.scheme) == Format::E2M1;

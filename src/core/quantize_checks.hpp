@@ -2,6 +2,8 @@
 // with the same messages.
 #pragma once
 
+#include <string>
+
 #include "core/input_matrix.hpp"
 #include "microscale/quantize.hpp"
 
@@ -12,5 +14,9 @@ void validate_quantize(const InputMatrix& x, const QuantizeOptions& options);
 
 /// Throws microscale::Error unless 0 <= num_threads <= kMaxThreads (0: all hardware threads).
 void validate_thread_count(int num_threads);
+
+/// Throws microscale::Error, "`who` has an unknown scale layout id N", unless `layout` is one of
+/// ScaleLayout's values (a hand-built struct can hold any byte).
+void validate_scale_layout(ScaleLayout layout, const std::string& who);
 
 }  // namespace microscale

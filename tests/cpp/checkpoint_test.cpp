@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstring>
@@ -186,9 +187,14 @@ TEST(Checkpoint, AFailedConversionLeavesNoPartialModel) {
   ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
   if (old.rlim_max != RLIM_INFINITY && old.rlim_max < 64 * 1024)
     GTEST_SKIP() << "file size hard limit below 64 KiB";
-  const fs::path fresh = testing_paths::temp_path("partial_out_new");
-  fs::remove_all(fresh);
+  const fs::path fresh_root = testing_paths::temp_path("partial_out_new");
+  fs::remove_all(fresh_root);
+  const fs::path fresh = fresh_root / "a" / "b";  // three directories to create
+  // An output directory with files of its own: an unrelated one, and a shard of an earlier run
+  // that this one fails to replace.
   const fs::path existing = fresh_dir("partial_out_existing");
+  std::ofstream(existing / "notes.txt") << "mine";
+  std::ofstream(existing / "model-00002-of-00002.safetensors") << "earlier";
   std::vector<std::string> errors;
   const auto previous = std::signal(SIGXFSZ, SIG_IGN);
   rlimit small = old;
@@ -204,12 +210,19 @@ TEST(Checkpoint, AFailedConversionLeavesNoPartialModel) {
   }
   ::setrlimit(RLIMIT_FSIZE, &old);
   std::signal(SIGXFSZ, previous);
-  for (const std::string& e : errors) EXPECT_NE(e.find("error while writing"), std::string::npos) << e;
-  EXPECT_FALSE(fs::exists(fresh));      // created by the conversion, removed with it
-  EXPECT_TRUE(fs::is_empty(existing));  // the first shard removed again, no temporary file left
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("error while writing"), std::string::npos) << e;
+    EXPECT_NE(e.find("model-00002-of-00002"), std::string::npos) << e;  // the first shard was written
+  }
+  EXPECT_FALSE(fs::exists(fresh_root));  // created by the conversion, removed with it
+  // The first shard removed again, no temporary file left, the directory's own files kept.
+  std::vector<std::string> left;
+  for (const auto& entry : fs::directory_iterator(existing)) left.push_back(entry.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"model-00002-of-00002.safetensors", "notes.txt"}));
   // Without the limit the same conversion completes.
-  convert_checkpoint(model.string(), existing.string(), ConvertOptions{});
-  EXPECT_TRUE(Checkpoint::open(existing.string()).contains("model.embed_tokens.weight"));
+  convert_checkpoint(model.string(), fresh.string(), ConvertOptions{});
+  EXPECT_TRUE(Checkpoint::open(fresh.string()).contains("model.embed_tokens.weight"));
 }
 
 TEST(Checkpoint, StreamWriterChecksOrderAndSizes) {

@@ -48,18 +48,19 @@ void put(const fs::path& path, std::string_view bytes, bool present) {
     std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
+// This process's directory, removed at exit.
+struct ModelDir {
+  fs::path path = fs::temp_directory_path() / ("microscale_checkpoint_fuzz_" + std::to_string(::getpid()));
+  ModelDir() { fs::create_directories(path); }
+  ~ModelDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
 const fs::path& model_dir() {
-  static const fs::path dir = [] {
-    const fs::path d =
-        fs::temp_directory_path() / ("microscale_checkpoint_fuzz_" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    std::atexit([] {
-      std::error_code ec;
-      fs::remove_all(model_dir(), ec);
-    });
-    return d;
-  }();
-  return dir;
+  static const ModelDir dir;
+  return dir.path;
 }
 
 }  // namespace
