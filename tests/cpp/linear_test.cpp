@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/operand_access.hpp"
 #include "microscale/error.hpp"
@@ -319,6 +320,26 @@ TEST(Linear, BackwardTwiceWithoutForwardIsAnError) {
   EXPECT_TRUE(std::equal(once.begin(), once.end(), layer.main_grad().data_as<float>()));
   layer.forward(x.view());
   EXPECT_NO_THROW(layer.backward(dy.view()));
+}
+
+// A failed backward draws no stochastic-rounding stream: retried, it gives what a backward that
+// never failed gives (NVFP4 gradients use SR with one offset per backward).
+TEST(Linear, AFailedBackwardLeavesTheRandomStreamAsItWas) {
+  const Tensor x = random_tensor(DType::BF16, {32, 64}, Fill::Normal, 64);
+  const Tensor dy = random_tensor(DType::BF16, {32, 32}, Fill::Normal, 65);
+  const Tensor wrong = random_tensor(DType::BF16, {32, 16}, Fill::Normal, 66);
+  const autocast scope(NVFP4BlockScaling{});
+  Linear retried(64, 32, false, 11), direct(64, 32, false, 11);
+  for (int step = 0; step < 2; ++step) {
+    retried.forward(x.view());
+    EXPECT_THROW(retried.backward(wrong.view()), Error);
+    retried.backward(dy.view());
+    direct.forward(x.view());
+    direct.backward(dy.view());
+  }
+  const Tensor& a = retried.main_grad();
+  const Tensor& b = direct.main_grad();
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.nbytes()));
 }
 
 }  // namespace
