@@ -1,7 +1,6 @@
 // Checkpoint (single file, model.safetensors, or a sharded set with its index) and the streaming
 // safetensors writer.
 #include <algorithm>
-#include <array>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -146,13 +145,9 @@ void SafetensorsStreamWriter::begin(const std::string& path,
     header[d.name] = {{"dtype", d.dtype}, {"shape", d.shape}, {"data_offsets", {offset, offset + d.nbytes}}};
     offset += d.nbytes;
   }
-  const std::string text = safetensors_header_text(header);
+  const std::string start = safetensors_file_start(header);
   file_ = std::make_unique<File>(path);
-  std::array<char, 8> len{};
-  for (int i = 0; i < 8; ++i)
-    len[i] = static_cast<char>((static_cast<uint64_t>(text.size()) >> (8 * i)) & 0xFF);
-  file_->out.write(len.data(), 8);
-  file_->out.write(text);
+  file_->out.write(start);
 }
 
 void SafetensorsStreamWriter::write(const std::string& name, const void* data, size_t nbytes) {

@@ -42,7 +42,7 @@ std::string describe(const std::string& origin) { return origin.empty() ? "safet
 
 }  // namespace
 
-std::string safetensors_header_text(const nlohmann::json& header) {
+std::string safetensors_file_start(const nlohmann::json& header) {
   std::string text;
   try {
     text = header.dump();
@@ -50,7 +50,10 @@ std::string safetensors_header_text(const nlohmann::json& header) {
     throw Error("tensor names and metadata of a safetensors file must be valid UTF-8");
   }
   text.append((8 - text.size() % 8) % 8, ' ');  // the data buffer starts 8-byte aligned
-  return text;
+  std::string start(8, '\0');                   // the header's length, u64 little-endian
+  for (int i = 0; i < 8; ++i)
+    start[i] = static_cast<char>((static_cast<uint64_t>(text.size()) >> (8 * i)) & 0xFF);
+  return start + text;
 }
 
 size_t safetensors_dtype_bits(std::string_view dtype) {
@@ -258,13 +261,9 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
     header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.nbytes}}};
     offset += t.nbytes;
   }
-  std::string text = safetensors_header_text(header);
+  const std::string start = safetensors_file_start(header);
   OutputFile out(path);
-  const uint64_t len = text.size();
-  std::array<char, 8> len_bytes{};
-  for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<char>((len >> (8 * i)) & 0xFF);
-  out.write(len_bytes.data(), 8);
-  out.write(text);
+  out.write(start);
   for (const SafetensorsTensor& t : tensors) out.write(t.data, t.nbytes);
   out.commit();
 }

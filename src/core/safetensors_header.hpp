@@ -1,4 +1,4 @@
-// The text of a safetensors header, shared by the whole-file and the streaming writer.
+// The bytes that start a safetensors file, shared by the whole-file and the streaming writer.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -6,8 +6,9 @@
 
 namespace microscale {
 
-/// The header's JSON padded with spaces to a multiple of 8 bytes (the data buffer starts
-/// 8-byte aligned); microscale::Error when a name or metadata value is not valid UTF-8.
-std::string safetensors_header_text(const nlohmann::json& header);
+/// The header's length (u64 little-endian), then its JSON padded with spaces to a multiple of 8
+/// bytes (the data buffer starts 8-byte aligned); microscale::Error when a name or metadata value
+/// is not valid UTF-8.
+std::string safetensors_file_start(const nlohmann::json& header);
 
 }  // namespace microscale
