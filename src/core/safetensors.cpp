@@ -12,6 +12,9 @@
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "microscale/error.hpp"
 #include "microscale/output_file.hpp"
@@ -22,8 +25,9 @@ namespace {
 
 using json = nlohmann::json;
 
-// A header larger than this is refused before parsing (the reference implementation uses 100 MB).
-constexpr uint64_t kMaxHeaderBytes = 100u << 20;
+// A header larger than this is refused before parsing (the reference implementation's
+// MAX_HEADER_SIZE).
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
 struct DtypeRow {
   std::string_view name;
@@ -139,12 +143,31 @@ void SafetensorsFile::parse(const std::string& origin) {
                 std::to_string(size_) + " bytes): truncated?");
   }
   const auto* header_begin = reinterpret_cast<const char*>(bytes_ + 8);
+  // As the reference reader: the header is an object from its first byte (trailing spaces pad it).
+  if (header_len == 0 || header_begin[0] != '{') throw Error(where + ": header does not start with '{'");
   json header;
+  // nlohmann's parser keeps the last of two equal keys: the keys of each open object are kept
+  // here, so that a name given twice (two tensors, or a field of one) is an error, not a choice.
+  std::vector<std::set<std::string>> open_objects;
+  std::string duplicate_key;
+  const json::parser_callback_t track_keys = [&](int, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) {
+      open_objects.emplace_back();
+    } else if (event == json::parse_event_t::object_end) {
+      open_objects.pop_back();
+    } else if (event == json::parse_event_t::key &&
+               !open_objects.back().insert(parsed.get<std::string>()).second && duplicate_key.empty()) {
+      duplicate_key = parsed.get<std::string>();
+    }
+    return true;
+  };
   try {
-    header = json::parse(header_begin, header_begin + header_len);
+    header = json::parse(header_begin, header_begin + header_len, track_keys);
   } catch (const json::exception& e) {
     throw Error(where + ": header is not valid JSON (" + e.what() + ")");
   }
+  if (!duplicate_key.empty())
+    throw Error(where + ": header names '" + duplicate_key + "' twice in one object");
   if (!header.is_object()) throw Error(where + ": header is not a JSON object");
   const std::byte* data = bytes_ + 8 + header_len;
   const uint64_t data_size = size_ - 8 - header_len;
@@ -211,12 +234,28 @@ void SafetensorsFile::parse(const std::string& origin) {
     entry.nbytes = static_cast<size_t>(end - begin);
     tensors_.push_back(std::move(entry));
   }
-  std::sort(tensors_.begin(), tensors_.end(),
-            [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.data < b.data; });
-  for (size_t i = 1; i < tensors_.size(); ++i) {
-    if (tensors_[i - 1].data + tensors_[i - 1].nbytes > tensors_[i].data) {
-      throw Error(where + ": tensors '" + tensors_[i - 1].name + "' and '" + tensors_[i].name + "' overlap");
+  // The tensors tile the data buffer exactly, as the format requires: no overlap, no byte that
+  // belongs to no tensor (what a second file hidden in the buffer would need). Sorted by
+  // [begin, end), so that a zero-size tensor comes before the one starting where it sits.
+  std::sort(tensors_.begin(), tensors_.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+    return a.data != b.data ? a.data < b.data : a.nbytes < b.nbytes;
+  });
+  const std::byte* covered_to = data;  // the end of the tensors so far
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const SafetensorsEntry& t = tensors_[i];
+    if (t.data < covered_to) {
+      throw Error(where + ": tensors '" + tensors_[i - 1].name + "' and '" + t.name + "' overlap");
     }
+    if (t.data > covered_to) {
+      throw Error(where + ": data bytes [" + std::to_string(covered_to - data) + ", " +
+                  std::to_string(t.data - data) + ") before tensor '" + t.name +
+                  "' belong to no tensor (the tensors must tile the data buffer)");
+    }
+    covered_to = t.data + t.nbytes;
+  }
+  if (covered_to != data + data_size) {
+    throw Error(where + ": the last " + std::to_string(data + data_size - covered_to) +
+                " bytes of the data buffer belong to no tensor (the tensors must tile it)");
   }
   for (size_t i = 0; i < tensors_.size(); ++i) by_name_.emplace(tensors_[i].name, i);
 }

@@ -81,9 +81,7 @@ TEST(Safetensors, EveryTruncationIsAnError) {
 
 TEST(Safetensors, HostileHeaders) {
   const char* cases[] = {
-      "not json",
-      "[1, 2, 3]",
-      R"({"a": 5})",
+      "not json", "[1, 2, 3]", R"({"a": 5})",
       R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 16]}})",   // past the end
       R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})",    // size mismatch
       R"({"a": {"dtype": "Q7", "shape": [2], "data_offsets": [0, 8]}})",     // unknown dtype
@@ -98,6 +96,16 @@ TEST(Safetensors, HostileHeaders) {
           "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",                      // overlap
       R"({"__metadata__": {"k": 1}})",  // non-string metadata
       R"({"__metadata__": [1]})",
+      R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})",  // bytes 4-8 in no tensor
+      R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",  // bytes 0-4 in no tensor
+      R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+          "b": {"dtype": "U8", "shape": [2], "data_offsets": [6, 8]}})",   // a hole between
+      // A name twice: nlohmann's parser would keep the second (and the reference reader would
+      // then find bytes 0-4 in no tensor); a field twice.
+      R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+          "a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+      R"({"a": {"dtype": "F32", "dtype": "I32", "shape": [2], "data_offsets": [0, 8]}})",
+      R"( {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})",  // not '{' first
   };
   for (const char* header : cases) {
     EXPECT_THROW(SafetensorsFile::from_bytes(make_file(header, 8)), Error) << header;
@@ -109,11 +117,35 @@ TEST(Safetensors, HostileHeaders) {
   bad[7] = std::byte{0xFF};
   EXPECT_THROW(SafetensorsFile::from_bytes(bad), Error);
   EXPECT_NO_THROW(SafetensorsFile::from_bytes(make_file("{}", 0)));
+  // The tensors tile the buffer: zero-size ones anywhere in it, trailing spaces after the header.
+  EXPECT_NO_THROW(
+      SafetensorsFile::from_bytes(make_file(R"({"z": {"dtype": "F32", "shape": [0], "data_offsets": [4, 4]},
+          "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]},
+          "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+          "e": {"dtype": "U8", "shape": [0], "data_offsets": [8, 8]}}   )",
+                                            8)));
+  try {
+    SafetensorsFile::from_bytes(
+        make_file(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", 8));
+    ADD_FAILURE() << "a file with 4 bytes in no tensor was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the last 4 bytes of the data buffer belong to no tensor"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    SafetensorsFile::from_bytes(make_file(R"({"a": {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]},
+          "a": {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]}})",
+                                          8));
+    ADD_FAILURE() << "a header naming 'a' twice was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("names 'a' twice"), std::string::npos) << e.what();
+  }
   // Sub-byte dtypes: the header counts elements, which must fill whole bytes.
   EXPECT_NO_THROW(SafetensorsFile::from_bytes(
       make_file(R"({"a": {"dtype": "F4", "shape": [2, 8], "data_offsets": [0, 8]}})", 8)));
   EXPECT_NO_THROW(SafetensorsFile::from_bytes(
-      make_file(R"({"a": {"dtype": "F6_E2M3", "shape": [4], "data_offsets": [0, 3]}})", 8)));
+      make_file(R"({"a": {"dtype": "F6_E2M3", "shape": [4], "data_offsets": [0, 3]}})", 3)));
   EXPECT_THROW(SafetensorsFile::from_bytes(
                    make_file(R"({"a": {"dtype": "F4", "shape": [3], "data_offsets": [0, 2]}})", 8)),
                Error);
