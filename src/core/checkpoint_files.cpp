@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "json_unique_keys.hpp"
 #include "microscale/checkpoint.hpp"
 #include "microscale/error.hpp"
 #include "microscale/output_file.hpp"
@@ -44,11 +45,16 @@ Checkpoint Checkpoint::open(const std::string& path) {
     const fs::path index = p / "model.safetensors.index.json";
     if (fs::exists(index, ec)) {
       json j;
+      std::string duplicate_key;
       try {
-        j = json::parse(read_text(index));
+        const std::string text = read_text(index);
+        j = parse_json_unique_keys(text.data(), text.data() + text.size(), &duplicate_key);
       } catch (const json::exception& e) {
         throw Error("'" + index.string() + "' is not valid JSON: " + e.what());
       }
+      // (a tensor named twice in weight_map could hide a shard that only the first entry lists)
+      if (!duplicate_key.empty())
+        throw Error("'" + index.string() + "' names '" + duplicate_key + "' twice in one object");
       if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
         throw Error("'" + index.string() + "' has no weight_map object");
       }

@@ -12,10 +12,10 @@
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <string>
 #include <vector>
 
+#include "json_unique_keys.hpp"
 #include "microscale/error.hpp"
 #include "microscale/output_file.hpp"
 #include "safetensors_header.hpp"
@@ -146,23 +146,9 @@ void SafetensorsFile::parse(const std::string& origin) {
   // As the reference reader: the header is an object from its first byte (trailing spaces pad it).
   if (header_len == 0 || header_begin[0] != '{') throw Error(where + ": header does not start with '{'");
   json header;
-  // nlohmann's parser keeps the last of two equal keys: the keys of each open object are kept
-  // here, so that a name given twice (two tensors, or a field of one) is an error, not a choice.
-  std::vector<std::set<std::string>> open_objects;
   std::string duplicate_key;
-  const json::parser_callback_t track_keys = [&](int, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start) {
-      open_objects.emplace_back();
-    } else if (event == json::parse_event_t::object_end) {
-      open_objects.pop_back();
-    } else if (event == json::parse_event_t::key &&
-               !open_objects.back().insert(parsed.get<std::string>()).second && duplicate_key.empty()) {
-      duplicate_key = parsed.get<std::string>();
-    }
-    return true;
-  };
   try {
-    header = json::parse(header_begin, header_begin + header_len, track_keys);
+    header = parse_json_unique_keys(header_begin, header_begin + header_len, &duplicate_key);
   } catch (const json::exception& e) {
     throw Error(where + ": header is not valid JSON (" + e.what() + ")");
   }

@@ -92,6 +92,21 @@ TEST(Checkpoint, BadDirectoriesAreErrors) {
   EXPECT_THROW(Checkpoint::open(bad.string()), Error);
 }
 
+TEST(Checkpoint, AnIndexNamingATensorTwiceIsAnError) {
+  // A JSON parser keeps the second entry: the first shard, listed by that entry only, would be
+  // left out of the model without a word.
+  const fs::path dir = make_model("twice");
+  std::ofstream(dir / "model.safetensors.index.json")
+      << R"({"weight_map": {"position_ids": "model-00001-of-00002.safetensors",
+                            "position_ids": "model-00002-of-00002.safetensors"}})";
+  try {
+    Checkpoint::open(dir.string());
+    ADD_FAILURE() << "an index naming 'position_ids' twice was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("names 'position_ids' twice"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Checkpoint, StaleIndexEntriesAreIgnored) {
   // Index entries are not checked against the shards (loaders read every tensor of the shards it
   // lists): a stale entry is ignored, and the output's index lists what the shards hold.
