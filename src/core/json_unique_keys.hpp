@@ -20,8 +20,8 @@ inline nlohmann::json parse_json_unique_keys(const char* begin, const char* end,
       open_objects.emplace_back();
     } else if (event == json::parse_event_t::object_end) {
       open_objects.pop_back();
-    } else if (event == json::parse_event_t::key && !open_objects.back().insert(parsed.get<std::string>()).second &&
-               duplicate_key->empty()) {
+    } else if (event == json::parse_event_t::key &&
+               !open_objects.back().insert(parsed.get<std::string>()).second && duplicate_key->empty()) {
       *duplicate_key = parsed.get<std::string>();
     }
     return true;

@@ -143,8 +143,6 @@ void SafetensorsFile::parse(const std::string& origin) {
                 std::to_string(size_) + " bytes): truncated?");
   }
   const auto* header_begin = reinterpret_cast<const char*>(bytes_ + 8);
-  // As the reference reader: the header is an object from its first byte (trailing spaces pad it).
-  if (header_len == 0 || header_begin[0] != '{') throw Error(where + ": header does not start with '{'");
   json header;
   std::string duplicate_key;
   try {

@@ -81,7 +81,9 @@ TEST(Safetensors, EveryTruncationIsAnError) {
 
 TEST(Safetensors, HostileHeaders) {
   const char* cases[] = {
-      "not json", "[1, 2, 3]", R"({"a": 5})",
+      "not json",
+      "[1, 2, 3]",
+      R"({"a": 5})",
       R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 16]}})",   // past the end
       R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})",    // size mismatch
       R"({"a": {"dtype": "Q7", "shape": [2], "data_offsets": [0, 8]}})",     // unknown dtype
@@ -105,7 +107,6 @@ TEST(Safetensors, HostileHeaders) {
       R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
           "a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
       R"({"a": {"dtype": "F32", "dtype": "I32", "shape": [2], "data_offsets": [0, 8]}})",
-      R"( {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})",  // not '{' first
   };
   for (const char* header : cases) {
     EXPECT_THROW(SafetensorsFile::from_bytes(make_file(header, 8)), Error) << header;
@@ -117,13 +118,14 @@ TEST(Safetensors, HostileHeaders) {
   bad[7] = std::byte{0xFF};
   EXPECT_THROW(SafetensorsFile::from_bytes(bad), Error);
   EXPECT_NO_THROW(SafetensorsFile::from_bytes(make_file("{}", 0)));
-  // The tensors tile the buffer: zero-size ones anywhere in it, trailing spaces after the header.
-  EXPECT_NO_THROW(
-      SafetensorsFile::from_bytes(make_file(R"({"z": {"dtype": "F32", "shape": [0], "data_offsets": [4, 4]},
+  // The tensors tile the buffer: zero-size ones anywhere in it; JSON whitespace around the header
+  // (the reference reader takes it before and after: writers may pad to align the data).
+  EXPECT_NO_THROW(SafetensorsFile::from_bytes(
+      make_file(std::string("\t\n") + R"({"z": {"dtype": "F32", "shape": [0], "data_offsets": [4, 4]},
           "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]},
           "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
           "e": {"dtype": "U8", "shape": [0], "data_offsets": [8, 8]}}   )",
-                                            8)));
+                8)));
   try {
     SafetensorsFile::from_bytes(
         make_file(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", 8));
