@@ -6,6 +6,7 @@
 #include "microscale/error.hpp"
 #include "quantize_checkpoint.hpp"
 #include "quantize_tensors.hpp"
+#include "signal_cleanup.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"microscale: block-scaled low-precision numerics (NVFP4, MXFP8, MXFP6, MXFP4)"};
@@ -14,6 +15,7 @@ int main(int argc, char** argv) {
   microscale::tools::add_inspect_command(app);
   microscale::tools::add_bench_command(app);
   microscale::tools::add_quantize_tensors_command(app);
+  microscale::tools::remove_unfinished_outputs_on_signals();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

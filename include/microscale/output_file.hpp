@@ -7,7 +7,9 @@
 // failed conversion leaves no truncated file under the real name, and a destination that is also
 // being read (an input file still mapped) is replaced, never truncated under the reader. A
 // symbolic link at the destination is replaced by the file, not written through; a replaced file
-// keeps its permissions. (A process killed while writing leaves its hidden temporary file.)
+// keeps its permissions. A process that a signal ends while writing leaves its hidden temporary
+// file, unless its handler calls remove_unfinished_outputs() first (the CLI's does, for SIGINT,
+// SIGTERM and SIGHUP; SIGKILL cannot be caught).
 #pragma once
 
 #include <cstddef>
@@ -34,9 +36,17 @@ class OutputFile {
 
  private:
   std::string path_, temporary_;
-  int fd_ = -1;  // the temporary file, unbuffered: callers write whole headers and tensors
+  int fd_ = -1;          // the temporary file, unbuffered: callers write whole headers and tensors
+  int unfinished_ = -1;  // its record for remove_unfinished_outputs
   bool committed_ = false;
 };
+
+/// @brief Removes the outputs of this process that are not finished: the temporary file of every
+/// OutputFile not yet committed or destroyed, and the files and new directories of every
+/// checkpoint conversion that has not yet written its last file. For a signal handler that then
+/// ends the process (the objects that wrote them are not told): async-signal-safe, it only
+/// unlinks and removes empty directories. Returns how many it removed.
+int remove_unfinished_outputs() noexcept;
 
 /// @brief Writes `text` to `path` through an OutputFile.
 void write_text_file(const std::string& path, const std::string& text);

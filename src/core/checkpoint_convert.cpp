@@ -15,6 +15,7 @@
 #include "core/fp_environment.hpp"
 #include "core/quantize_checks.hpp"
 #include "core/scale_math.hpp"
+#include "core/unfinished_outputs.hpp"
 #include "microscale/checkpoint.hpp"
 #include "microscale/error.hpp"
 #include "microscale/error_stats.hpp"
@@ -217,27 +218,47 @@ void copy_model_files(const fs::path& from, const fs::path& to, const fs::path& 
 
 // The files a conversion writes into its output directory, removed again unless keep() is called,
 // and the directories it created for it (when empty then): a conversion that fails leaves no file
-// of its own behind. A file of an earlier run that it had replaced is not restored.
+// of its own behind. A file of an earlier run that it had replaced is not restored. Until then
+// they are remembered for remove_unfinished_outputs, so a signal handler can do the same.
 class PartialOutput {
  public:
   /// `created_dirs`: the directories the conversion created, deepest first.
-  explicit PartialOutput(std::vector<fs::path> created_dirs) : created_dirs_(std::move(created_dirs)) {}
+  explicit PartialOutput(std::vector<fs::path> created_dirs) : created_dirs_(std::move(created_dirs)) {
+    for (const fs::path& d : created_dirs_) remember(d.string(), unfinished_outputs::Kind::Directory);
+  }
   PartialOutput(const PartialOutput&) = delete;
   PartialOutput& operator=(const PartialOutput&) = delete;
   ~PartialOutput() {
     if (kept_) return;
+    forget_all();
     std::error_code ec;  // best effort, no throwing from a destructor
     for (const fs::path& f : files_) fs::remove(f, ec);
     for (const fs::path& d : created_dirs_) fs::remove(d, ec);  // removes an empty directory only
   }
   /// Records a file this conversion has written (after the write: an older file of that name is
   /// only gone once the new one is in place).
-  void written(const std::string& path) { files_.emplace_back(path); }
-  void keep() { kept_ = true; }
+  void written(const std::string& path) {
+    files_.emplace_back(path);
+    remember(path, unfinished_outputs::Kind::File);
+  }
+  void keep() {
+    forget_all();
+    kept_ = true;
+  }
 
  private:
+  void remember(const std::string& path, unfinished_outputs::Kind kind) {
+    records_.push_back(-1);  // first: a record is never made that records_ cannot hold
+    records_.back() = unfinished_outputs::remember(path, kind);
+  }
+  void forget_all() {
+    for (int r : records_) unfinished_outputs::forget(r);
+    records_.clear();
+  }
+
   std::vector<fs::path> created_dirs_;
   std::vector<fs::path> files_;
+  std::vector<int> records_;  // unfinished_outputs handles of both
   bool kept_ = false;
 };
 

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <random>
 
+#include "core/unfinished_outputs.hpp"
 #include "microscale/error.hpp"
 
 namespace microscale {
@@ -53,12 +54,14 @@ OutputFile::OutputFile(std::string path) : path_(std::move(path)) {
     if (fd_ < 0 && errno != EEXIST) throw Error("cannot write '" + path_ + "'" + errno_text(errno));
   }
   if (fd_ < 0) throw Error("cannot write '" + path_ + "': no free temporary name beside it");
+  unfinished_ = unfinished_outputs::remember(temporary_, unfinished_outputs::Kind::File);
   // A replaced file keeps its permissions (a new one gets 0666 less the umask, as open gives it).
   if (exists) static_cast<void>(::fchmod(fd_, existing.st_mode & 07777));  // best effort
 }
 
 OutputFile::~OutputFile() {
   if (committed_) return;
+  unfinished_outputs::forget(unfinished_);  // first: a signal now removes nothing of another's
   if (fd_ >= 0) ::close(fd_);
   ::unlink(temporary_.c_str());
 }
@@ -83,6 +86,7 @@ void OutputFile::commit() {
   if (std::rename(temporary_.c_str(), path_.c_str()) != 0) {
     throw Error("cannot move the finished file onto '" + path_ + "'" + errno_text(errno));
   }
+  unfinished_outputs::forget(unfinished_);
   committed_ = true;
 }
 

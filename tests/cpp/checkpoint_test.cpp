@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "microscale/error.hpp"
+#include "microscale/output_file.hpp"
 #include "temp_path.hpp"
 #include "test_data.hpp"
 
@@ -238,6 +239,46 @@ TEST(Checkpoint, AFailedConversionLeavesNoPartialModel) {
   // Without the limit the same conversion completes.
   convert_checkpoint(model.string(), fresh.string(), ConvertOptions{});
   EXPECT_TRUE(Checkpoint::open(fresh.string()).contains("model.embed_tokens.weight"));
+}
+
+// What the CLI's signal handler does mid-conversion (remove_unfinished_outputs): the finished first
+// shard, the second one's temporary file and the directories the conversion made go; the files
+// the output directory held before stay.
+TEST(Checkpoint, AnInterruptedConversionCanRemoveWhatItWrote) {
+  const fs::path model = make_model("interrupted_in");
+  const fs::path fresh_root = testing_paths::temp_path("interrupted_out_new");
+  fs::remove_all(fresh_root);
+  const fs::path existing = fresh_dir("interrupted_out_existing");
+  std::ofstream(existing / "notes.txt") << "mine";
+  struct Stop {};  // ends the conversion as the signal would end the process
+  for (const fs::path& out : {fresh_root / "a" / "b", existing}) {
+    SCOPED_TRACE(out.string());
+    ConvertOptions o;
+    std::vector<std::string> before, after;
+    o.progress = [&](size_t done, size_t, const TensorReport&) {
+      if (done < 4) return;  // the first tensor of the second shard is in its temporary file
+      for (const auto& entry : fs::directory_iterator(out))
+        before.push_back(entry.path().filename().string());
+      remove_unfinished_outputs();
+      if (fs::exists(out)) {
+        for (const auto& entry : fs::directory_iterator(out))
+          after.push_back(entry.path().filename().string());
+      }
+      throw Stop{};
+    };
+    EXPECT_THROW(convert_checkpoint(model.string(), out.string(), o), Stop);
+    std::sort(before.begin(), before.end());
+    ASSERT_EQ(before.size(), out == existing ? 3u : 2u);
+    EXPECT_EQ(before[0].rfind(".model-00002-of-00002.safetensors.", 0), 0u) << before[0];  // temporary
+    EXPECT_EQ(before[1], "model-00001-of-00002.safetensors");
+    if (out == existing) {
+      EXPECT_EQ(after, std::vector<std::string>{"notes.txt"});
+    } else {
+      EXPECT_TRUE(after.empty());
+      EXPECT_FALSE(fs::exists(fresh_root));  // the three directories it created
+    }
+  }
+  EXPECT_EQ(remove_unfinished_outputs(), 0);  // nothing left remembered after the unwinding
 }
 
 TEST(Checkpoint, StreamWriterChecksOrderAndSizes) {

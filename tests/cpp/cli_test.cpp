@@ -1,8 +1,15 @@
 // The `microscale quantize-tensors` command: output names, bytes equal to the library's, the
 // table, and clear messages with a non-zero exit for bad input.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
+#include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -218,6 +225,72 @@ TEST(CliCheckpoint, BadInputIsAMessageAndNonZeroExit) {
   }
   for (const char* help : {"quantize --help", "inspect --help", "bench --help", "--help"}) {
     EXPECT_EQ(run_cli(help).exit_code, 0) << help;
+  }
+}
+
+// SIGINT (Ctrl-C) or SIGTERM in the middle of `microscale quantize`: the process ends by that
+// signal, and the output directory it created is gone with the shard and temporary file in it.
+// The child cannot finish first: its progress lines (~10 KiB) go to a pipe of 4 KiB that is not
+// read until the signal is sent, so it waits in a write by then.
+TEST(CliCheckpoint, ASignalRemovesTheUnfinishedOutput) {
+  const std::filesystem::path model = testing_paths::temp_path("many_tensors");
+  std::filesystem::remove_all(model);
+  std::filesystem::create_directories(model);
+  const Tensor w = testing_data::random_tensor(DType::BF16, {16, 32}, testing_data::Fill::Normal, 9);
+  std::vector<std::string> names;
+  for (int i = 0; i < 200; ++i)
+    names.push_back("model.layers." + std::to_string(i) + ".mlp.down_proj.weight");
+  std::vector<SafetensorsTensor> tensors;
+  for (const std::string& name : names) tensors.push_back({name, "BF16", w.shape(), w.data(), w.nbytes()});
+  write_safetensors((model / "model.safetensors").string(), tensors);
+  for (const int signal_number : {SIGINT, SIGTERM}) {
+    SCOPED_TRACE(signal_number);
+    const std::filesystem::path out = temp("interrupted_out") + std::to_string(signal_number);
+    std::filesystem::remove_all(out);
+    int err[2];
+    ASSERT_EQ(::pipe(err), 0);
+    ASSERT_GE(::fcntl(err[0], F_SETPIPE_SZ, 4096), 0);
+    posix_spawn_file_actions_t files;
+    posix_spawn_file_actions_init(&files);
+    posix_spawn_file_actions_addopen(&files, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_adddup2(&files, err[1], STDERR_FILENO);
+    posix_spawn_file_actions_addclose(&files, err[0]);
+    posix_spawn_file_actions_addclose(&files, err[1]);
+    posix_spawnattr_t attributes;  // default actions for both signals, whatever this process has
+    posix_spawnattr_init(&attributes);
+    sigset_t defaults;
+    sigemptyset(&defaults);
+    sigaddset(&defaults, SIGINT);
+    sigaddset(&defaults, SIGTERM);
+    posix_spawnattr_setsigdefault(&attributes, &defaults);
+    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF);
+    const std::string cli = MICROSCALE_CLI_PATH, input = model.string(), output = out.string();
+    std::vector<char*> argv = {const_cast<char*>(cli.c_str()),    const_cast<char*>("quantize"),
+                               const_cast<char*>(input.c_str()),  const_cast<char*>("-o"),
+                               const_cast<char*>(output.c_str()), const_cast<char*>("--format"),
+                               const_cast<char*>("nvfp4"),        nullptr};
+    pid_t child = 0;
+    const int spawned = posix_spawn(&child, cli.c_str(), &files, &attributes, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&files);
+    posix_spawnattr_destroy(&attributes);
+    ::close(err[1]);
+    ASSERT_EQ(spawned, 0);
+    pollfd first_line{err[0], POLLIN, 0};  // a progress line: the conversion has begun
+    ASSERT_EQ(::poll(&first_line, 1, 60'000), 1);
+    ASSERT_EQ(::kill(child, signal_number), 0);
+    std::string text;
+    char buf[4096];
+    for (ssize_t n; (n = ::read(err[0], buf, sizeof buf)) != 0;) {
+      if (n > 0) text.append(buf, static_cast<size_t>(n));
+      if (n < 0 && errno != EINTR) break;
+    }
+    ::close(err[0]);
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == signal_number) << status << "\n" << text;
+    EXPECT_NE(text.find("interrupted: removed the outputs it had not finished"), std::string::npos) << text;
+    EXPECT_EQ(text.find("200/200"), std::string::npos) << text;
+    EXPECT_FALSE(std::filesystem::exists(out));
   }
 }
 

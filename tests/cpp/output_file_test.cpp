@@ -118,5 +118,32 @@ TEST(OutputFile, ErrorsNameThePath) {
   }
 }
 
+// What a signal handler calls before the process ends: the temporary file goes, a committed file
+// stays, and the OutputFile destroyed after it (were the process to go on) removes nothing else.
+TEST(OutputFile, RemoveUnfinishedOutputsTakesTheTemporaryFileOnly) {
+  const fs::path dir = testing_paths::temp_path("unfinished");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  write_text_file((dir / "done.txt").string(), "finished");
+  {
+    OutputFile f((dir / "out.txt").string());
+    f.write("half");
+    EXPECT_EQ(other_files(dir, dir / "done.txt"), 1);  // the temporary file
+    EXPECT_EQ(remove_unfinished_outputs(), 1);
+    EXPECT_EQ(other_files(dir, dir / "done.txt"), 0);
+    EXPECT_EQ(remove_unfinished_outputs(), 0);  // already gone
+  }
+  EXPECT_EQ(read_all(dir / "done.txt"), "finished");
+  EXPECT_EQ(other_files(dir, dir / "done.txt"), 0);
+  // Later files are written and removed as before.
+  {
+    OutputFile f((dir / "out.txt").string());
+    f.write("whole");
+    f.commit();
+  }
+  EXPECT_EQ(remove_unfinished_outputs(), 0);
+  EXPECT_EQ(read_all(dir / "out.txt"), "whole");
+}
+
 }  // namespace
 }  // namespace microscale

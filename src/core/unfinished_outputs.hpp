@@ -1,0 +1,21 @@
+// The outputs this process has started and not finished (an OutputFile's temporary file, the files
+// and directories of a checkpoint conversion before its last file is in place), kept where a
+// signal handler can remove them: remove_unfinished_outputs (output_file.hpp) takes them away
+// before a signal ends the process, as an exception's unwinding would have.
+#pragma once
+
+#include <string>
+
+namespace microscale::unfinished_outputs {
+
+enum class Kind { File, Directory };
+
+/// @brief Records a copy of `path`. Returns the handle for forget(), or -1 when no memory or no
+/// slot is left (the path is then not removed by a signal; nothing else changes).
+int remember(const std::string& path, Kind kind) noexcept;
+
+/// @brief Drops a record (before the caller removes the path itself, or once it is finished).
+/// -1, and a record a signal handler has taken, are no-ops.
+void forget(int handle) noexcept;
+
+}  // namespace microscale::unfinished_outputs
