@@ -12,7 +12,9 @@ namespace {
 
 constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
 
-// Only async-signal-safe calls: remove_unfinished_outputs, write, sigaction, raise.
+// Only async-signal-safe calls: remove_unfinished_outputs, write, sigemptyset, sigaction, raise.
+// It never returns into the program, so errno and interrupted calls need no care. (Were a second
+// of the three signals to arrive meanwhile, it is held and may be the one the process ends by.)
 extern "C" void remove_and_end(int signal_number) {
   if (remove_unfinished_outputs() > 0) {
     // The newline ends a progress bar drawn in place.
@@ -36,7 +38,6 @@ void remove_unfinished_outputs_on_signals() {
   action.sa_handler = remove_and_end;
   sigemptyset(&action.sa_mask);
   for (int s : kSignals) sigaddset(&action.sa_mask, s);  // one handler at a time
-  action.sa_flags = SA_RESTART;  // a write or read interrupted by another thread's handling resumes
   for (int s : kSignals) {
     struct sigaction previous {};
     if (sigaction(s, nullptr, &previous) == 0 && previous.sa_handler == SIG_IGN) continue;

@@ -209,7 +209,10 @@ void copy_model_files(const fs::path& from, const fs::path& to, const fs::path& 
       if (ec) throw Error("cannot create '" + target.string() + "': " + ec.message());
       copy_model_files(entry.path(), target, output_dir, false, {});
     } else if (entry.is_regular_file(ec)) {
+      // Remembered while copied: a signal meanwhile removes the partial copy.
+      const int record = unfinished_outputs::remember(target.string(), unfinished_outputs::Kind::File);
       fs::copy_file(entry.path(), target, fs::copy_options::overwrite_existing, ec);
+      unfinished_outputs::forget(record);
       if (ec) throw Error("cannot copy '" + entry.path().string() + "': " + ec.message());
     }
   }
@@ -224,7 +227,12 @@ class PartialOutput {
  public:
   /// `created_dirs`: the directories the conversion created, deepest first.
   explicit PartialOutput(std::vector<fs::path> created_dirs) : created_dirs_(std::move(created_dirs)) {
-    for (const fs::path& d : created_dirs_) remember(d.string(), unfinished_outputs::Kind::Directory);
+    try {
+      for (const fs::path& d : created_dirs_) remember(d.string(), unfinished_outputs::Kind::Directory);
+    } catch (...) {  // no destructor runs for a constructor that throws
+      forget_all();
+      throw;
+    }
   }
   PartialOutput(const PartialOutput&) = delete;
   PartialOutput& operator=(const PartialOutput&) = delete;
@@ -235,11 +243,14 @@ class PartialOutput {
     for (const fs::path& f : files_) fs::remove(f, ec);
     for (const fs::path& d : created_dirs_) fs::remove(d, ec);  // removes an empty directory only
   }
-  /// Records a file this conversion has written (after the write: an older file of that name is
-  /// only gone once the new one is in place).
-  void written(const std::string& path) {
-    files_.emplace_back(path);
+  /// Runs `commit`, which puts the file `path` in place, and records the file: a failure after
+  /// removes it (an older file of that name stays if `commit` fails), and so does a signal from
+  /// just before the commit on (the older file then goes a moment early).
+  template <typename Commit>
+  void put_in_place(const std::string& path, Commit&& commit) {
     remember(path, unfinished_outputs::Kind::File);
+    commit();
+    files_.emplace_back(path);
   }
   void keep() {
     forget_all();
@@ -393,8 +404,7 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
       total_size += r.bytes_after;
       if (o.progress) o.progress(++done, reports.size(), r);
     }
-    writer.finish();
-    partial.written(shard_path);
+    partial.put_in_place(shard_path, [&] { writer.finish(); });
   }
   // An index for shards, and for a single shard the input indexed (model-00001-of-00001: its
   // name is not model.safetensors, so loaders find it through the index only).
@@ -402,16 +412,16 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
       fs::is_directory(input, ec) && fs::exists(fs::path(input) / "model.safetensors.index.json", ec);
   if (ckpt.shard_names().size() > 1 || input_indexed) {
     const std::string index_path = (fs::path(output_dir) / "model.safetensors.index.json").string();
-    write_text_file(index_path,
-                    json{{"metadata", {{"total_size", total_size}}}, {"weight_map", weight_map}}.dump(2));
-    partial.written(index_path);
+    partial.put_in_place(index_path, [&] {
+      write_text_file(index_path,
+                      json{{"metadata", {{"total_size", total_size}}}, {"weight_map", weight_map}}.dump(2));
+    });
   }
 
   // config.json with the quantization_config; hf_quant_config.json for ModelOpt.
   config["quantization_config"] = quantization_config(o, ignored, w4a4);
   const std::string config_path = (fs::path(output_dir) / "config.json").string();
-  write_text_file(config_path, config.dump(2));
-  partial.written(config_path);
+  partial.put_in_place(config_path, [&] { write_text_file(config_path, config.dump(2)); });
   if (o.convention == Convention::ModelOpt) {
     json hf = {{"producer", {{"name", "microscale"}, {"version", "0.1.0"}}},
                {"quantization",

@@ -48,13 +48,19 @@ OutputFile::OutputFile(std::string path) : path_(std::move(path)) {
   // NOTE: in the destination's directory, so that the rename is atomic (one file system).
   // O_EXCL | O_NOFOLLOW: a name that exists (another writer's, or a planted link) is never
   // written through; another random name is tried.
+  // The name is remembered for remove_unfinished_outputs before the file exists, so that no
+  // moment has it on disk and unrecorded (a name someone else holds is forgotten at once).
   for (int attempt = 0; attempt < 16 && fd_ < 0; ++attempt) {
     temporary_ = temporary_name(path_);
+    unfinished_ = unfinished_outputs::remember(temporary_, unfinished_outputs::Kind::File);
     fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
-    if (fd_ < 0 && errno != EEXIST) throw Error("cannot write '" + path_ + "'" + errno_text(errno));
+    if (fd_ >= 0) break;
+    const int error = errno;
+    unfinished_outputs::forget(unfinished_);
+    unfinished_ = -1;
+    if (error != EEXIST) throw Error("cannot write '" + path_ + "'" + errno_text(error));
   }
   if (fd_ < 0) throw Error("cannot write '" + path_ + "': no free temporary name beside it");
-  unfinished_ = unfinished_outputs::remember(temporary_, unfinished_outputs::Kind::File);
   // A replaced file keeps its permissions (a new one gets 0666 less the umask, as open gives it).
   if (exists) static_cast<void>(::fchmod(fd_, existing.st_mode & 07777));  // best effort
 }

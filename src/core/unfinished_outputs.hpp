@@ -10,12 +10,15 @@ namespace microscale::unfinished_outputs {
 
 enum class Kind { File, Directory };
 
-/// @brief Records a copy of `path`. Returns the handle for forget(), or -1 when no memory or no
-/// slot is left (the path is then not removed by a signal; nothing else changes).
+/// @brief Records a copy of `path`: from now until forget(), remove_unfinished_outputs removes
+/// whatever is at that path (a file, or an empty directory), so a writer forgets a record before
+/// the path holds something it must keep (a finished file, an earlier run's file it did not
+/// replace). Returns the handle for forget(), or -1 when no memory or no slot is left (the path
+/// is then not removed by a signal; nothing else changes).
 int remember(const std::string& path, Kind kind) noexcept;
 
 /// @brief Drops a record (before the caller removes the path itself, or once it is finished).
-/// -1, and a record a signal handler has taken, are no-ops.
+/// -1 is a no-op; a record being removed at this moment is left to the remover.
 void forget(int handle) noexcept;
 
 }  // namespace microscale::unfinished_outputs
