@@ -2,8 +2,8 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
-#include <cstdio>
 
 #include "microscale/output_file.hpp"
 
@@ -12,10 +12,17 @@ namespace {
 
 constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
 
-// Only async-signal-safe calls: remove_unfinished_outputs, write, sigemptyset, sigaction, raise.
-// It never returns into the program, so errno and interrupted calls need no care. (Were a second
-// of the three signals to arrive meanwhile, it is held and may be the one the process ends by.)
+// Set by the first handler to run: a second signal may reach another thread while it removes
+// files, and must neither end the process before the removal is done nor remove alongside it.
+std::atomic<bool> ending{false};
+static_assert(std::atomic<bool>::is_always_lock_free, "a signal handler may only use lock-free atomics");
+
+// Only async-signal-safe calls: remove_unfinished_outputs, write, sigemptyset, sigaction, raise,
+// pause. It never returns into the program, so errno and interrupted calls need no care.
 extern "C" void remove_and_end(int signal_number) {
+  if (ending.exchange(true)) {
+    for (;;) ::pause();  // the first handler ends the process
+  }
   if (remove_unfinished_outputs() > 0) {
     // The newline ends a progress bar drawn in place.
     static const char message[] = "\nmicroscale: interrupted: removed the outputs it had not finished\n";

@@ -9,7 +9,10 @@
 // symbolic link at the destination is replaced by the file, not written through; a replaced file
 // keeps its permissions. A process that a signal ends while writing leaves its hidden temporary
 // file, unless its handler calls remove_unfinished_outputs() first (the CLI's does, for SIGINT,
-// SIGTERM and SIGHUP; SIGKILL cannot be caught).
+// SIGTERM and SIGHUP; SIGKILL cannot be caught). Such a file goes when an OutputFile of the same
+// destination starts a minute or more later: a writer holds an flock on its temporary file until
+// it has its name, so one that is not locked and has not changed for a minute is taken for
+// abandoned (a file system whose flock does not reach other hosts cannot tell a writer there).
 #pragma once
 
 #include <cstddef>

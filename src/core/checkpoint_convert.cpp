@@ -248,8 +248,15 @@ class PartialOutput {
   /// just before the commit on (the older file then goes a moment early).
   template <typename Commit>
   void put_in_place(const std::string& path, Commit&& commit) {
+    files_.reserve(files_.size() + 1);  // no allocation, so no throw, once the file is in place
     remember(path, unfinished_outputs::Kind::File);
-    commit();
+    try {
+      commit();
+    } catch (...) {  // not in place: an older file of that name is not ours to remove
+      unfinished_outputs::forget(records_.back());
+      records_.back() = -1;
+      throw;
+    }
     files_.emplace_back(path);
   }
   void keep() {
@@ -429,7 +436,8 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
                  {"kv_cache_quant_algo", nullptr},
                  {"group_size", block},
                  {"exclude_modules", ignored}}}};
-    write_text_file((fs::path(output_dir) / "hf_quant_config.json").string(), hf.dump(2));
+    const std::string hf_path = (fs::path(output_dir) / "hf_quant_config.json").string();
+    partial.put_in_place(hf_path, [&] { write_text_file(hf_path, hf.dump(2)); });
   }
   partial.keep();  // the last file is in place: the model is whole
   // The rest of the model directory (tokenizer, module configs...) is copied as it is.

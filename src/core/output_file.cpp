@@ -2,6 +2,7 @@
 #include "microscale/output_file.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <random>
 
@@ -23,18 +25,55 @@ namespace {
 
 std::string errno_text(int error) { return std::string(": ") + std::strerror(error); }
 
-// A fresh name beside `destination`: hidden, with a random suffix, short enough that a
-// destination name of up to 255 bytes still gives a valid one.
-std::string temporary_name(const fs::path& destination) {
-  static thread_local std::mt19937_64 random(std::random_device{}() ^ static_cast<uint64_t>(::getpid()));
-  char suffix[20];
-  std::snprintf(suffix, sizeof suffix, ".%012llx",
-                static_cast<unsigned long long>(random() & 0xFFFFFFFFFFFFull));
+constexpr size_t kRandomDigits = 12;  // hexadecimal: 48 random bits
+
+// "." + the destination's file name (its first 200 bytes, so that a name of up to 255 bytes still
+// gives a valid one) + ".": what every temporary name of that destination starts with.
+std::string temporary_prefix(const fs::path& destination) {
   std::string name = destination.filename().string();
   name.resize(std::min<size_t>(name.size(), 200));
-  name.insert(name.begin(), '.');
-  name.append(suffix);
-  return (destination.parent_path() / name).string();
+  return "." + name + ".";
+}
+
+// A fresh name beside `destination`: hidden, with a random suffix.
+std::string temporary_name(const fs::path& destination) {
+  static thread_local std::mt19937_64 random(std::random_device{}() ^ static_cast<uint64_t>(::getpid()));
+  char suffix[kRandomDigits + 1];
+  std::snprintf(suffix, sizeof suffix, "%012llx",
+                static_cast<unsigned long long>(random() & 0xFFFFFFFFFFFFull));
+  return (destination.parent_path() / (temporary_prefix(destination) + suffix)).string();
+}
+
+bool is_temporary_name_of(const std::string& name, const std::string& prefix) {
+  if (name.size() != prefix.size() + kRandomDigits || name.compare(0, prefix.size(), prefix) != 0)
+    return false;
+  return std::all_of(name.begin() + static_cast<std::ptrdiff_t>(prefix.size()), name.end(),
+                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+// Temporary files of `destination` that a process left when it ended without removing them
+// (SIGKILL, the OOM killer, a crash, a power loss): named as temporary_name names them, not
+// locked (every OutputFile holds an flock on its temporary file while it writes; the lock goes
+// with the process), and not modified for a minute (covers a writer between its open and its
+// flock). Best effort: what cannot be read or locked is left.
+void remove_abandoned_temporaries(const fs::path& destination) {
+  const std::string prefix = temporary_prefix(destination);
+  const fs::path dir = destination.parent_path().empty() ? fs::path(".") : destination.parent_path();
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (!is_temporary_name_of(it->path().filename().string(), prefix)) continue;
+    const std::string path = it->path().string();
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) continue;
+    struct stat st {};
+    const bool abandoned = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+                           st.st_mtime < std::time(nullptr) - 60 && ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+    struct stat named {};  // still the file that was checked under that name
+    if (abandoned && ::lstat(path.c_str(), &named) == 0 && named.st_ino == st.st_ino &&
+        named.st_dev == st.st_dev)
+      ::unlink(path.c_str());
+    ::close(fd);
+  }
 }
 
 }  // namespace
@@ -61,6 +100,11 @@ OutputFile::OutputFile(std::string path) : path_(std::move(path)) {
     if (error != EEXIST) throw Error("cannot write '" + path_ + "'" + errno_text(error));
   }
   if (fd_ < 0) throw Error("cannot write '" + path_ + "': no free temporary name beside it");
+  static_cast<void>(::flock(fd_, LOCK_EX | LOCK_NB));  // new, so free: marks the file as in use
+  try {
+    remove_abandoned_temporaries(path_);
+  } catch (...) {  // best effort (only bad_alloc can come out of it)
+  }
   // A replaced file keeps its permissions (a new one gets 0666 less the umask, as open gives it).
   if (exists) static_cast<void>(::fchmod(fd_, existing.st_mode & 07777));  // best effort
 }
@@ -88,10 +132,19 @@ void OutputFile::commit() {
   if (committed_) return;
   const int fd = fd_;
   fd_ = -1;
-  if (::close(fd) != 0) throw Error("error while writing '" + path_ + "'" + errno_text(errno));
-  if (std::rename(temporary_.c_str(), path_.c_str()) != 0) {
-    throw Error("cannot move the finished file onto '" + path_ + "'" + errno_text(errno));
+  // The flock stays with a second descriptor until the rename is done: close's error is checked
+  // before the file gets its name, and no other writer takes it for abandoned meanwhile.
+  const int lock = ::dup(fd);
+  if (::close(fd) != 0) {
+    const int error = errno;
+    if (lock >= 0) ::close(lock);
+    throw Error("error while writing '" + path_ + "'" + errno_text(error));
   }
+  const int renamed = std::rename(temporary_.c_str(), path_.c_str());
+  const int rename_error = errno;
+  if (lock >= 0) ::close(lock);
+  if (renamed != 0)
+    throw Error("cannot move the finished file onto '" + path_ + "'" + errno_text(rename_error));
   unfinished_outputs::forget(unfinished_);
   committed_ = true;
 }

@@ -18,7 +18,8 @@ enum class Kind { File, Directory };
 int remember(const std::string& path, Kind kind) noexcept;
 
 /// @brief Drops a record (before the caller removes the path itself, or once it is finished).
-/// -1 is a no-op; a record being removed at this moment is left to the remover.
+/// -1 is a no-op. A removal already under way on another thread (a signal handler that has
+/// claimed the record) may still remove the path after this returns; the process is then ending.
 void forget(int handle) noexcept;
 
 }  // namespace microscale::unfinished_outputs

@@ -1,10 +1,15 @@
 // OutputFile: a file appears under its name only when complete; failures are errors.
 #include "microscale/output_file.hpp"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -116,6 +121,56 @@ TEST(OutputFile, ErrorsNameThePath) {
       EXPECT_NE(std::string(e.what()).find("/dev/full"), std::string::npos) << e.what();
     }
   }
+}
+
+// Temporary files of a destination whose writer died (SIGKILL leaves them) go when the next
+// OutputFile of that destination starts; those of a live writer (locked), those modified in the
+// last minute and other names stay.
+TEST(OutputFile, RemovesTheTemporaryFilesOfADeadWriter) {
+  const fs::path dir = testing_paths::temp_path("abandoned");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  {
+    std::ofstream(dir / "probe") << "";
+    const int fd = ::open((dir / "probe").c_str(), O_RDONLY);
+    const bool locks = fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+    if (fd >= 0) ::close(fd);
+    fs::remove(dir / "probe");
+    if (!locks) GTEST_SKIP() << "no flock on " << dir;
+  }
+  const auto make = [&](const std::string& name, bool old) {
+    std::ofstream(dir / name) << "left";
+    if (old) fs::last_write_time(dir / name, fs::last_write_time(dir / name) - std::chrono::minutes(2));
+  };
+  const std::string dead = ".out.txt.0123456789ab";
+  make(dead, true);
+  const std::vector<std::string> kept = {
+      ".out.txt.fedcba987654",    // modified just now: its writer may be between open and flock
+      ".other.txt.0123456789ab",  // another destination's
+      ".out.txt.0123",            // not a temporary name: too short
+      ".out.txt.0123456789AB",    // nor: upper case
+      "out.txt.0123456789ab",     // nor: not hidden
+  };
+  for (const std::string& name : kept) make(name, name != kept[0]);
+  OutputFile live((dir / "out.txt").string());  // the live writer: it removes the dead one's file
+  EXPECT_FALSE(fs::exists(dir / dead));
+  std::string live_name;  // its own temporary file, made to look old
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name != dead && std::find(kept.begin(), kept.end(), name) == kept.end()) live_name = name;
+  }
+  ASSERT_FALSE(live_name.empty());
+  fs::last_write_time(dir / live_name, fs::last_write_time(dir / live_name) - std::chrono::minutes(2));
+  {
+    OutputFile second((dir / "out.txt").string());  // does not take the live writer's file
+    second.write("second");
+  }
+  EXPECT_TRUE(fs::exists(dir / live_name));
+  live.write("live");
+  live.commit();
+  EXPECT_EQ(read_all(dir / "out.txt"), "live");
+  for (const std::string& name : kept) EXPECT_TRUE(fs::exists(dir / name)) << name;
+  fs::remove_all(dir);
 }
 
 // What a signal handler calls before the process ends: the temporary file goes, a committed file
