@@ -53,9 +53,9 @@ bool is_temporary_name_of(const std::string& name, const std::string& prefix) {
 
 // Temporary files of `destination` that a process left when it ended without removing them
 // (SIGKILL, the OOM killer, a crash, a power loss): named as temporary_name names them, not
-// locked (every OutputFile holds an flock on its temporary file while it writes; the lock goes
-// with the process), and not modified for a minute (covers a writer between its open and its
-// flock). Best effort: what cannot be read or locked is left.
+// locked (every OutputFile holds an flock on its temporary file until the file has its name; the
+// lock goes with the process), and not modified for a minute (covers a writer between its open
+// and its flock). Best effort: what cannot be read or locked is left.
 void remove_abandoned_temporaries(const fs::path& destination) {
   const std::string prefix = temporary_prefix(destination);
   const fs::path dir = destination.parent_path().empty() ? fs::path(".") : destination.parent_path();
