@@ -53,6 +53,8 @@ __global__ void __launch_bounds__(kThreads) nvfp4_amax_kernel(const AmaxParams p
   constexpr int kCols = kRht ? 4 : 16 / kBytes;  // 8- or 16-byte loads along a row
   constexpr int kWords = kCols * kBytes / 4;
   float abs_max = 0.0f, rht_max = 0.0f;
+  [[maybe_unused]] float coefficient[16];
+  if constexpr (kRht) rht_input_coefficients(p.rht_mask, coefficient);
   for (int64_t patch = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; patch < p.patches;
        patch += static_cast<int64_t>(gridDim.x) * kThreads) {
     const int64_t r0 = (patch / p.groups_k) * kRows, c0 = (patch % p.groups_k) * kCols;
@@ -103,9 +105,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_amax_kernel(const AmaxParams p
         float chunk[16];
 #pragma unroll
         for (int i = 0; i < 16; ++i) chunk[i] = value_at<T>(raw[i], c);
-        rht16_inplace(chunk, p.rht_mask);
-#pragma unroll
-        for (int i = 0; i < 16; ++i) rht_max = max_abs_skip_nan(rht_max, chunk[i]);
+        rht_max = fmaxf(rht_max, rht16_max_abs(chunk, coefficient, p.rht_mask));
       }
     }
   }

@@ -50,8 +50,9 @@ __device__ __forceinline__ void store_scales4(uint8_t* scale, int64_t r, int64_t
   }
 }
 
-// Quantizes the tile at (m0, k0), already in shared memory.
-template <typename T>
+// Quantizes the tile at (m0, k0), already in shared memory; kRht: the columnwise values through
+// the RHT (p.rht; a kernel of its own, so that the others do not hold its registers).
+template <typename T, bool kRht>
 __device__ __forceinline__ void nvfp4_tile(const Nvfp4Params& p, const Stored<T>* tile, float* tile_amax,
                                            int64_t m0, int64_t k0) {
   constexpr int kLd = kTilePitch<T, kTK>;
@@ -64,12 +65,16 @@ __device__ __forceinline__ void nvfp4_tile(const Nvfp4Params& p, const Stored<T>
     const Nvfp4Global g = nvfp4_global(p.out.amax[1]);
     uint32_t data[8];
     uint32_t scales = 0;
-#pragma unroll
+    // With the RHT the chunks run in a loop: unrolled, the four copies of the transform (with its
+    // exact fallbacks) made the kernel wait on instruction fetch (ncu: 3.9 of 9.9 cycles between
+    // issues); in a loop the call took 327 us instead of 365 (docs/perf.md, CUDA v8).
+    constexpr int kChunkUnroll = kRht ? 1 : kTM / 16;
+#pragma unroll kChunkUnroll
     for (int rc = 0; rc < kTM / 16; ++rc) {
       float v[16];
 #pragma unroll
       for (int i = 0; i < 16; ++i) v[i] = tile_value<T>(tile, (rc * 16 + i) * kLd + t);
-      if (p.rht) rht16_inplace(v, p.rht_mask);
+      if constexpr (kRht) rht16_inplace(v, p.rht_mask);
       float amax = 0.0f;
 #pragma unroll
       for (int i = 0; i < 16; ++i) amax = max_abs_skip_nan(amax, v[i]);
@@ -142,7 +147,7 @@ __device__ __forceinline__ void nvfp4_tile(const Nvfp4Params& p, const Stored<T>
 
 // One tile per CTA, in reverse tensor order. (v2, a persistent grid with the next tile's loads in
 // flight in registers, ran 5-10% slower: the kernel is issue-bound, see docs/perf.md.)
-template <typename T>
+template <typename T, bool kRht>
 __global__ void __launch_bounds__(kThreads) nvfp4_quantize_kernel(const Nvfp4Params p) {
   constexpr int kLd = kTilePitch<T, kTK>;
   __shared__ __align__(16) Stored<T> tile[kTM * kLd];
@@ -153,7 +158,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_quantize_kernel(const Nvfp4Par
   loader.fetch(p.x, m0, k0);
   loader.commit(p.x, m0, k0, tile);
   __syncthreads();
-  nvfp4_tile<T>(p, tile, tile_amax, m0, k0);
+  nvfp4_tile<T, kRht>(p, tile, tile_amax, m0, k0);
 }
 
 }  // namespace
@@ -176,14 +181,16 @@ void launch_nvfp4_quantize(const DeviceMatrix& x, DType dtype, const QuantizeOpt
   }
   p.tiles_k = (x.cols + kTK - 1) / kTK;
   p.tiles = p.tiles_k * ((x.rows + kTM - 1) / kTM);
+  const unsigned grid = static_cast<unsigned>(p.tiles);
   switch (dtype) {
-    case DType::BF16:
-      nvfp4_quantize_kernel<Bf16><<<static_cast<unsigned>(p.tiles), kThreads, 0, stream>>>(p);
+    case DType::BF16:  // the RHT takes bf16 only (validate_quantize)
+      if (p.rht)
+        nvfp4_quantize_kernel<Bf16, true><<<grid, kThreads, 0, stream>>>(p);
+      else
+        nvfp4_quantize_kernel<Bf16, false><<<grid, kThreads, 0, stream>>>(p);
       break;
-    case DType::F16:
-      nvfp4_quantize_kernel<F16><<<static_cast<unsigned>(p.tiles), kThreads, 0, stream>>>(p);
-      break;
-    default: nvfp4_quantize_kernel<float><<<static_cast<unsigned>(p.tiles), kThreads, 0, stream>>>(p); break;
+    case DType::F16: nvfp4_quantize_kernel<F16, false><<<grid, kThreads, 0, stream>>>(p); break;
+    default: nvfp4_quantize_kernel<float, false><<<grid, kThreads, 0, stream>>>(p); break;
   }
   MICROSCALE_CUDA_CHECK(cudaGetLastError());
 }

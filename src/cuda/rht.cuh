@@ -2,12 +2,27 @@
 // cpu/rht.hpp's rht16: the exact sum of the 16 signed products, truncated toward zero to fp32,
 // then rounded to nearest even to bf16.
 //
-// The CPU sums in double in i order. When every partial sum is exact, any order gives that same
-// double, so the device runs the 4-stage fast Walsh-Hadamard butterfly (64 adds, not 256) when the
-// chunk's exponents guarantee exactness, and the CPU's i-order loop otherwise (wide exponent
-// spread, Inf or NaN): with bf16 inputs (8-bit significands) every partial sum of up to 16 terms
-// is an integer multiple of the smallest term's ulp below 2^(spread + 12) of them, exact in a
-// 53-bit double while the spread of exponent fields is <= 41 (we use 40).
+// The CPU reference sums in double in i order; wherever every partial sum is exact, any order and
+// any precision that holds them gives that same value. Two forms:
+// - rht16_inplace (the quantize kernel's): in double, the butterfly when the chunk's exponent
+//   spread is at most 40 (every partial sum of up to 16 terms is then a multiple of the smallest
+//   term's ulp below 2^(spread + 12) of them: exact in a 53-bit double), else the CPU's i-order
+//   loop itself.
+// - rht16_max_abs (the amax pass's, which needs only the max |y|): first rht16_fp32_max_abs, the
+//   4-stage fast Walsh-Hadamard butterfly (64 adds) in fp32, proven exact after the sums, as the
+//   CPU's fast path does (cpu/quantize_nvfp4_avx512.cpp, rht_unit_bf16). With bf16 inputs (8-bit
+//   significands; subnormal ones are multiples of the smallest normal's ulp) times +-1/4, every
+//   partial sum is a multiple of 2^(e - 9), e the exponent of the smallest nonzero |x| (-126 for a
+//   subnormal), so exact in fp32 below 2^(e + 15). Every partial sum is a mean of final outputs
+//   (a stage (a, b) -> (a + b, a - b) gives back a = (u + v) / 2), so none exceeds the exact
+//   max |y_j|. An inexact sum thus means an exact max above 2^(e + 15), and the computed outputs
+//   are within 15 x 2^-24 of the exact ones relative to it: a computed max that rounds to at most
+//   (1 - 2^-7) 2^(e + 15) in bf16 proves every sum exact. Inf or NaN inputs, and sums that
+//   overflow, give an Inf or NaN output, which fails that test. The outputs are rounded by the
+//   hardware (cvt.rn.bf16x2.f32) and tested on their bf16 patterns. Where the test fails (about
+//   1 chunk in 1000 on Gaussian-like data; wide exponent spreads, Inf, NaN): rht16_inplace.
+// The fp32 form in the quantize kernel, which needs the outputs themselves, ran slower than the
+// double form there (docs/perf.md, CUDA v8), while it took the amax pass from 112 to 77 us.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +32,25 @@
 
 namespace microscale::cuda {
 
-/// v: 16 bf16-exact values in i order (rows of a column chunk); replaced by RHT(v) rounded to bf16.
+/// The 4-stage fast Walsh-Hadamard butterfly on 16 values in registers (unnormalised: z = H16 z).
+/// In fp32 the adds are plain adds: there are no products to contract (and --fmad=false).
+template <typename T>
+__device__ __forceinline__ void butterfly16(T (&z)[16]) {
+#pragma unroll
+  for (int h = 1; h < 16; h <<= 1) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      if ((i & h) == 0) {
+        const T a = z[i], b = z[i + h];
+        z[i] = a + b;
+        z[i + h] = a - b;
+      }
+    }
+  }
+}
+
+/// v: 16 bf16-exact values in i order (rows of a column chunk); replaced by RHT(v) rounded to bf16,
+/// summed in double (the butterfly where exact there, else the CPU's i-order loop).
 __device__ __forceinline__ void rht16_inplace(float (&v)[16], uint16_t sign_mask) {
   int emax = 0, emin = 255;
 #pragma unroll
@@ -35,17 +68,7 @@ __device__ __forceinline__ void rht16_inplace(float (&v)[16], uint16_t sign_mask
       const float signed_x = ((sign_mask >> i) & 1u) ? -v[i] : v[i];
       y[i] = static_cast<double>(signed_x);
     }
-#pragma unroll
-    for (int h = 1; h < 16; h <<= 1) {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        if ((i & h) == 0) {
-          const double a = y[i], b = y[i + h];
-          y[i] = a + b;
-          y[i + h] = a - b;
-        }
-      }
-    }
+    butterfly16(y);
 #pragma unroll
     for (int j = 0; j < 16; ++j) y[j] = y[j] * 0.25;  // exact
   } else {
@@ -68,6 +91,56 @@ __device__ __forceinline__ void rht16_inplace(float (&v)[16], uint16_t sign_mask
     const float truncated = __double2float_rz(y[j]) + 0.0f;
     v[j] = bf16_to_float(float_to_bf16(truncated));
   }
+}
+
+/// The signed coefficients of the transform's first step, s_i / 4 (-1/4 where bit i of the sign
+/// mask is set), held per thread for rht16_max_abs.
+__device__ __forceinline__ void rht_input_coefficients(uint16_t sign_mask, float (&coefficient)[16]) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) coefficient[i] = ((sign_mask >> i) & 1u) ? -0.25f : 0.25f;
+}
+
+/// max |RHT(v)| in fp32 (see the file comment) for 16 bf16 values v: true where the sums are
+/// proven exact, then *max_abs16 is the bf16 pattern of the max |y|; false otherwise.
+__device__ __forceinline__ bool rht16_fp32_max_abs(const float (&v)[16], const float (&coefficient)[16],
+                                                   uint32_t* max_abs16) {
+  uint32_t min_less_one = 0xFFFFFFFFu;  // of |x| bits shifted left by one (the sign dropped) less one
+  float y[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    min_less_one = min(min_less_one, (float_bits(v[i]) << 1) - 1u);  // a zero wraps to all ones
+    y[i] = __fmul_rn(v[i], coefficient[i]);                          // exact
+  }
+  butterfly16(y);
+  uint32_t max_pair = 0;  // per 16-bit half, the max |y| as a bf16 pattern
+#pragma unroll
+  for (int w = 0; w < 8; ++w) {
+    uint32_t pair;  // outputs 2w (low half) and 2w + 1 (high half), rounded to bf16
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(pair) : "f"(y[2 * w + 1]), "f"(y[2 * w]));
+    max_pair = __vmaxu2(max_pair, pair & 0x7FFF7FFFu);
+  }
+  *max_abs16 = max(max_pair & 0xFFFFu, max_pair >> 16);
+  // (1 - 2^-7) 2^(e + 15) as a bf16 pattern: exponent field of e, plus 14, significand 1.1111110b.
+  // An all-zero chunk reads field 0 (its outputs are zeros, exact); a subnormal one counts as 1.
+  const uint32_t field = max((min_less_one + 1u) >> 24, 1u);
+  const uint32_t limit = field + 14u >= 255u ? 0x7F7Fu : ((field + 14u) << 7) | 0x7Eu;
+  return *max_abs16 <= limit;
+}
+
+/// max |RHT(v)| of a chunk (v as for rht16_inplace; `coefficient`: rht_input_coefficients), rounded
+/// to bf16 as rht16_inplace's outputs are, NaN outputs skipped as max_abs_skip_nan does.
+__device__ __forceinline__ float rht16_max_abs(const float (&v)[16], const float (&coefficient)[16],
+                                               uint16_t sign_mask) {
+  uint32_t max_abs16;
+  if (rht16_fp32_max_abs(v, coefficient, &max_abs16)) return bits_to_float(max_abs16 << 16);
+  float y[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) y[i] = v[i];
+  rht16_inplace(y, sign_mask);
+  float m = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) m = fmaxf(m, fabsf(y[i]));
+  return m;
 }
 
 }  // namespace microscale::cuda

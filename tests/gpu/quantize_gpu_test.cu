@@ -381,6 +381,53 @@ void random_suite(bool quick) {
   std::printf("random suite: %d cases\n", cases);
 }
 
+// The RHT's fp32 form (cuda/rht.cuh) against its exactness check. (1) Columns summed inexactly in
+// fp32 yet within 16 binades, so the check must send them to the double form (the construction of
+// the CPU test Quantize.FastEqualsReferenceNvfp4RhtSumNotExactInFp32: an fp32 sum moves output 0,
+// the columnwise amax, off a bf16 tie; with the amax given, onto another E2M1 code). (2) Gaussian
+// columns with values 4-22 binades below the rest, near both sides of the check's limit.
+void rht_exactness_suite() {
+  const float row_sign[8] = {1, 1, 1, -1, 1, -1, -1, -1};  // the sign mask 0xD7E8's rows 0-7
+  int cases = 0;
+  for (float a : {1.0f, 1.015625f, 1.25f, 1.5f}) {
+    for (int b : {0, 5}) {
+      for (int column : {0, 1, 6}) {
+        std::vector<float> v(16 * 32, 0.0f);
+        for (int i = 0; i < 8; ++i) v[i * 32 + column] = row_sign[i] * a;
+        v[8 * 32 + column] = -0x1p-5f;
+        v[9 * 32 + column] = -0x1p-15f * (1.0f + (b + 3) / 128.0f);
+        v[10 * 32 + column] = 0x1p-15f * (1.0f + b / 128.0f);
+        QuantizeOptions o;
+        o.scheme = Scheme::NVFP4;
+        o.rowwise = o.columnwise = true;
+        o.rht = true;
+        compare_case(v, {16, 32}, {}, DType::BF16, o, false);
+        o.amax_columnwise = 2688.0f * 128.0f;
+        compare_case(v, {16, 32}, {}, DType::BF16, o, false);
+        cases += 2;
+      }
+    }
+  }
+  std::mt19937_64 rng(99);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> uni(0.0f, 1.0f);
+  for (int round = 0; round < 4; ++round) {
+    std::vector<float> v(256 * 512);
+    for (float& x : v) {
+      x = normal(rng);
+      if (uni(rng) < 0.02f) x = std::ldexp(x, -4 - static_cast<int>(uni(rng) * 19));
+    }
+    QuantizeOptions o;
+    o.scheme = Scheme::NVFP4;
+    o.rowwise = round % 2 == 0;
+    o.columnwise = true;
+    o.rht = true;
+    compare_case(v, {256, 512}, {}, DType::BF16, o, round == 0);
+    ++cases;
+  }
+  std::printf("rht exactness suite: %d cases\n", cases);
+}
+
 void swizzle_suite() {
   std::mt19937_64 rng(7);
   for (auto [r, c] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {130, 7}, {256, 8}, {33, 300}}) {
@@ -535,6 +582,7 @@ int main(int argc, char** argv) {
   try {
     error_suite();
     swizzle_suite();
+    rht_exactness_suite();
     random_suite(quick);
     if (!golden.empty()) golden_suite(golden);
   } catch (const std::exception& e) {

@@ -16,13 +16,12 @@ GOLDEN="${MICROSCALE_GOLDEN_DIR:-$ROOT/.gpu/golden}"
 INC=(-Iinclude -Isrc -I"$ROOT/.gpu/include")
 CXXFLAGS=(-std=c++20 -O2 -fopenmp -ffp-contract=off -fno-fast-math "${INC[@]}")
 NVFLAGS=(-std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --fmad=false -Xcompiler=-ffp-contract=off,-fopenmp -lineinfo "${INC[@]}")
-CPU_SRC=(src/core/format.cpp src/core/tensor.cpp src/core/layout.cpp src/core/input_matrix.cpp src/core/quantize.cpp
-         src/core/safetensors.cpp src/core/hadamard.cpp src/cpu/quantize_nvfp4_ref.cpp src/cpu/quantize_mx_ref.cpp
-         src/cpu/quantize_nvfp4.cpp src/cpu/quantize_mx.cpp src/cpu/quantize_mx16.cpp src/cpu/quantize_nvfp4_16.cpp
-         src/cpu/e2m1_thresholds.cpp src/cpu/rht_band.cpp src/cpu/quantize_nvfp4_avx512.cpp
-         src/cpu/quantize_mx_avx512.cpp src/cpu/row_loader.cpp src/cpu/kernel_set.cpp)
-CU_SRC=(src/cuda/device.cu src/cuda/quantize.cu src/cuda/nvfp4_amax.cu src/cuda/quantize_nvfp4.cu src/cuda/quantize_mx.cu
-        src/cuda/dequantize.cu src/cuda/swizzle.cu)
+# The host library: every core and CPU source but the BLAS GEMM (the GPU programs do not use it),
+# as an archive, so that the linker takes the objects the programs need and a new source file
+# needs no edit here.
+CPU_SRC=()
+for f in src/core/*.cpp src/cpu/*.cpp; do [ "$f" = src/cpu/gemm_cpu.cpp ] || CPU_SRC+=("$f"); done
+CU_SRC=(src/cuda/*.cu)
 summary() { echo "$1" | tee -a "$OUTDIR/summary.txt"; }
 : > "$OUTDIR/summary.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee "$OUTDIR/device.txt"
@@ -38,8 +37,13 @@ fail=0
 for p in "${pids[@]}"; do wait "$p" || fail=1; done
 cat "$BUILD"/obj/*.log > "$OUTDIR/build.log" 2>/dev/null
 if [ $fail -ne 0 ]; then grep -B2 -A5 -i error "$OUTDIR/build.log" | head -60; summary "build: FAILED"; exit 1; fi
+rm -f "$BUILD/libmicroscale_host.a"
+HOST_OBJ=()
+for f in "${CPU_SRC[@]}"; do HOST_OBJ+=("$BUILD/obj/$(basename "$f").o"); done
+ar rcs "$BUILD/libmicroscale_host.a" "${HOST_OBJ[@]}" || { summary "archive: FAILED"; exit 1; }
 LIBOBJ=()
-for f in "${CPU_SRC[@]}" "${CU_SRC[@]}"; do LIBOBJ+=("$BUILD/obj/$(basename "$f").o"); done
+for f in "${CU_SRC[@]}"; do LIBOBJ+=("$BUILD/obj/$(basename "$f").o"); done
+LIBOBJ+=("$BUILD/libmicroscale_host.a")
 nvcc -o "$BUILD/quantize_gpu_test" "$BUILD/obj/quantize_gpu_test.cu.o" "${LIBOBJ[@]}" -Xcompiler=-fopenmp || { summary "link: FAILED"; exit 1; }
 nvcc -o "$BUILD/quantize_cuda_bench" "$BUILD/obj/quantize_cuda_bench.cu.o" "${LIBOBJ[@]}" -Xcompiler=-fopenmp || { summary "link: FAILED"; exit 1; }
 grep -E "registers|stack frame" "$OUTDIR/build.log" | sort | uniq -c | sort -rn | head -12
