@@ -381,11 +381,15 @@ void random_suite(bool quick) {
   std::printf("random suite: %d cases\n", cases);
 }
 
-// The RHT's fp32 form (cuda/rht.cuh) against its exactness check. (1) Columns summed inexactly in
-// fp32 yet within 16 binades, so the check must send them to the double form (the construction of
-// the CPU test Quantize.FastEqualsReferenceNvfp4RhtSumNotExactInFp32: an fp32 sum moves output 0,
-// the columnwise amax, off a bf16 tie; with the amax given, onto another E2M1 code). (2) Gaussian
-// columns with values 4-22 binades below the rest, near both sides of the check's limit.
+// The amax pass's fp32 RHT (cuda/rht.cuh, rht16_fp32_max_abs) against its exactness check.
+// (1) Columns summed inexactly in fp32 yet within 16 binades, so the check must send them to the
+// double form (the construction of the CPU test Quantize.FastEqualsReferenceNvfp4RhtSumNotExactInFp32:
+// an fp32 sum moves output 0, the columnwise amax, off a bf16 tie); with the amax computed, these
+// fail without the check. The same columns with the amax given test the quantize kernel's RHT on
+// an output the fp32 sum would move onto another E2M1 code. (2) Gaussian columns with values 4-22
+// binades below the rest, near both sides of the check's limit. (3) What the CPU's fp32 form
+// leaves out and the device's takes: subnormal inputs, and inputs so large that the limit passes
+// every finite max (2^122) or the fp32 sums overflow (2^126, back to the double form).
 void rht_exactness_suite() {
   const float row_sign[8] = {1, 1, 1, -1, 1, -1, -1, -1};  // the sign mask 0xD7E8's rows 0-7
   int cases = 0;
@@ -423,6 +427,20 @@ void rht_exactness_suite() {
     o.columnwise = true;
     o.rht = true;
     compare_case(v, {256, 512}, {}, DType::BF16, o, round == 0);
+    ++cases;
+  }
+  for (int binade : {-133, -128, -120, 122, 126}) {
+    std::vector<float> v(64 * 64);
+    for (size_t i = 0; i < v.size(); ++i) {
+      // binade -120: subnormals among normal values; the others: all near 2^binade
+      const int e = binade == -120 && i % 3 == 0 ? -130 : binade;
+      v[i] = std::ldexp(normal(rng), e);
+    }
+    QuantizeOptions o;
+    o.scheme = Scheme::NVFP4;
+    o.rowwise = o.columnwise = true;
+    o.rht = true;
+    compare_case(v, {64, 64}, {}, DType::BF16, o, false);
     ++cases;
   }
   std::printf("rht exactness suite: %d cases\n", cases);

@@ -23,15 +23,16 @@ CPU_SRC=()
 for f in src/core/*.cpp src/cpu/*.cpp; do [ "$f" = src/cpu/gemm_cpu.cpp ] || CPU_SRC+=("$f"); done
 CU_SRC=(src/cuda/*.cu)
 summary() { echo "$1" | tee -a "$OUTDIR/summary.txt"; }
+obj() { echo "$BUILD/obj/${1//\//_}.o"; }  # by the source's path: src/core/x.cpp and src/cpu/x.cpp apart
 : > "$OUTDIR/summary.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee "$OUTDIR/device.txt"
 
 echo "== build ($JOBS jobs)"
 t0=$(date +%s)
 pids=()
-for f in "${CPU_SRC[@]}"; do g++ "${CXXFLAGS[@]}" -c "$f" -o "$BUILD/obj/$(basename "$f").o" & pids+=($!); done
+for f in "${CPU_SRC[@]}"; do g++ "${CXXFLAGS[@]}" -c "$f" -o "$(obj "$f")" & pids+=($!); done
 for f in "${CU_SRC[@]}" tests/gpu/quantize_gpu_test.cu bench/quantize_cuda_bench.cu; do
-  nvcc "${NVFLAGS[@]}" --resource-usage -c "$f" -o "$BUILD/obj/$(basename "$f").o" 2> "$BUILD/obj/$(basename "$f").log" & pids+=($!)
+  nvcc "${NVFLAGS[@]}" --resource-usage -c "$f" -o "$(obj "$f")" 2> "$(obj "$f").log" & pids+=($!)
 done
 fail=0
 for p in "${pids[@]}"; do wait "$p" || fail=1; done
@@ -39,13 +40,13 @@ cat "$BUILD"/obj/*.log > "$OUTDIR/build.log" 2>/dev/null
 if [ $fail -ne 0 ]; then grep -B2 -A5 -i error "$OUTDIR/build.log" | head -60; summary "build: FAILED"; exit 1; fi
 rm -f "$BUILD/libmicroscale_host.a"
 HOST_OBJ=()
-for f in "${CPU_SRC[@]}"; do HOST_OBJ+=("$BUILD/obj/$(basename "$f").o"); done
+for f in "${CPU_SRC[@]}"; do HOST_OBJ+=("$(obj "$f")"); done
 ar rcs "$BUILD/libmicroscale_host.a" "${HOST_OBJ[@]}" || { summary "archive: FAILED"; exit 1; }
 LIBOBJ=()
-for f in "${CU_SRC[@]}"; do LIBOBJ+=("$BUILD/obj/$(basename "$f").o"); done
+for f in "${CU_SRC[@]}"; do LIBOBJ+=("$(obj "$f")"); done
 LIBOBJ+=("$BUILD/libmicroscale_host.a")
-nvcc -o "$BUILD/quantize_gpu_test" "$BUILD/obj/quantize_gpu_test.cu.o" "${LIBOBJ[@]}" -Xcompiler=-fopenmp || { summary "link: FAILED"; exit 1; }
-nvcc -o "$BUILD/quantize_cuda_bench" "$BUILD/obj/quantize_cuda_bench.cu.o" "${LIBOBJ[@]}" -Xcompiler=-fopenmp || { summary "link: FAILED"; exit 1; }
+nvcc -o "$BUILD/quantize_gpu_test" "$(obj tests/gpu/quantize_gpu_test.cu)" "${LIBOBJ[@]}" -Xcompiler=-fopenmp || { summary "link: FAILED"; exit 1; }
+nvcc -o "$BUILD/quantize_cuda_bench" "$(obj bench/quantize_cuda_bench.cu)" "${LIBOBJ[@]}" -Xcompiler=-fopenmp || { summary "link: FAILED"; exit 1; }
 grep -E "registers|stack frame" "$OUTDIR/build.log" | sort | uniq -c | sort -rn | head -12
 summary "build: ok ($(( $(date +%s) - t0 )) s)"
 
