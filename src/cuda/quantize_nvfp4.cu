@@ -181,12 +181,12 @@ void launch_nvfp4_quantize(const DeviceMatrix& x, DType dtype, const QuantizeOpt
   }
   p.tiles_k = (x.cols + kTK - 1) / kTK;
   p.tiles = p.tiles_k * ((x.rows + kTM - 1) / kTM);
-  // validate_quantize lets the RHT through for bf16 only; the kernels below hold it for bf16 only.
+  // validate_quantize lets the RHT through for bf16 only, and only bf16 has an RHT kernel below.
   if (p.rht && dtype != DType::BF16)
     throw Error("nvfp4 RHT needs bf16 input, got " + std::string(dtype_name(dtype)));
   const unsigned grid = static_cast<unsigned>(p.tiles);
   switch (dtype) {
-    case DType::BF16:  // the RHT takes bf16 only (validate_quantize)
+    case DType::BF16:
       if (p.rht)
         nvfp4_quantize_kernel<Bf16, true><<<grid, kThreads, 0, stream>>>(p);
       else
