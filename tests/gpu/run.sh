@@ -3,7 +3,8 @@
 # commands (no gtest, CLI11 or Google Benchmark needed; nlohmann-json from .gpu/include when the
 # system has none), runs the bit-exact GPU test (random shapes vs the CPU oracle + golden cases
 # from .gpu/golden), compute-sanitizer memcheck and racecheck on a quick run, the benchmark and the
-# torch.compile baseline; logs and JSON go to RESULTS_DIR, a short table is printed last.
+# torch.compile baseline; logs and JSON go to RESULTS_DIR, a short table is printed last. (CMake also
+# builds the test and benchmark, unrun, so that CI compiles them: tests/gpu/CMakeLists.txt.)
 # Usage: tests/gpu/run.sh RESULTS_DIR   (from anywhere; needs nvcc, g++, python3 with torch)
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
