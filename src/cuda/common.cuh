@@ -126,28 +126,31 @@ struct TileLoader {
   uint4 v[kPerThread];
   bool vec = false;
 
+  // Vector j of a thread is row first_row() + j * kRowStep, column vector lane() of the tile: one
+  // address computed, the others a constant step away (per-vector 64-bit index arithmetic was
+  // ~2 instructions per element of the NVFP4 kernel, docs/perf.md CUDA v9).
+  static constexpr int kRowStep = THREADS / kVecPerRow;
+  static_assert(THREADS % kVecPerRow == 0, "a thread's vectors must share a column");
+  static __device__ __forceinline__ int first_row() { return static_cast<int>(threadIdx.x / kVecPerRow); }
+  static __device__ __forceinline__ int lane() { return static_cast<int>(threadIdx.x % kVecPerRow); }
+
   __device__ __forceinline__ void fetch(const DeviceMatrix& x, int64_t m0, int64_t k0) {
     vec = x.vector_ok && m0 + TM <= x.rows && k0 + TK <= x.cols;
     if (!vec) return;
-    const char* base = static_cast<const char*>(x.data);
+    const int64_t row_bytes = x.row_stride * kBytes;
+    const char* p =
+        static_cast<const char*>(x.data) + (m0 + first_row()) * row_bytes + (k0 + lane() * kPerVec) * kBytes;
+    const int64_t step = kRowStep * row_bytes;
 #pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      const int id = threadIdx.x + j * THREADS;
-      const int r = id / kVecPerRow, cv = id % kVecPerRow;
-      const char* p = base + ((m0 + r) * x.row_stride + k0 + cv * kPerVec) * kBytes;
-      v[j] = __ldcs(reinterpret_cast<const uint4*>(p));
-    }
+    for (int j = 0; j < kPerThread; ++j) v[j] = __ldcs(reinterpret_cast<const uint4*>(p + j * step));
   }
 
   __device__ __forceinline__ void commit(const DeviceMatrix& x, int64_t m0, int64_t k0,
                                          Stored<T>* tile) const {
     if (vec) {
+      Stored<T>* q = tile + first_row() * LD + lane() * kPerVec;
 #pragma unroll
-      for (int j = 0; j < kPerThread; ++j) {
-        const int id = threadIdx.x + j * THREADS;
-        const int r = id / kVecPerRow, cv = id % kVecPerRow;
-        *reinterpret_cast<uint4*>(tile + r * LD + cv * kPerVec) = v[j];
-      }
+      for (int j = 0; j < kPerThread; ++j) *reinterpret_cast<uint4*>(q + j * kRowStep * LD) = v[j];
     } else {
       for (int id = threadIdx.x; id < TM * TK; id += THREADS) {
         const int r = id / TK, c = id % TK;

@@ -1,7 +1,7 @@
 // Cheaper exact encoders for the device kernels, each equal bit for bit to a codec of
 // core/element_codec.hpp on the inputs it is used for:
-//  - e2m1_rn: E2M1Codec::encode_rn on every fp32 input (checked exhaustively over all 2^32 bit
-//    patterns against encode_rn, see the comment below); ~11 integer/fp32 operations instead of ~18.
+//  - e2m1_rn: E2M1Codec::encode_rn on every fp32 input (tests/cpp/device_codec_test.cpp); six
+//    operations for the magnitude.
 //  - fp8x4_rn (device only): Hopper's cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32, equal to
 //    E4M3Codec/E5M2Codec::encode_rn on FINITE inputs (both round to nearest even and saturate to
 //    the largest finite code, and keep the sign of zero); they differ on Inf (encode_rn: E4M3 NaN
@@ -9,6 +9,7 @@
 //    E8M0 scale is 0xFF (NaN amax or an overflowing scale), and those keep the software encoder.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "core/element_codec.hpp"
@@ -17,25 +18,29 @@
 namespace microscale::cuda {
 
 /// E2M1 round to nearest even (saturating, NaN -> 0x7 without sign, as E2M1Codec::encode_rn).
-/// The E2M1 magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6} are three uniform grids: step 0.5 below 2,
-/// step 1 in [2, 4), step 2 from 4. Adding the magic 2^22 / 2^23 / 2^24 (the binade of |x| moved up
-/// 22, clamped to those three) rounds |x| to its grid with ties to even in one fp32 add; the bit
-/// difference counts grid steps, and the offset 0 / 2 / 4 makes it the code (code parity = step
-/// parity, so ties to even agree). Inf and NaN give a huge difference, clamped to 7.
+/// |x| is first clamped to 6 (the largest code: everything above rounds or saturates to it; NaN
+/// becomes 6 too: its compare is false). The E2M1 magnitudes
+/// {0, .5, 1, 1.5, 2, 3, 4, 6} are three uniform grids: step 0.5 below 2, 1 in [2, 4), 2 in
+/// [4, 6]. Adding M = P + 6 ulp(P), P = 2^22 times the binade of max(|x|, 1) (2^22, 2^23 or 2^24),
+/// rounds |x| to its grid, ties to even, in one fp32 add: the sum is P + (6 + k) ulp(P), k the
+/// grid steps. The code is k plus 0, 2 or 4 by grid; the exponent of the sum tells the grid, and
+/// (r + (r >> 22)) & 7 adds twice that exponent (149, 150 or 151 for P) to 6 + k, which is the
+/// code modulo 8. Code parity is step parity, so ties to even agree. Per element: a clamp, a mask,
+/// an add-and-max, the fp32 add, a shift-add and the final mask (the kernels' instruction count is
+/// what limits them; docs/perf.md, CUDA v9).
 /// With kZeroUnsigned, any zero (-0.0 too) gives code 0 (the NVFP4 kernels' rule).
+/// Equal to encode_rn on every fp32 input (tests/cpp/device_codec_test.cpp).
 template <bool kZeroUnsigned = false>
 MICROSCALE_HOST_DEVICE uint32_t e2m1_rn(float x) {
-  const uint32_t u = float_bits(x);
-  const uint32_t a = u & 0x7FFFFFFFu;
-  uint32_t m = (a & 0x7F800000u) + (22u << 23);  // unsigned: Inf/NaN wrap above 2^24's bits
-  m = m < 0x4A800000u ? 0x4A800000u : m;         // 2^22
-  m = m > 0x4B800000u ? 0x4B800000u : m;         // 2^24
-  const uint32_t r = float_bits(bits_to_float(a) + bits_to_float(m));
-  uint32_t code = r - m + ((m - 0x4A800000u) >> 22);
-  code = code > 7u ? 7u : code;
-  // Sign: not for NaN (encode_rn's NaN code is +max), and with kZeroUnsigned not for zeros.
-  const bool signed_ok = kZeroUnsigned ? (a - 1u) < 0x7F800000u : a <= 0x7F800000u;
-  return code | (signed_ok ? (u >> 28) & 8u : 0u);
+  const float a = fabsf(x) < 6.0f ? fabsf(x) : 6.0f;                // NaN -> 6
+  uint32_t m = (float_bits(a) & 0x7F800000u) + (0x0B000000u + 6u);  // P + 6 ulp for a >= 1
+  m = m < 0x4A800006u ? 0x4A800006u : m;                            // 2^22 + 6 ulp below 1
+  const uint32_t r = float_bits(a + bits_to_float(m));
+  // Sign: not for NaN (encode_rn's NaN code is +max), and with kZeroUnsigned not for zeros. The
+  // top nibble of x has the sign in bit 3; one three-input logic op keeps it beside the code.
+  const bool signed_ok = kZeroUnsigned ? fabsf(x) > 0.0f : x == x;
+  const uint32_t top = signed_ok ? float_bits(x) >> 28 : 0u;
+  return (top & ~7u) | ((r + (r >> 22)) & 7u);
 }
 
 #ifdef __CUDACC__

@@ -50,6 +50,22 @@ __device__ __forceinline__ void store_scales4(uint8_t* scale, int64_t r, int64_t
   }
 }
 
+// The 32 data bytes and 4 scale codes of a thread's four consecutive blocks, pushed in block
+// order from a rolled loop: shifted in, so that no register array is indexed at run time (which
+// would put it in local memory). Starts zeroed (a read of an unset register is undefined: a build
+// that read them gave wrong bytes at 48 registers).
+struct BlockRun {
+  uint32_t data[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  uint32_t scales = 0;
+  __device__ __forceinline__ void push(const uint32_t (&w)[2], uint32_t code) {
+#pragma unroll
+    for (int q = 0; q < 6; ++q) data[q] = data[q + 2];
+    data[6] = w[0];
+    data[7] = w[1];
+    scales = (scales >> 8) | (code << 24);
+  }
+};
+
 // Quantizes the tile at (m0, k0), already in shared memory; kRht: the columnwise values through
 // the RHT (p.rht; a kernel of its own, so that the others do not hold its registers).
 template <typename T, bool kRht>
@@ -63,18 +79,16 @@ __device__ __forceinline__ void nvfp4_tile(const Nvfp4Params& p, const Stored<T>
   if (p.columnwise || p.tile_2d) {
     const int64_t col = k0 + t;
     const Nvfp4Global g = nvfp4_global(p.out.amax[1]);
-    uint32_t data[8];
-    uint32_t scales = 0;
-    // With the RHT the chunks run in a loop: unrolled, the four copies of the transform (with its
-    // exact fallbacks) made the kernel wait on instruction fetch (ncu: 3.9 of 9.9 cycles between
-    // issues); in a loop the call took 327 us instead of 365 (docs/perf.md, CUDA v8).
-    constexpr int kChunkUnroll = kRht ? 1 : kTM / 16;
-#pragma unroll kChunkUnroll
+    BlockRun run;
+    // The chunks (and the row phase's blocks) run in loops: unrolled, the kernels waited on
+    // instruction fetch (ncu: 30-40 % of the cycles between issues); rolled, row+col took 204 us
+    // instead of 221 and the RHT call 279 instead of 284 (docs/perf.md, CUDA v8 and v9).
+#pragma unroll 1
     for (int rc = 0; rc < kTM / 16; ++rc) {
       float v[16];
 #pragma unroll
       for (int i = 0; i < 16; ++i) v[i] = tile_value<T>(tile, (rc * 16 + i) * kLd + t);
-      if constexpr (kRht) rht16_inplace(v, p.rht_mask);
+      if constexpr (kRht) rht16_outputs(v, p.rht_mask);
       float amax = 0.0f;
 #pragma unroll
       for (int i = 0; i < 16; ++i) amax = max_abs_skip_nan(amax, v[i]);
@@ -84,21 +98,18 @@ __device__ __forceinline__ void nvfp4_tile(const Nvfp4Params& p, const Stored<T>
         if ((t & 15) == 0) tile_amax[rc * (kTK / 16) + t / 16] = amax;
       }
       const int64_t r0 = m0 + rc * 16;
-      data[2 * rc] = data[2 * rc + 1] = 0;
+      uint32_t w[2] = {0, 0}, code = 0;
       if (p.columnwise && col < K && r0 < M) {
         uint32_t random[4] = {0, 0, 0, 0};
         if (p.sr) philox_words(p, static_cast<uint64_t>(M * K / 16 + col * (M / 16) + r0 / 16), random);
-        uint32_t w[2];
-        const uint32_t code = nvfp4_encode_block(v, amax, g, p.sr, random, w);
-        data[2 * rc] = w[0];
-        data[2 * rc + 1] = w[1];
-        scales |= code << (8 * rc);
+        code = nvfp4_encode_block(v, amax, g, p.sr, random, w);
       }
+      run.push(w, code);
     }
     if (p.columnwise && col < K) {
       const int64_t valid_rows = M - m0 < kTM ? M - m0 : kTM;
-      store_bytes(p.out.columnwise_data + col * (M / 2) + m0 / 2, data, static_cast<int>(valid_rows / 2));
-      store_scales4(p.out.columnwise_scale, col, m0 / 16, M / 16, p.swizzled, scales);
+      store_bytes(p.out.columnwise_data + col * (M / 2) + m0 / 2, run.data, static_cast<int>(valid_rows / 2));
+      store_scales4(p.out.columnwise_scale, col, m0 / 16, M / 16, p.swizzled, run.scales);
     }
   }
   if (!p.rowwise) return;
@@ -111,14 +122,13 @@ __device__ __forceinline__ void nvfp4_tile(const Nvfp4Params& p, const Stored<T>
   const int64_t row = m0 + r;
   if (row >= M) return;
   const Nvfp4Global g = nvfp4_global(p.out.amax[0]);
-  uint32_t data[8];
-  uint32_t scales = 0;
-#pragma unroll
+  BlockRun run;
+#pragma unroll 1
   for (int j = 0; j < 4; ++j) {
     const int b = b0 + j;
     float v[16];
     tile_row<T>(tile + r * kLd + b * 16, v);
-    data[2 * j] = data[2 * j + 1] = 0;
+    uint32_t w[2] = {0, 0}, code = 0;
     const int64_t c0 = k0 + b * 16;
     if (c0 < K) {
       float amax = 0.0f;
@@ -130,25 +140,24 @@ __device__ __forceinline__ void nvfp4_tile(const Nvfp4Params& p, const Stored<T>
       }
       uint32_t random[4] = {0, 0, 0, 0};
       if (p.sr) philox_words(p, static_cast<uint64_t>(row * (K / 16) + c0 / 16), random);
-      uint32_t w[2];
-      const uint32_t code = nvfp4_encode_block(v, amax, g, p.sr, random, w);
-      data[2 * j] = w[0];
-      data[2 * j + 1] = w[1];
-      scales |= code << (8 * j);
+      code = nvfp4_encode_block(v, amax, g, p.sr, random, w);
     }
+    run.push(w, code);
   }
   const int64_t first = k0 + b0 * 16;
   if (first < K) {
     const int64_t valid_cols = K - first < 64 ? K - first : 64;
-    store_bytes(p.out.rowwise_data + row * (K / 2) + first / 2, data, static_cast<int>(valid_cols / 2));
-    store_scales4(p.out.rowwise_scale, row, first / 16, K / 16, p.swizzled, scales);
+    store_bytes(p.out.rowwise_data + row * (K / 2) + first / 2, run.data, static_cast<int>(valid_cols / 2));
+    store_scales4(p.out.rowwise_scale, row, first / 16, K / 16, p.swizzled, run.scales);
   }
 }
 
 // One tile per CTA, in reverse tensor order. (v2, a persistent grid with the next tile's loads in
 // flight in registers, ran 5-10% slower: the kernel is issue-bound, see docs/perf.md.)
+// The RHT kernel held to 5 CTAs per SM (95 registers, no spills): left free, the fp32 transform
+// took it to 109 registers and 4 CTAs. (0: no bound for the others, which take 55 registers.)
 template <typename T, bool kRht>
-__global__ void __launch_bounds__(kThreads) nvfp4_quantize_kernel(const Nvfp4Params p) {
+__global__ void __launch_bounds__(kThreads, kRht ? 5 : 0) nvfp4_quantize_kernel(const Nvfp4Params p) {
   constexpr int kLd = kTilePitch<T, kTK>;
   __shared__ __align__(16) Stored<T> tile[kTM * kLd];
   __shared__ float tile_amax[(kTM / 16) * (kTK / 16)];

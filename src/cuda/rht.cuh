@@ -4,27 +4,27 @@
 //
 // The CPU reference sums in double in i order; wherever every partial sum is exact, any order and
 // any precision that holds them gives that same value. Two forms:
-// - rht16_inplace (the quantize kernel's): in double, the butterfly when the chunk's exponent
-//   spread is at most 40 (every partial sum of up to 16 terms is then a multiple of the smallest
-//   term's ulp below 2^(spread + 12) of them: exact in a 53-bit double), else the CPU's i-order
-//   loop itself.
-// - rht16_max_abs (the amax pass's, which needs only the max |y|): first rht16_fp32_max_abs, the
-//   4-stage fast Walsh-Hadamard butterfly (64 adds) in fp32, proven exact after the sums, as the
-//   CPU's fast path does (cpu/quantize_nvfp4_avx512.cpp, rht_unit_bf16). With bf16 inputs (8-bit
-//   significands; subnormal ones are multiples of the smallest normal's ulp) times +-1/4, every
-//   partial sum is a multiple of 2^(e - 9), e the exponent of the smallest nonzero |x| (-126 for a
-//   subnormal), so exact in fp32 below 2^(e + 15). Every partial sum is a mean of final outputs
-//   (a stage (a, b) -> (a + b, a - b) gives back a = (u + v) / 2), so none exceeds the exact
-//   max |y_j|. An inexact sum thus means an exact max above 2^(e + 15), and the computed outputs
-//   are within 15 x 2^-24 of the exact ones relative to it: a computed max that rounds to at most
-//   (1 - 2^-7) 2^(e + 15) in bf16 proves every sum exact. The reference's i-order double sums are
-//   then exact too (each below 16 max |y_j|, within 28 bits of 2^(e - 9)), so the fp32 outputs
-//   are the exact sums it truncates: truncation changes none. Inf or NaN inputs, and sums that
-//   overflow, give an Inf or NaN output, which fails that test. The outputs are rounded by the
-//   hardware (cvt.rn.bf16x2.f32) and tested on their bf16 patterns. Where the test fails (about
-//   1 chunk in 1000 on Gaussian-like data; wide exponent spreads, Inf, NaN): rht16_inplace.
-// The fp32 form in the quantize kernel, which needs the outputs themselves, ran slower than the
-// double form there (docs/perf.md, CUDA v8), while it took the amax pass from 112 to 78 us.
+// - rht16_fp32 (first, in both kernels): the 4-stage fast Walsh-Hadamard butterfly (64 adds) in
+//   fp32, proven exact after the sums, as the CPU's fast path does (cpu/quantize_nvfp4_avx512.cpp,
+//   rht_unit_bf16). With bf16 inputs (8-bit significands; subnormal ones are multiples of the
+//   smallest normal's ulp) times +-1/4, every partial sum is a multiple of 2^(e - 9), e the
+//   exponent of the smallest nonzero |x| (-126 for a subnormal), so exact in fp32 below
+//   2^(e + 15). Every partial sum is a mean of final outputs (a stage (a, b) -> (a + b, a - b)
+//   gives back a = (u + v) / 2), so none exceeds the exact max |y_j|. An inexact sum thus means an
+//   exact max above 2^(e + 15), and the computed outputs are within 15 x 2^-24 of the exact ones
+//   relative to it: a computed max that rounds to at most (1 - 2^-7) 2^(e + 15) in bf16 proves
+//   every sum exact. The reference's i-order double sums are then exact too (each below
+//   16 max |y_j|, within 28 bits of 2^(e - 9)), so the fp32 outputs are the exact sums it
+//   truncates: truncation changes none. Inf or NaN inputs, and sums that overflow, give an Inf or
+//   NaN output, which fails that test. The outputs are rounded by the hardware
+//   (cvt.rn.bf16x2.f32) and tested on their bf16 patterns. The test fails for about 1 chunk in
+//   1000 on Gaussian-like data (wide exponent spreads, Inf, NaN); those take the second form.
+// - rht16_inplace: in double, the butterfly when the chunk's exponent spread is at most 40 (every
+//   partial sum of up to 16 terms is then a multiple of the smallest term's ulp below
+//   2^(spread + 12) of them: exact in a 53-bit double), else the CPU's i-order loop itself.
+// The fp32 form took the amax pass from 112 to 78 us (CUDA v8) and the quantize kernel's RHT call
+// from 279 to 257 us (v9; in v8, with the kernel's unrolled code waiting on instruction fetch, it
+// had been slower there).
 #pragma once
 
 #include <cstdint>
@@ -102,24 +102,25 @@ __device__ __forceinline__ void rht_input_coefficients(uint16_t sign_mask, float
   for (int i = 0; i < 16; ++i) coefficient[i] = ((sign_mask >> i) & 1u) ? -0.25f : 0.25f;
 }
 
-/// max |RHT(v)| in fp32 (see the file comment) for 16 bf16 values v: true where the sums are
-/// proven exact, then *max_abs16 is the bf16 pattern of the max |y|; false otherwise.
-__device__ __forceinline__ bool rht16_fp32_max_abs(const float (&v)[16], const float (&coefficient)[16],
-                                                   uint32_t* max_abs16) {
+/// RHT(v) in fp32 (see the file comment) for 16 bf16 values v, `coefficient(i)` giving s_i / 4:
+/// the outputs rounded to bf16 as pairs (output 2w in the low half of pairs[w], 2w + 1 in the high
+/// half) and *max_abs16 the bf16 pattern of their max |y|; true where the sums are proven exact.
+template <typename Coefficient>
+__device__ __forceinline__ bool rht16_fp32(const float (&v)[16], Coefficient coefficient,
+                                           uint32_t (&pairs)[8], uint32_t* max_abs16) {
   uint32_t min_less_one = 0xFFFFFFFFu;  // of |x| bits shifted left by one (the sign dropped) less one
   float y[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     min_less_one = min(min_less_one, (float_bits(v[i]) << 1) - 1u);  // a zero wraps to all ones
-    y[i] = __fmul_rn(v[i], coefficient[i]);                          // exact
+    y[i] = __fmul_rn(v[i], coefficient(i));                          // exact
   }
   butterfly16(y);
   uint32_t max_pair = 0;  // per 16-bit half, the max |y| as a bf16 pattern
 #pragma unroll
   for (int w = 0; w < 8; ++w) {
-    uint32_t pair;  // outputs 2w (low half) and 2w + 1 (high half), rounded to bf16
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(pair) : "f"(y[2 * w + 1]), "f"(y[2 * w]));
-    max_pair = __vmaxu2(max_pair, pair & 0x7FFF7FFFu);
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(pairs[w]) : "f"(y[2 * w + 1]), "f"(y[2 * w]));
+    max_pair = __vmaxu2(max_pair, pairs[w] & 0x7FFF7FFFu);
   }
   *max_abs16 = max(max_pair & 0xFFFFu, max_pair >> 16);
   // (1 - 2^-7) 2^(e + 15) as a bf16 pattern: exponent field of e, plus 14, significand 1.1111110b.
@@ -127,6 +128,33 @@ __device__ __forceinline__ bool rht16_fp32_max_abs(const float (&v)[16], const f
   const uint32_t field = max((min_less_one + 1u) >> 24, 1u);
   const uint32_t limit = field + 14u >= 255u ? 0x7F7Fu : ((field + 14u) << 7) | 0x7Eu;
   return *max_abs16 <= limit;
+}
+
+/// max |RHT(v)| in fp32 (rht16_fp32) for 16 bf16 values v: true where the sums are proven exact,
+/// then *max_abs16 is the bf16 pattern of the max |y|; false otherwise.
+__device__ __forceinline__ bool rht16_fp32_max_abs(const float (&v)[16], const float (&coefficient)[16],
+                                                   uint32_t* max_abs16) {
+  uint32_t pairs[8];
+  return rht16_fp32(
+      v, [&](int i) { return coefficient[i]; }, pairs, max_abs16);
+}
+
+/// v replaced by RHT(v) rounded to bf16 (the quantize kernel's outputs): in fp32 (rht16_fp32)
+/// where its sums are proven exact, else by rht16_inplace.
+__device__ __forceinline__ void rht16_outputs(float (&v)[16], uint16_t sign_mask) {
+  uint32_t pairs[8], max_abs16;
+  // The coefficients from the mask in place: an array held per thread cost the kernel registers.
+  if (!rht16_fp32(
+          v, [=](int i) { return ((sign_mask >> i) & 1u) ? -0.25f : 0.25f; }, pairs, &max_abs16)) {
+    rht16_inplace(v, sign_mask);
+    return;
+  }
+#pragma unroll
+  for (int w = 0; w < 8; ++w) {
+    // + 0.0f as in rht16_inplace: the reference's sum is never -0.0, the butterfly's can be.
+    v[2 * w] = bits_to_float(pairs[w] << 16) + 0.0f;
+    v[2 * w + 1] = bits_to_float(pairs[w] & 0xFFFF0000u) + 0.0f;
+  }
 }
 
 /// max |RHT(v)| of a chunk (v as for rht16_inplace; `coefficient`: rht_input_coefficients), rounded

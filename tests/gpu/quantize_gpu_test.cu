@@ -381,12 +381,13 @@ void random_suite(bool quick) {
   std::printf("random suite: %d cases\n", cases);
 }
 
-// The amax pass's fp32 RHT (cuda/rht.cuh, rht16_fp32_max_abs) against its exactness check.
-// (1) Columns summed inexactly in fp32 yet within 16 binades, so the check must send them to the
-// double form (the construction of the CPU test Quantize.FastEqualsReferenceNvfp4RhtSumNotExactInFp32:
-// an fp32 sum moves output 0, the columnwise amax, off a bf16 tie); with the amax computed, these
-// fail without the check. The same columns with the amax given test the quantize kernel's RHT on
-// an output the fp32 sum would move onto another E2M1 code. (2) Gaussian columns with values 4-22
+// The fp32 RHT (cuda/rht.cuh, rht16_fp32) of the amax pass and of the quantize kernel against its
+// exactness check. (1) Columns summed inexactly in fp32 yet within 16 binades, so the check must
+// send them to the double form (the construction of the CPU test
+// Quantize.FastEqualsReferenceNvfp4RhtSumNotExactInFp32: an fp32 sum moves output 0, the columnwise
+// amax, off a bf16 tie); with the amax computed, these fail without the amax pass's check. The
+// same columns with the amax given fail without the quantize kernel's: there the fp32 sum would
+// move an output onto another E2M1 code. (2) Gaussian columns with values 4-22
 // binades below the rest, near both sides of the check's limit. (3) What the CPU's fp32 form
 // leaves out and the device's takes: subnormal inputs, and inputs so large that the limit passes
 // every finite max (2^122) or the fp32 sums overflow (2^126, back to the double form).
