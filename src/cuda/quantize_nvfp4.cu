@@ -55,6 +55,7 @@ __device__ __forceinline__ void store_scales4(uint8_t* scale, int64_t r, int64_t
 // would put it in local memory). Starts zeroed (a read of an unset register is undefined: a build
 // that read them gave wrong bytes at 48 registers).
 struct BlockRun {
+  static constexpr int kBlocks = 4;  // pushes that fill it: kTM / 16 chunks, or a row's 4 blocks
   uint32_t data[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   uint32_t scales = 0;
   __device__ __forceinline__ void push(const uint32_t (&w)[2], uint32_t code) {
@@ -81,8 +82,9 @@ __device__ __forceinline__ void nvfp4_tile(const Nvfp4Params& p, const Stored<T>
     const Nvfp4Global g = nvfp4_global(p.out.amax[1]);
     BlockRun run;
     // The chunks (and the row phase's blocks) run in loops: unrolled, the kernels waited on
-    // instruction fetch (ncu: 30-40 % of the cycles between issues); rolled, row+col took 204 us
+    // instruction fetch (ncu: 30-40 % of the cycles between issues); rolled, row+col took 202 us
     // instead of 221 and the RHT call 279 instead of 284 (docs/perf.md, CUDA v8 and v9).
+    static_assert(kTM / 16 == BlockRun::kBlocks, "a column's chunks must fill one BlockRun");
 #pragma unroll 1
     for (int rc = 0; rc < kTM / 16; ++rc) {
       float v[16];
@@ -124,7 +126,7 @@ __device__ __forceinline__ void nvfp4_tile(const Nvfp4Params& p, const Stored<T>
   const Nvfp4Global g = nvfp4_global(p.out.amax[0]);
   BlockRun run;
 #pragma unroll 1
-  for (int j = 0; j < 4; ++j) {
+  for (int j = 0; j < BlockRun::kBlocks; ++j) {
     const int b = b0 + j;
     float v[16];
     tile_row<T>(tile + r * kLd + b * 16, v);

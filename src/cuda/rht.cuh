@@ -105,7 +105,9 @@ __device__ __forceinline__ void rht_input_coefficients(uint16_t sign_mask, float
 /// RHT(v) in fp32 (see the file comment) for 16 bf16 values v, `coefficient(i)` giving s_i / 4:
 /// the outputs rounded to bf16 as pairs (output 2w in the low half of pairs[w], 2w + 1 in the high
 /// half) and *max_abs16 the bf16 pattern of their max |y|; true where the sums are proven exact.
-template <typename Coefficient>
+/// kPositiveZero: a -0.0 sum becomes +0.0 before the rounding, as the reference's sums (which start
+/// at +0.0) are never -0.0; a tiny negative sum still rounds to -0.0 in bf16, as there.
+template <bool kPositiveZero, typename Coefficient>
 __device__ __forceinline__ bool rht16_fp32(const float (&v)[16], Coefficient coefficient,
                                            uint32_t (&pairs)[8], uint32_t* max_abs16) {
   uint32_t min_less_one = 0xFFFFFFFFu;  // of |x| bits shifted left by one (the sign dropped) less one
@@ -116,6 +118,10 @@ __device__ __forceinline__ bool rht16_fp32(const float (&v)[16], Coefficient coe
     y[i] = __fmul_rn(v[i], coefficient(i));                          // exact
   }
   butterfly16(y);
+  if constexpr (kPositiveZero) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) y[i] = y[i] + 0.0f;
+  }
   uint32_t max_pair = 0;  // per 16-bit half, the max |y| as a bf16 pattern
 #pragma unroll
   for (int w = 0; w < 8; ++w) {
@@ -135,7 +141,7 @@ __device__ __forceinline__ bool rht16_fp32(const float (&v)[16], Coefficient coe
 __device__ __forceinline__ bool rht16_fp32_max_abs(const float (&v)[16], const float (&coefficient)[16],
                                                    uint32_t* max_abs16) {
   uint32_t pairs[8];
-  return rht16_fp32(
+  return rht16_fp32<false>(
       v, [&](int i) { return coefficient[i]; }, pairs, max_abs16);
 }
 
@@ -144,16 +150,15 @@ __device__ __forceinline__ bool rht16_fp32_max_abs(const float (&v)[16], const f
 __device__ __forceinline__ void rht16_outputs(float (&v)[16], uint16_t sign_mask) {
   uint32_t pairs[8], max_abs16;
   // The coefficients from the mask in place: an array held per thread cost the kernel registers.
-  if (!rht16_fp32(
+  if (!rht16_fp32<true>(
           v, [=](int i) { return ((sign_mask >> i) & 1u) ? -0.25f : 0.25f; }, pairs, &max_abs16)) {
     rht16_inplace(v, sign_mask);
     return;
   }
 #pragma unroll
   for (int w = 0; w < 8; ++w) {
-    // + 0.0f as in rht16_inplace: the reference's sum is never -0.0, the butterfly's can be.
-    v[2 * w] = bits_to_float(pairs[w] << 16) + 0.0f;
-    v[2 * w + 1] = bits_to_float(pairs[w] & 0xFFFF0000u) + 0.0f;
+    v[2 * w] = bits_to_float(pairs[w] << 16);
+    v[2 * w + 1] = bits_to_float(pairs[w] & 0xFFFF0000u);
   }
 }
 

@@ -1,9 +1,9 @@
 // The CUDA kernels' E2M1 encoder (cuda/fast_codec.cuh, e2m1_rn: one definition for host and
 // device) against the reference encode_rn, on the host. Every fp32 pattern whose low byte is one of
-// {0x00, 0x01, 0x7F, 0x80, 0xFF} (so every tie of every grid, and the values just beside it, with
-// every sign, exponent and upper significand), plus every bf16 value. (All 2^32 patterns were also
-// checked once, equal, when the encoder was written: 13 s on two cores, too slow for the suite's
-// sanitizer run.)
+// {0x00, 0x01, 0x7F, 0x80, 0xFF}: every tie of every grid and the values just beside it, with
+// every sign, exponent and upper significand (every bf16 value among them). All 2^32 patterns
+// were also checked once, equal, when the encoder was written (13 s on two cores: too slow for
+// the suite's sanitizer run).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -35,7 +35,6 @@ void check_e2m1() {
   for (uint32_t high = 0; high < (1u << 24); ++high) {
     for (uint32_t low : {0x00u, 0x01u, 0x7Fu, 0x80u, 0xFFu}) check((high << 8) | low);
   }
-  for (uint32_t b = 0; b < 65536; ++b) check(b << 16);
   EXPECT_EQ(mismatches, 0);
 }
 

@@ -385,12 +385,12 @@ void random_suite(bool quick) {
 // exactness check. (1) Columns summed inexactly in fp32 yet within 16 binades, so the check must
 // send them to the double form (the construction of the CPU test
 // Quantize.FastEqualsReferenceNvfp4RhtSumNotExactInFp32: an fp32 sum moves output 0, the columnwise
-// amax, off a bf16 tie); with the amax computed, these fail without the amax pass's check. The
-// same columns with the amax given fail without the quantize kernel's: there the fp32 sum would
-// move an output onto another E2M1 code. (2) Gaussian columns with values 4-22
-// binades below the rest, near both sides of the check's limit. (3) What the CPU's fp32 form
-// leaves out and the device's takes: subnormal inputs, and inputs so large that the limit passes
-// every finite max (2^122) or the fp32 sums overflow (2^126, back to the double form).
+// amax, off a bf16 tie); with the amax computed, these fail without the amax pass's check. With
+// the amax given, some of the same columns (7 checks in the last run) fail without the quantize
+// kernel's: there the fp32 sum would move an output onto another E2M1 code. (2) Gaussian columns with values
+// 4-22 binades below the rest, near both sides of the check's limit. (3) What the CPU's fp32 form leaves out
+// and the device's takes: subnormal inputs, and inputs so large that the limit passes every finite max
+// (2^122) or the fp32 sums overflow (2^126, back to the double form).
 void rht_exactness_suite() {
   const float row_sign[8] = {1, 1, 1, -1, 1, -1, -1, -1};  // the sign mask 0xD7E8's rows 0-7
   int cases = 0;
