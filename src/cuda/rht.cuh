@@ -149,7 +149,8 @@ __device__ __forceinline__ bool rht16_fp32_max_abs(const float (&v)[16], const f
 /// where its sums are proven exact, else by rht16_inplace.
 __device__ __forceinline__ void rht16_outputs(float (&v)[16], uint16_t sign_mask) {
   uint32_t pairs[8], max_abs16;
-  // The coefficients from the mask in place: an array held per thread cost the kernel registers.
+  // The coefficients from the mask in place, not an array of 16 held per thread (as the amax pass
+  // holds): this kernel sits at its register bound (95 registers for 5 CTAs/SM).
   if (!rht16_fp32<true>(
           v, [=](int i) { return ((sign_mask >> i) & 1u) ? -0.25f : 0.25f; }, pairs, &max_abs16)) {
     rht16_inplace(v, sign_mask);
