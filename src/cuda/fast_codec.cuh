@@ -7,10 +7,16 @@
 //    the largest finite code, and keep the sign of zero); they differ on Inf (encode_rn: E4M3 NaN
 //    0x7F, E5M2 Inf 0x7C; satfinite: max) and NaN, which the MX kernels only meet in blocks whose
 //    E8M0 scale is 0xFF (NaN amax or an overflowing scale), and those keep the software encoder.
+//  - e4m3_scale (device only): the same E4M3 conversion for an NVFP4 block scale (finite, >= 0),
+//    with the code's exact value back through f16.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+
+#ifdef __CUDACC__
+#include <cuda_fp16.h>
+#endif
 
 #include "core/element_codec.hpp"
 #include "microscale/host_device.hpp"
@@ -64,6 +70,19 @@ __device__ __forceinline__ uint32_t fp8x4_rn(float a0, float a1, float a2, float
         : "f"(a0), "f"(a1), "f"(a2), "f"(a3));
   }
   return w;
+}
+
+/// The E4M3 block scale code of a finite v >= 0 (RN, saturating at 448) and its exact value, by the
+/// hardware conversions: cvt.rn.satfinite.e4m3x2.f32 is E4M3Codec::encode_rn on finite inputs
+/// (fp8x4_rn above), and every E4M3 value is an f16 value (2^-9 .. 448), so the way back through
+/// f16 is exact. Two conversions and a widening instead of ~20 integer operations per block.
+__device__ __forceinline__ uint32_t e4m3_scale(float v, float& value) {
+  uint16_t pair;  // the code in the low byte (the high one converts 0)
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(v));
+  uint32_t halves;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(pair));
+  value = __half2float(__ushort_as_half(static_cast<unsigned short>(halves & 0xFFFFu)));
+  return pair & 0xFFu;
 }
 #endif
 

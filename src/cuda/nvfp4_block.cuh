@@ -4,8 +4,6 @@
 // core/element_codec.hpp.
 #pragma once
 
-#include <cuda_fp16.h>
-
 #include <cfloat>
 #include <cstdint>
 
@@ -15,19 +13,6 @@
 #include "microscale/philox.hpp"
 
 namespace microscale::cuda {
-
-/// The E4M3 block scale code of a finite v >= 0 (RN, saturating at 448) and its exact value, by the
-/// hardware conversions: cvt.rn.satfinite.e4m3x2.f32 is E4M3Codec::encode_rn on finite inputs
-/// (fast_codec.cuh), and every E4M3 value is an f16 value (2^-9 .. 448), so the way back through
-/// f16 is exact. Two conversions and a widening instead of ~20 integer operations per block.
-__device__ __forceinline__ uint32_t e4m3_scale(float v, float& value) {
-  uint16_t pair;  // the code in the low byte (the high one converts 0)
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(v));
-  uint32_t halves;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(pair));
-  value = __half2float(__ushort_as_half(static_cast<unsigned short>(halves & 0xFFFFu)));
-  return pair & 0xFFu;
-}
 
 /// Global scale state of one direction.
 struct Nvfp4Global {
