@@ -1,7 +1,8 @@
 // Cheaper exact encoders for the device kernels, each equal bit for bit to a codec of
 // core/element_codec.hpp on the inputs it is used for:
-//  - e2m1_rn: E2M1Codec::encode_rn on every fp32 input (tests/cpp/device_codec_test.cpp); six
-//    operations for the magnitude.
+//  - e2m1x8_rn: eight E2M1Codec::encode_rn codes packed into a word (NaN: 0x7 without sign; for
+//    NVFP4 any zero unsigned), 8 operations per element (tests/cpp/device_codec_test.cpp checks
+//    it on every tie and its neighbours; every fp32 input was checked once).
 //  - fp8x4_rn (device only): Hopper's cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32, equal to
 //    E4M3Codec/E5M2Codec::encode_rn on FINITE inputs (both round to nearest even and saturate to
 //    the largest finite code, and keep the sign of zero); they differ on Inf (encode_rn: E4M3 NaN
@@ -23,30 +24,61 @@
 
 namespace microscale::cuda {
 
-/// E2M1 round to nearest even (saturating, NaN -> 0x7 without sign, as E2M1Codec::encode_rn).
-/// |x| is first clamped to 6 (the largest code: everything above rounds or saturates to it; NaN
+/// The fp32 sum whose bits r give the E2M1 magnitude code of |x| as (r + (r >> 22)) & 7, round to
+/// nearest even. |x| is first clamped to 6 (the largest code: everything above rounds or saturates to it; NaN
 /// becomes 6 too: its compare is false). The E2M1 magnitudes
 /// {0, .5, 1, 1.5, 2, 3, 4, 6} are three uniform grids: step 0.5 below 2, 1 in [2, 4), 2 in
 /// [4, 6]. Adding M = P + 6 ulp(P), P = 2^22 times the binade of max(|x|, 1) (2^22, 2^23 or 2^24),
 /// rounds |x| to its grid, ties to even, in one fp32 add: the sum is P + (6 + k) ulp(P), k the
 /// grid steps. The code is k plus 0, 2 or 4 by grid; the exponent of the sum tells the grid, and
 /// (r + (r >> 22)) & 7 adds twice that exponent (149, 150 or 151 for P) to 6 + k, which is the
-/// code modulo 8. Code parity is step parity, so ties to even agree. Per element: a clamp, a mask,
-/// an add-and-max, the fp32 add, a shift-add and the final mask (the kernels' instruction count is
-/// what limits them; docs/perf.md, CUDA v9).
-/// With kZeroUnsigned, any zero (-0.0 too) gives code 0 (the NVFP4 kernels' rule).
-/// Equal to encode_rn on every fp32 input (tests/cpp/device_codec_test.cpp).
-template <bool kZeroUnsigned = false>
-MICROSCALE_HOST_DEVICE uint32_t e2m1_rn(float x) {
+/// code modulo 8. Code parity is step parity, so ties to even agree. A clamp, a mask, an
+/// add-and-max and the fp32 add (the kernels' instruction count is what limits them;
+/// docs/perf.md, CUDA v9).
+MICROSCALE_HOST_DEVICE uint32_t e2m1_grid_sum(float x) {
   const float a = fabsf(x) < 6.0f ? fabsf(x) : 6.0f;                // NaN -> 6
   uint32_t m = (float_bits(a) & 0x7F800000u) + (0x0B000000u + 6u);  // P + 6 ulp for a >= 1
   m = m < 0x4A800006u ? 0x4A800006u : m;                            // 2^22 + 6 ulp below 1
-  const uint32_t r = float_bits(a + bits_to_float(m));
-  // Sign: not for NaN (encode_rn's NaN code is +max), and with kZeroUnsigned not for zeros. The
-  // top nibble of x has the sign in bit 3; one three-input logic op keeps it beside the code.
-  const bool signed_ok = kZeroUnsigned ? fabsf(x) > 0.0f : x == x;
-  const uint32_t top = signed_ok ? float_bits(x) >> 28 : 0u;
-  return (top & ~7u) | ((r + (r >> 22)) & 7u);
+  return float_bits(a + bits_to_float(m));
+}
+
+/// The bits of 1.0f (0x3F800000) when x < 0 (so not for -0.0 nor NaN), else 0: what PTX's
+/// set.lt.f32.f32 computes, one FSET on the device (the C++ compare and select takes two).
+MICROSCALE_HOST_DEVICE uint32_t one_if_negative(float x) {
+#ifdef __CUDA_ARCH__
+  uint32_t one;
+  asm("set.lt.f32.f32 %0, %1, 0f00000000;" : "=r"(one) : "f"(x));
+  return one;
+#else
+  return x < 0.0f ? 0x3F800000u : 0u;
+#endif
+}
+
+/// Eight E2M1 codes, round to nearest even, packed into one word with x[0] in the low nibble:
+/// E2M1Codec::encode_rn of each x (saturating; NaN gives 0x7 without sign) and, with
+/// kZeroUnsigned (the NVFP4 kernels' rule), any zero (-0.0 too) code 0. The codes of one element
+/// took 11 operations and their packing 1 more (docs/perf.md, CUDA v10): here magnitudes and signs
+/// are each shifted in from the top of a word (x[7] first: one funnel shift each), then one select
+/// takes bit 3 of every nibble from the signs and bits 0-2 from the magnitudes:
+///  - magnitude: the top 4 bits of r * (2^28 + 2^6) = (r << 28) + (r << 6), r = e2m1_grid_sum(x),
+///    are (r + (r >> 22)) & 15 (no carry reaches bit 28 from below: r << 28 is zero there);
+///  - sign, kZeroUnsigned: the top 4 bits of one_if_negative(x), 0b0011 (moved onto bit 3 at the
+///    end), none for -0.0 and NaN;
+///  - sign, otherwise: x's sign bit. Precondition: no x is a NaN with its sign bit set (the MX
+///    kernels pass products, and the device's products with a NaN operand are the positive
+///    canonical NaN).
+template <bool kZeroUnsigned>
+MICROSCALE_HOST_DEVICE uint32_t e2m1x8_rn(const float* x) {
+  uint32_t magnitudes = 0, signs = 0;
+#ifdef __CUDA_ARCH__
+#pragma unroll
+#endif
+  for (int i = 7; i >= 0; --i) {
+    magnitudes = (magnitudes << 4) | ((e2m1_grid_sum(x[i]) * 0x10000040u) >> 28);
+    signs = (signs << 4) | ((kZeroUnsigned ? one_if_negative(x[i]) : float_bits(x[i])) >> 28);
+  }
+  if constexpr (kZeroUnsigned) signs <<= 2;  // 0b0011 -> 0b1100: the sign on bit 3
+  return (signs & 0x88888888u) | (magnitudes & 0x77777777u);
 }
 
 #ifdef __CUDACC__

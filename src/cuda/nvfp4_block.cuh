@@ -35,17 +35,20 @@ __device__ __forceinline__ uint32_t nvfp4_encode_block(const float (&v)[16], flo
   float scale_value;
   const uint32_t scale_code = e4m3_scale(fminf(block_amax * g.multiplier, FLT_MAX), scale_value);
   const float encode_scale = nvfp4_block_encode_scale(scale_value, g.s_dec);
+  if (!sr) {  // round to nearest even: encode_rn with the same zero rule (fast_codec.cuh)
+    float scaled[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) scaled[i] = v[i] * encode_scale;
+    words[0] = e2m1x8_rn<true>(scaled);
+    words[1] = e2m1x8_rn<true>(scaled + 8);
+    return scale_code;
+  }
   words[0] = words[1] = 0;
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     const float scaled = v[i] * encode_scale;
-    uint32_t code;
-    if (sr) {
-      code = E2M1Codec::encode_sr(scaled, (random[i / 4] >> (8 * (i % 4))) & 0xFFu);
-      code = scaled == 0.0f ? 0u : code;  // any zero (-0.0 too) is code 0
-    } else {
-      code = e2m1_rn<true>(scaled);  // = encode_rn with the same zero rule (fast_codec.cuh)
-    }
+    uint32_t code = E2M1Codec::encode_sr(scaled, (random[i / 4] >> (8 * (i % 4))) & 0xFFu);
+    code = scaled == 0.0f ? 0u : code;  // any zero (-0.0 too) is code 0
     words[i / 8] |= code << (4 * (i % 8));
   }
   return scale_code;

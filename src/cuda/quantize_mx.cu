@@ -8,8 +8,8 @@
 //   row phase: thread = (row lane, 32-column block warp): the row block's amax and byte, then the
 //     32 elements encoded twice, with the row's scale and with each column's, each direction's
 //     codes put in a shared-memory stage (32 bytes, 16 for FP4); FP8 codes come from the hardware
-//     conversion and FP4 codes from e2m1_rn (fast_codec.cuh), both exact; blocks with a NaN scale
-//     keep the software encoder;
+//     conversion and FP4 codes from e2m1x8_rn (fast_codec.cuh), both exact; FP8 blocks with a NaN
+//     scale keep the software encoder;
 //   write-out (v6): a whole, aligned tile leaves the stage coalesced (lanes along a row, 16 bytes
 //     each; a row's 4 scale bytes as one word); other tiles per thread as before.
 #include <cmath>
@@ -76,21 +76,30 @@ __device__ __forceinline__ void pack_codes(const uint8_t (&codes)[32], uint32_t 
 template <typename Codec>
 inline constexpr bool kIsFp8 = std::is_same_v<Codec, E4M3Codec> || std::is_same_v<Codec, E5M2Codec>;
 
+// A block's element times its inverse scale: mx_scaled_element (the CPU's: a NaN element keeps
+// its bits, so that its FP8 code keeps its sign). E2M1 gives every NaN the code 0x7, so for it
+// the plain product serves, and the device returns the canonical NaN 0x7FFFFFFF (positive) from
+// any product with a NaN operand: e2m1x8_rn<false>'s precondition, without a select per element.
+template <typename Codec>
+__device__ __forceinline__ float scaled_element(float v, float inverse) {
+  if constexpr (std::is_same_v<Codec, E2M1Codec>) {
+    return v * inverse;
+  } else {
+    return mx_scaled_element(v, inverse);
+  }
+}
+
 // Codes of 32 scaled values, packed. `finite` promises every x is finite (no block scale of the
-// values is 0xFF): FP8 then takes the hardware conversion (fast_codec.cuh), else encode_rn; E2M1
-// always takes e2m1_rn (equal to encode_rn on every input).
+// values is 0xFF): FP8 then takes the hardware conversion (fast_codec.cuh), else encode_rn. E2M1
+// always takes e2m1x8_rn (equal to encode_rn on x from scaled_element<E2M1Codec>: no NaN there
+// has its sign bit set).
 template <typename Codec, bool kPacked>
 __device__ __forceinline__ void encode32(const float (&x)[32], bool finite,
                                          uint32_t (&words)[kPacked ? 4 : 8]) {
   static_assert(!kPacked || std::is_same_v<Codec, E2M1Codec>, "only E2M1 is packed");
   if constexpr (kPacked) {
 #pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      uint32_t acc = 0;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc |= e2m1_rn<false>(x[8 * w + i]) << (4 * i);
-      words[w] = acc;
-    }
+    for (int w = 0; w < 4; ++w) words[w] = e2m1x8_rn<false>(x + 8 * w);  // x from scaled_element
     return;
   } else {
     if constexpr (kIsFp8<Codec>) {
@@ -187,7 +196,7 @@ __device__ __forceinline__ void mx_tile(const MxParams& p, const Stored<T>* tile
       const float inverse = mx_inverse_scale(s);
       float x[32];
 #pragma unroll
-      for (int i = 0; i < 32; ++i) x[i] = mx_scaled_element(v[i], inverse);
+      for (int i = 0; i < 32; ++i) x[i] = scaled_element<Codec>(v[i], inverse);
       uint32_t words[kWords];
       encode32<Codec, kPacked>(x, s != 0xFF, words);
       stage_words(my_row, words);
@@ -199,10 +208,10 @@ __device__ __forceinline__ void mx_tile(const MxParams& p, const Stored<T>* tile
 #pragma unroll
       for (int q = 0; q < 32; q += 4) {
         const float4 inv = *reinterpret_cast<const float4*>(&column_inverse[warp * 32 + q]);
-        x[q] = mx_scaled_element(v[q], inv.x);
-        x[q + 1] = mx_scaled_element(v[q + 1], inv.y);
-        x[q + 2] = mx_scaled_element(v[q + 2], inv.z);
-        x[q + 3] = mx_scaled_element(v[q + 3], inv.w);
+        x[q] = scaled_element<Codec>(v[q], inv.x);
+        x[q + 1] = scaled_element<Codec>(v[q + 1], inv.y);
+        x[q + 2] = scaled_element<Codec>(v[q + 2], inv.z);
+        x[q + 3] = scaled_element<Codec>(v[q + 3], inv.w);
       }
       uint32_t words[kWords];
       encode32<Codec, kPacked>(x, columns_finite, words);
