@@ -210,6 +210,32 @@ __device__ __forceinline__ void store_bytes(uint8_t* dst, const uint32_t (&words
   }
 }
 
+/// Stores every lane's 32 bytes at its dst (a 32-byte run, any 16-byte aligned address) as two
+/// 16-byte stores per lane, with the lanes of each pair (2j, 2j + 1) trading halves, so that the
+/// first store instruction writes lane 2j's whole run and the second lane 2j + 1's: 16 runs per
+/// instruction instead of a half of each of 32. A 32-byte aligned run is one L2 sector, written
+/// once instead of twice (docs/perf.md, CUDA v10). Every lane of the warp must call it; a warp
+/// with an unaligned dst stores lane by lane.
+__device__ __forceinline__ void store_runs32_paired(uint8_t* dst, const uint32_t (&w)[8]) {
+  if (!__all_sync(0xFFFFFFFFu, (reinterpret_cast<uintptr_t>(dst) & 15) == 0)) {
+    store_bytes(dst, w, 32);
+    return;
+  }
+  const bool odd = threadIdx.x & 1;
+  // Even lanes send their second half, odd lanes their first.
+  uint32_t got[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) got[q] = __shfl_xor_sync(0xFFFFFFFFu, odd ? w[q] : w[4 + q], 1);
+  uint8_t* const partner = reinterpret_cast<uint8_t*>(
+      __shfl_xor_sync(0xFFFFFFFFu, static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(dst)), 1));
+  // First: the even lane's run (its first half, then its second from the odd lane).
+  *reinterpret_cast<uint4*>(odd ? partner + 16 : dst) =
+      odd ? make_uint4(got[0], got[1], got[2], got[3]) : make_uint4(w[0], w[1], w[2], w[3]);
+  // Second: the odd lane's run (its first half from the even lane, then its second).
+  *reinterpret_cast<uint4*>(odd ? dst + 16 : partner) =
+      odd ? make_uint4(w[4], w[5], w[6], w[7]) : make_uint4(got[0], got[1], got[2], got[3]);
+}
+
 /// Largest |v| skipping NaN (a NaN never wins), as TE's amax kernels and the CPU backend.
 /// m must not be NaN (every caller starts from +0): then fmaxf (which returns the non-NaN operand)
 /// equals `a > m ? a : m` exactly, and compiles to one FMNMX with the |.| modifier instead of a

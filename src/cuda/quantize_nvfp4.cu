@@ -75,6 +75,8 @@ __device__ __forceinline__ void nvfp4_tile(const Nvfp4Params& p, const Stored<T>
   constexpr int kLd = kTilePitch<T, kTK>;
   const int64_t M = p.x.rows, K = p.x.cols;
   const int t = threadIdx.x;
+  // Every thread of a whole tile stores 32 bytes per direction: lane pairs store whole runs.
+  const bool whole_tile = m0 + kTM <= M && k0 + kTK <= K;
 
   // ---- column phase ----
   if (p.columnwise || p.tile_2d) {
@@ -108,7 +110,10 @@ __device__ __forceinline__ void nvfp4_tile(const Nvfp4Params& p, const Stored<T>
       }
       run.push(w, code);
     }
-    if (p.columnwise && col < K) {
+    if (p.columnwise && whole_tile) {
+      store_runs32_paired(p.out.columnwise_data + col * (M / 2) + m0 / 2, run.data);
+      store_scales4(p.out.columnwise_scale, col, m0 / 16, M / 16, p.swizzled, run.scales);
+    } else if (p.columnwise && col < K) {
       const int64_t valid_rows = M - m0 < kTM ? M - m0 : kTM;
       store_bytes(p.out.columnwise_data + col * (M / 2) + m0 / 2, run.data, static_cast<int>(valid_rows / 2));
       store_scales4(p.out.columnwise_scale, col, m0 / 16, M / 16, p.swizzled, run.scales);
@@ -147,7 +152,10 @@ __device__ __forceinline__ void nvfp4_tile(const Nvfp4Params& p, const Stored<T>
     run.push(w, code);
   }
   const int64_t first = k0 + b0 * 16;
-  if (first < K) {
+  if (whole_tile) {
+    store_runs32_paired(p.out.rowwise_data + row * (K / 2) + first / 2, run.data);
+    store_scales4(p.out.rowwise_scale, row, first / 16, K / 16, p.swizzled, run.scales);
+  } else if (first < K) {
     const int64_t valid_cols = K - first < 64 ? K - first : 64;
     store_bytes(p.out.rowwise_data + row * (K / 2) + first / 2, run.data, static_cast<int>(valid_cols / 2));
     store_scales4(p.out.rowwise_scale, row, first / 16, K / 16, p.swizzled, run.scales);

@@ -285,7 +285,8 @@ void random_suite(bool quick) {
       {32, 32},   {16, 16},     {32, 64},   {64, 128},   {128, 128},
       {96, 160},  {160, 96},    {224, 352}, {2, 48, 64},  // 3-D input
       {320, 544}, {1024, 1056}, {33, 64},   {48, 96},    {16, 2048},
-      {2048, 32}, {64, 40},     {96, 300}};  // last dims no block divides: columnwise only
+      {2048, 32}, {64, 40},     {96, 300},  // last dims no block divides: columnwise only
+      {80, 272}};  // whole NVFP4 tiles whose output rows are 8 mod 16 bytes apart (lane-by-lane stores)
   const std::vector<std::vector<int64_t>> big = {{1024, 1056}, {2048, 32}, {16, 2048}, {320, 544}};
   int cases = 0;
   for (const auto& shape : shapes) {
