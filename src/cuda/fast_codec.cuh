@@ -25,8 +25,8 @@
 namespace microscale::cuda {
 
 /// The fp32 sum whose bits r give the E2M1 magnitude code of |x| as (r + (r >> 22)) & 7, round to
-/// nearest even. |x| is first clamped to 6 (the largest code: everything above rounds or saturates to it; NaN
-/// becomes 6 too: its compare is false). The E2M1 magnitudes
+/// nearest even. |x| is first clamped to 6 (the largest code: everything above rounds or
+/// saturates to it; NaN becomes 6 too: its compare is false). The E2M1 magnitudes
 /// {0, .5, 1, 1.5, 2, 3, 4, 6} are three uniform grids: step 0.5 below 2, 1 in [2, 4), 2 in
 /// [4, 6]. Adding M = P + 6 ulp(P), P = 2^22 times the binade of max(|x|, 1) (2^22, 2^23 or 2^24),
 /// rounds |x| to its grid, ties to even, in one fp32 add: the sum is P + (6 + k) ulp(P), k the
