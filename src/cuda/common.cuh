@@ -221,7 +221,7 @@ __device__ __forceinline__ void store_runs32_paired(uint8_t* dst, const uint32_t
     store_bytes(dst, w, 32);
     return;
   }
-  const bool odd = threadIdx.x & 1;
+  const bool odd = threadIdx.x & 1;  // the lane's parity: the kernels' blocks are 1-D
   // Even lanes send their second half, odd lanes their first.
   uint32_t got[4];
 #pragma unroll

@@ -1,8 +1,9 @@
 // Cheaper exact encoders for the device kernels, each equal bit for bit to a codec of
 // core/element_codec.hpp on the inputs it is used for:
 //  - e2m1x8_rn: eight E2M1Codec::encode_rn codes packed into a word (NaN: 0x7 without sign; for
-//    NVFP4 any zero unsigned), 8 operations per element (tests/cpp/device_codec_test.cpp checks
-//    it on every tie and its neighbours; every fp32 input was checked once).
+//    NVFP4 any zero unsigned), about 9 instructions per element in the kernels
+//    (tests/cpp/device_codec_test.cpp checks it on every tie and its neighbours; every fp32 input
+//    was checked once).
 //  - fp8x4_rn (device only): Hopper's cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32, equal to
 //    E4M3Codec/E5M2Codec::encode_rn on FINITE inputs (both round to nearest even and saturate to
 //    the largest finite code, and keep the sign of zero); they differ on Inf (encode_rn: E4M3 NaN
@@ -56,8 +57,9 @@ MICROSCALE_HOST_DEVICE uint32_t one_if_negative(float x) {
 
 /// Eight E2M1 codes, round to nearest even, packed into one word with x[0] in the low nibble:
 /// E2M1Codec::encode_rn of each x (saturating; NaN gives 0x7 without sign) and, with
-/// kZeroUnsigned (the NVFP4 kernels' rule), any zero (-0.0 too) code 0. The codes of one element
-/// took 11 operations and their packing 1 more (docs/perf.md, CUDA v10): here magnitudes and signs
+/// kZeroUnsigned (the NVFP4 kernels' rule), any zero (-0.0 too) code 0. One code at a time, the
+/// code, its sign and its packing took ~11 instructions per element in the kernels' SASS, these
+/// take ~9 (8 per element, 3 per word; docs/perf.md, CUDA v10): here magnitudes and signs
 /// are each shifted in from the top of a word (x[7] first: one funnel shift each), then one select
 /// takes bit 3 of every nibble from the signs and bits 0-2 from the magnitudes:
 ///  - magnitude: the top 4 bits of r * (2^28 + 2^6) = (r << 28) + (r << 6), r = e2m1_grid_sum(x),

@@ -9,7 +9,8 @@
 //     lanes of a quarter warp, so the 16-byte reads hit distinct banks with a pitch of 16 bytes
 //     over a multiple of 128).
 // Each thread writes 32 contiguous data bytes and 4 contiguous scale bytes per direction (compact
-// or swizzled: 4 consecutive blocks are 4 consecutive bytes in both layouts).
+// or swizzled: 4 consecutive blocks are 4 consecutive bytes in both layouts); in whole tiles the
+// lanes of a pair store each other's halves, so that each store writes whole 32-byte runs (v10).
 // Tiles run in reverse order: the amax pass read the tensor forwards, so its tail is
 // still in L2.
 #include "cuda/common.cuh"
@@ -165,7 +166,7 @@ __device__ __forceinline__ void nvfp4_tile(const Nvfp4Params& p, const Stored<T>
 // One tile per CTA, in reverse tensor order. (v2, a persistent grid with the next tile's loads in
 // flight in registers, ran 5-10% slower: the kernel is issue-bound, see docs/perf.md.)
 // The RHT kernel held to 5 CTAs per SM (95 registers, no spills): left free, the fp32 transform
-// took it to 109 registers and 4 CTAs. (0: no bound for the others, which take 55 registers.)
+// took it to 109 registers and 4 CTAs. (0: no bound for the others, which take 64 registers.)
 template <typename T, bool kRht>
 __global__ void __launch_bounds__(kThreads, kRht ? 5 : 0) nvfp4_quantize_kernel(const Nvfp4Params p) {
   constexpr int kLd = kTilePitch<T, kTK>;
