@@ -95,11 +95,16 @@ __device__ __forceinline__ void rht16_inplace(float (&v)[16], uint16_t sign_mask
   }
 }
 
-/// The signed coefficients of the transform's first step, s_i / 4 (-1/4 where bit i of the sign
-/// mask is set), held per thread for rht16_max_abs.
+/// The signed coefficient of input i in the transform's first step, s_i / 4: -1/4 where bit i of
+/// the sign mask is set.
+__device__ __forceinline__ float rht_input_coefficient(uint16_t sign_mask, int i) {
+  return ((sign_mask >> i) & 1u) ? -0.25f : 0.25f;
+}
+
+/// The 16 coefficients, held per thread for rht16_max_abs.
 __device__ __forceinline__ void rht_input_coefficients(uint16_t sign_mask, float (&coefficient)[16]) {
 #pragma unroll
-  for (int i = 0; i < 16; ++i) coefficient[i] = ((sign_mask >> i) & 1u) ? -0.25f : 0.25f;
+  for (int i = 0; i < 16; ++i) coefficient[i] = rht_input_coefficient(sign_mask, i);
 }
 
 /// RHT(v) in fp32 (see the file comment) for 16 bf16 values v, `coefficient(i)` giving s_i / 4:
@@ -152,7 +157,7 @@ __device__ __forceinline__ void rht16_outputs(float (&v)[16], uint16_t sign_mask
   // The coefficients from the mask in place, not an array of 16 held per thread (as the amax pass
   // holds): this kernel sits at its register bound (95 registers for 5 CTAs/SM).
   if (!rht16_fp32<true>(
-          v, [=](int i) { return ((sign_mask >> i) & 1u) ? -0.25f : 0.25f; }, pairs, &max_abs16)) {
+          v, [=](int i) { return rht_input_coefficient(sign_mask, i); }, pairs, &max_abs16)) {
     rht16_inplace(v, sign_mask);
     return;
   }
