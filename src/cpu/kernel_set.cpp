@@ -9,22 +9,23 @@ namespace microscale::cpu {
 
 KernelSet cpu_kernel_set() {
 #ifdef MICROSCALE_HAVE_AVX512_KERNELS
-  // NOTE: GCC's and Clang's checks include the OS's XSAVE support for the ZMM state.
+  // NOTE: GCC's and Clang's checks include the OS's XSAVE support for the YMM and ZMM state.
   __builtin_cpu_init();
-  if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))) {
-    return KernelSet::Portable;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
+    return KernelSet::Avx512;
   }
-  return KernelSet::Avx512;
-#else
-  return KernelSet::Portable;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return KernelSet::Avx2;
 #endif
+  return KernelSet::Portable;
 }
 
 KernelSet kernel_set() {
   static const KernelSet best = cpu_kernel_set();
   const char* forced = std::getenv("MICROSCALE_CPU_KERNELS");
-  if (forced != nullptr && std::strcmp(forced, "portable") == 0) return KernelSet::Portable;
+  if (forced == nullptr) return best;
+  if (std::strcmp(forced, "portable") == 0) return KernelSet::Portable;
+  if (std::strcmp(forced, "avx2") == 0 && best > KernelSet::Avx2) return KernelSet::Avx2;
   return best;
 }
 

@@ -775,7 +775,7 @@ bool quantize_with_scheme(const InputMatrix& x, const QuantizeOptions& o, Quanti
 bool quantize_mx_avx512(const InputMatrix& x, const QuantizeOptions& o, QuantizedTensor& out) {
   // Chunks are whole blocks of 32 columns: a columnwise-only call may have any last dim, and then
   // the portable kernel runs.
-  if (kernel_set() == KernelSet::Portable || !x.contiguous_rows() || x.cols % kBlock != 0) return false;
+  if (kernel_set() != KernelSet::Avx512 || !x.contiguous_rows() || x.cols % kBlock != 0) return false;
   switch (x.dtype) {
     case DType::BF16: return quantize_with_scheme<DType::BF16>(x, o, out);
     case DType::F16: return quantize_with_scheme<DType::F16>(x, o, out);

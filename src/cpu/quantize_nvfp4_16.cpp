@@ -42,6 +42,8 @@
 #include "cpu/e2m1_thresholds.hpp"
 #include "cpu/encode_fast.hpp"
 #include "cpu/input16.hpp"
+#include "cpu/kernel_set.hpp"
+#include "cpu/nvfp4_16_chunk.hpp"
 #include "cpu/quantize_kernels.hpp"  // kStreamBytes
 #include "cpu/rht.hpp"
 #include "cpu/rht_band.hpp"
@@ -50,55 +52,21 @@
 namespace microscale::cpu {
 namespace {
 
-constexpr int kBlock = 16;                          // NVFP4 block; also the rows of a band
-constexpr int kChunkCols = 256;                     // columns of a chunk
-constexpr int kChunkBlocks = kChunkCols / kBlock;   // rowwise blocks per row of a chunk
-constexpr int kGroupBands = 8;                      // 8 bytes per band: a 64-byte columnwise line
-constexpr int64_t kPrefetchBytes = kChunkCols * 2;  // one chunk ahead
+using nvfp4_16::Call;
+using nvfp4_16::Chunk;
+using nvfp4_16::ColumnStage;
+using nvfp4_16::Direction;
+using nvfp4_16::kBlock;
+using nvfp4_16::kChunkBlocks;
+using nvfp4_16::kChunkCols;
+using nvfp4_16::kGroupBands;
 
-// One direction's global scales, from its amax (numerics-te.md §1.2).
-struct Direction {
-  float multiplier = 0.0f;  // RN(S_enc * RN(1/6))
-  float s_dec = 0.0f;       // RN(1 / S_enc)
-};
+constexpr int64_t kPrefetchBytes = kChunkCols * 2;  // one chunk ahead
 
 Direction make_direction(float amax) {
   const float s_enc = nvfp4_global_encode_scale(amax);
   return {nvfp4_block_scale_multiplier(s_enc), 1.0f / s_enc};
 }
-
-// The call: input and outputs (data null when the direction is not requested).
-struct Call {
-  const uint16_t* src;  // [m, k], row stride `stride` (elements)
-  int64_t stride, m, k;
-  bool tile_2d;
-  Direction row, col;
-  const E2m1Thresholds* row_thresholds;  // of the rowwise global scale
-  const E2m1Thresholds* col_thresholds;
-  bool row_stream, col_stream;  // lines written by streaming stores (store_line)
-  const InputMatrix* x;         // the input as a matrix (load_rows), for the RHT
-  const RhtCoefficients* rht;   // columnwise through the RHT (bf16 input); null without
-  uint8_t* row_data;            // (M, K/2)
-  uint8_t* row_scale;           // (M, K/16)
-  uint8_t* col_data;            // (K, M/2)
-  uint8_t* col_scale;           // (K, M/16)
-};
-
-// A thread's columnwise outputs of its current group, [column][band of the group].
-struct ColumnStage {
-  std::vector<uint64_t> data;  // a column's 8 bytes of a band
-  std::vector<uint8_t> scale;
-};
-
-// One chunk of a band.
-struct Chunk {
-  const uint16_t* src;  // row 0, column col0
-  int rows;             // 16, or fewer in a rowwise-only call's last band
-  int cols;             // a multiple of 16, <= kChunkCols
-  int64_t first_row, col0;
-  int band_in_group;
-  bool prefetch_next;  // a chunk follows in this band
-};
 
 // |x|'s pattern, 0 for a NaN (so that a NaN is never an amax, as in the reference).
 template <DType kIn>
@@ -112,11 +80,6 @@ MICROSCALE_CPU_INLINE uint16_t magnitude_bits(uint16_t bits) {
 template <DType kIn>
 MICROSCALE_CPU_INLINE uint16_t code_sign(uint16_t x, int16_t a) {
   return static_cast<uint16_t>(((x >> 12) & 8) & (0u - static_cast<unsigned>(a <= kInf16Bits<kIn>)));
-}
-
-// A block's E4M3 scale code from its amax (numerics-te.md §1.3).
-MICROSCALE_CPU_INLINE uint8_t block_scale_code(float amax, const Direction& d) {
-  return E4M3Codec::encode_rn(min_nonnegative(amax * d.multiplier, FLT_MAX));  // amax >= 0
 }
 
 // The max |x| pattern of `n` elements (pass 1).
@@ -189,14 +152,15 @@ MICROSCALE_CPU_DISPATCH void quantize_chunk(const Call& call, const Chunk& c, Co
   alignas(64) int16_t col_below[8][kChunkCols];
   if constexpr (kRows) {
     for (int q = 0; q < kBlock * kChunkBlocks; ++q)  // every slot (one loop that vectorises)
-      row_codes[q] = block_scale_code(widen16<kIn>(row_max[q]), call.row);
+      row_codes[q] = nvfp4_16::block_scale_code(widen16<kIn>(row_max[q]), call.row);
     for (int i = 0; i < c.rows; ++i)
       std::memcpy(call.row_scale + (c.first_row + i) * (call.k / kBlock) + c.col0 / kBlock,
                   row_codes + i * kChunkBlocks, blocks);
   }
   if constexpr (kCols) {
     alignas(64) uint8_t col_codes[kChunkCols];
-    for (int j = 0; j < c.cols; ++j) col_codes[j] = block_scale_code(widen16<kIn>(col_max[j]), call.col);
+    for (int j = 0; j < c.cols; ++j)
+      col_codes[j] = nvfp4_16::block_scale_code(widen16<kIn>(col_max[j]), call.col);
     uint8_t* scale = stage.scale.data() + c.col0 * kGroupBands + c.band_in_group;
     for (int j = 0; j < c.cols; ++j) scale[j * kGroupBands] = col_codes[j];
     if constexpr (!kSameCodes) {
@@ -318,7 +282,8 @@ MICROSCALE_CPU_DISPATCH void encode_rht_columns(const Call& call, const uint16_t
       for (int l = 0; l < kBlock; ++l) m = std::max(m, magnitude_bits<DType::BF16>(block[c * kBlock + l]));
       block_max[c] = m;
     }
-    for (int c = 0; c < cols; ++c) codes[c] = block_scale_code(bf16_to_float(block_max[c]), call.col);
+    for (int c = 0; c < cols; ++c)
+      codes[c] = nvfp4_16::block_scale_code(bf16_to_float(block_max[c]), call.col);
     uint8_t* scale = stage.scale.data() + c0 * kGroupBands + band_in_group;
     uint64_t* data = stage.data.data() + c0 * kGroupBands + band_in_group;
     for (int c = 0; c < cols; ++c) {
@@ -365,8 +330,15 @@ void quantize_groups(const Call& call, int threads) {
           c.col0 = col0;
           c.cols = static_cast<int>(std::min<int64_t>(kChunkCols, call.k - col0));
           c.prefetch_next = col0 + kChunkCols < call.k;
-          if constexpr (kRows || !kRht)
+          if constexpr (kRows || !kRht) {
+#ifdef MICROSCALE_HAVE_AVX2_KERNELS
+            if (call.avx2 && c.rows == kBlock) {  // whole bands (a rowwise-only call's last may not be)
+              nvfp4_16::quantize_chunk_avx2<kIn, kRows, kCols && !kRht, kSameCodes>(call, c, stage);
+              continue;
+            }
+#endif
             quantize_chunk<kIn, kRows, kCols && !kRht, kSameCodes>(call, c, stage);
+          }
         }
         if constexpr (kRht) {
           rht_band_patterns(call, first_band + bi, rht);
@@ -425,7 +397,11 @@ void quantize_with_input(const InputMatrix& x, const QuantizeOptions& o, Quantiz
   }
 
   E2m1Thresholds row_thresholds, col_thresholds;
+  nvfp4_16::E2m1ThresholdPairs row_threshold_pairs;
   Call call{};
+#ifdef MICROSCALE_HAVE_AVX2_KERNELS
+  call.avx2 = kernel_set() >= KernelSet::Avx2;
+#endif
   call.src = src;
   call.stride = x.row_stride;
   call.m = x.rows;
@@ -437,6 +413,15 @@ void quantize_with_input(const InputMatrix& x, const QuantizeOptions& o, Quantiz
     call.row = make_direction(out.rowwise_amax);
     build_e2m1_thresholds(kIn, call.row.s_dec, row_thresholds);
     call.row_thresholds = &row_thresholds;
+    if (call.avx2) {
+      for (int s = 0; s < 128; ++s) {
+        for (int t = 0; t < 8; ++t) {
+          const auto half = static_cast<uint16_t>(row_thresholds.below[s][t]);
+          row_threshold_pairs.pairs[s][t] = static_cast<int32_t>(half | (uint32_t{half} << 16));
+        }
+      }
+      call.row_threshold_pairs = &row_threshold_pairs;
+    }
     call.row_data = out.rowwise_data.data_as<uint8_t>();
     call.row_scale = out.rowwise_scale.data_as<uint8_t>();
     call.row_stream = streamable(x.rows * x.cols / 2, x.cols / 2, call.row_data);  // 2 lines per chunk row

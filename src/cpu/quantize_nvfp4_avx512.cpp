@@ -1277,7 +1277,7 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, QuantizedTens
 bool quantize_nvfp4_avx512(const InputMatrix& x, const QuantizeOptions& o, QuantizedTensor& out) {
   // Tiles are 16 columns wide: a columnwise-only call may have any last dim, and then the portable
   // kernel runs.
-  if (kernel_set() == KernelSet::Portable || o.stochastic_rounding || !x.contiguous_rows() ||
+  if (kernel_set() != KernelSet::Avx512 || o.stochastic_rounding || !x.contiguous_rows() ||
       x.cols % kBlock != 0)
     return false;
   switch (x.dtype) {

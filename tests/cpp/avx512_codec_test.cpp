@@ -90,7 +90,7 @@ void expect_codec(const std::vector<float>& in, const char* name) {
 }
 
 TEST(Avx512Codec, ElementEncodersEqualScalar) {
-  if (cpu_kernel_set() == KernelSet::Portable) GTEST_SKIP() << "no AVX-512 on this CPU";
+  if (cpu_kernel_set() != KernelSet::Avx512) GTEST_SKIP() << "no AVX-512 on this CPU";
   const std::vector<float> in = probe_inputs();
   expect_codec<E2M1Codec>(in, "E2M1");
   expect_codec<E2M3Codec>(in, "E2M3");
@@ -112,7 +112,7 @@ void expect_nvfp4_codes(const std::vector<float>& in, const std::vector<uint32_t
 }
 
 TEST(Avx512Codec, Nvfp4ElementEncoderEqualsScalar) {
-  if (cpu_kernel_set() == KernelSet::Portable) GTEST_SKIP() << "no AVX-512 on this CPU";
+  if (cpu_kernel_set() != KernelSet::Avx512) GTEST_SKIP() << "no AVX-512 on this CPU";
   const std::vector<float> in = probe_inputs();
   std::vector<uint32_t> out(in.size());
   encode_nvfp4_all(in, out);
@@ -120,7 +120,7 @@ TEST(Avx512Codec, Nvfp4ElementEncoderEqualsScalar) {
 }
 
 TEST(Avx512Codec, Nvfp4BoundedElementEncoderEqualsScalar) {
-  if (cpu_kernel_set() == KernelSet::Portable) GTEST_SKIP() << "no AVX-512 on this CPU";
+  if (cpu_kernel_set() != KernelSet::Avx512) GTEST_SKIP() << "no AVX-512 on this CPU";
   std::vector<float> in;
   for (float x : probe_inputs()) {
     if (std::fabs(x) < 7.0f) in.push_back(x);
@@ -145,7 +145,7 @@ MICROSCALE_AVX512 void round_lanes(const float* in, uint32_t* integer_steps, uin
 // the next bf16 value (y within 2^-16 of a power of two, where the sum C + y would change binade),
 // plus random patterns. (All 2^32 patterns were checked by a scratch program; see docs/perf.md.)
 TEST(Avx512Codec, Bf16RoundingsEqualScalar) {
-  if (cpu_kernel_set() == KernelSet::Portable) GTEST_SKIP() << "no AVX-512 on this CPU";
+  if (cpu_kernel_set() != KernelSet::Avx512) GTEST_SKIP() << "no AVX-512 on this CPU";
   std::vector<float> in;
   std::mt19937 rng(11);
   for (uint32_t high = 0; high < 0x10000; ++high) {
@@ -187,7 +187,7 @@ MICROSCALE_AVX512 void scale_lanes(const float* amax, float multiplier, float s_
 }
 
 TEST(Avx512Codec, Nvfp4BlockScalesEqualScalar) {
-  if (cpu_kernel_set() == KernelSet::Portable) GTEST_SKIP() << "no AVX-512 on this CPU";
+  if (cpu_kernel_set() != KernelSet::Avx512) GTEST_SKIP() << "no AVX-512 on this CPU";
   std::mt19937 rng(9);
   for (float global_amax : {1.0f, 3.7f, 1e-30f, 6e4f, 3e38f, 0.0f, INFINITY}) {
     const float s_enc = nvfp4_global_encode_scale(global_amax);
@@ -248,7 +248,7 @@ void expect_mx_rule() {
 }
 
 TEST(Avx512Codec, MxScaleBytesEqualScalar) {
-  if (cpu_kernel_set() == KernelSet::Portable) GTEST_SKIP() << "no AVX-512 on this CPU";
+  if (cpu_kernel_set() != KernelSet::Avx512) GTEST_SKIP() << "no AVX-512 on this CPU";
   expect_mx_rule<MxScaleRule::Floor>();
   expect_mx_rule<MxScaleRule::Ceil>();
   expect_mx_rule<MxScaleRule::Even>();
@@ -324,7 +324,7 @@ void expect_mx16(Format format) {
 }
 
 TEST(Avx512Codec, MxBf16EncodersEqualScalar) {
-  if (cpu_kernel_set() == KernelSet::Portable) GTEST_SKIP() << "no AVX-512 on this CPU";
+  if (cpu_kernel_set() != KernelSet::Avx512) GTEST_SKIP() << "no AVX-512 on this CPU";
   expect_mx16<E2M1Codec, DType::BF16>(Format::E2M1);
   expect_mx16<E2M3Codec, DType::BF16>(Format::E2M3);
   expect_mx16<E3M2Codec, DType::BF16>(Format::E3M2);
@@ -333,7 +333,7 @@ TEST(Avx512Codec, MxBf16EncodersEqualScalar) {
 }
 
 TEST(Avx512Codec, MxF16EncodersEqualScalar) {
-  if (cpu_kernel_set() == KernelSet::Portable) GTEST_SKIP() << "no AVX-512 on this CPU";
+  if (cpu_kernel_set() != KernelSet::Avx512) GTEST_SKIP() << "no AVX-512 on this CPU";
   expect_mx16<E2M3Codec, DType::F16>(Format::E2M3);
   expect_mx16<E3M2Codec, DType::F16>(Format::E3M2);
   expect_mx16<E4M3Codec, DType::F16>(Format::E4M3);
@@ -347,7 +347,7 @@ MICROSCALE_AVX512 void transpose_max(const uint32_t* in, uint32_t* out) {
 }
 
 TEST(Avx512Codec, TransposeMaxIsPerRegisterMax) {
-  if (cpu_kernel_set() == KernelSet::Portable) GTEST_SKIP() << "no AVX-512 on this CPU";
+  if (cpu_kernel_set() != KernelSet::Avx512) GTEST_SKIP() << "no AVX-512 on this CPU";
   std::mt19937 rng(4);
   for (int trial = 0; trial < 1000; ++trial) {
     uint32_t in[256], out[16];

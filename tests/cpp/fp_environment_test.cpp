@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernel_sets.hpp"
 #include "microscale/gemm.hpp"
 #include "microscale/quantize.hpp"
 #include "test_data.hpp"
@@ -83,37 +84,45 @@ TEST(FpEnvironment, CallersFlushToZeroChangesNoByte) {
   omp_set_num_threads(std::max(2, saved_threads));
   for (const bool normal_first_row : {true, false}) {
     const std::vector<float> data = subnormal_rows(normal_first_row);
-    const TensorView x =
-        TensorView::from_buffer(data.data(), data.size() * sizeof(float), DType::F32, {64, 64});
+    // The same values in bf16 (rounded; still subnormal): the 16-bit kernels take those.
+    Tensor data_bf16(DType::BF16, {64, 64});
+    for (size_t i = 0; i < data.size(); ++i) data_bf16.data_as<uint16_t>()[i] = float_to_bf16(data[i]);
     for (const Scheme scheme : {Scheme::MXFP8_E4M3, Scheme::MXFP4, Scheme::NVFP4}) {
-      QuantizeOptions o;
-      o.scheme = scheme;
-      o.rowwise = o.columnwise = true;
-      o.scale_mode = ScaleMode::Floor;
-      for (const char* kernels : {"auto", "portable"}) {
-        setenv("MICROSCALE_CPU_KERNELS", kernels, 1);
-        const std::string what = std::string(scheme_name(scheme)) + " [" + kernels + " kernels" +
-                                 (normal_first_row ? "" : ", all subnormal") + "]";
-        const Outputs ieee = run_all(x, o);
-        set_flush_everywhere(true);
-        volatile float tiny = 1.0e-30f;
-        EXPECT_EQ(tiny * 1.0e-10f, 0.0f) << "FTZ did not take effect";
-        const Outputs flushed = run_all(x, o);
-        const unsigned after = _mm_getcsr() & kFlushBits;
-        const std::vector<unsigned> pool_after = pool_flush_bits();
-        set_flush_everywhere(false);
-        EXPECT_EQ(after, kFlushBits) << what << ": the caller's FTZ/DAZ must be back after the calls";
-        for (const unsigned bits : pool_after) EXPECT_EQ(bits, kFlushBits) << what << ": a pool thread's";
-        for (const auto* q : {&flushed.fast, &flushed.ref}) {
-          EXPECT_TRUE(same_bytes(q->rowwise_data, ieee.ref.rowwise_data)) << what;
-          EXPECT_TRUE(same_bytes(q->rowwise_scale, ieee.ref.rowwise_scale)) << what;
-          EXPECT_TRUE(same_bytes(q->columnwise_data, ieee.ref.columnwise_data)) << what;
-          EXPECT_TRUE(same_bytes(q->columnwise_scale, ieee.ref.columnwise_scale)) << what;
-          EXPECT_EQ(float_bits(q->rowwise_amax), float_bits(ieee.ref.rowwise_amax)) << what;
-          EXPECT_EQ(float_bits(q->columnwise_amax), float_bits(ieee.ref.columnwise_amax)) << what;
+      for (const DType dtype : {DType::F32, DType::BF16}) {
+        const TensorView x =
+            dtype == DType::F32
+                ? TensorView::from_buffer(data.data(), data.size() * sizeof(float), DType::F32, {64, 64})
+                : data_bf16.view();
+        QuantizeOptions o;
+        o.scheme = scheme;
+        o.rowwise = o.columnwise = true;
+        o.scale_mode = ScaleMode::Floor;
+        for (const char* kernels : testing_data::kKernelSets) {
+          if (!testing_data::select_kernel_set(kernels)) continue;  // the same set as one before it
+          const std::string what = std::string(scheme_name(scheme)) + " " + std::string(dtype_name(dtype)) +
+                                   " [" + kernels + " kernels" + (normal_first_row ? "" : ", all subnormal") +
+                                   "]";
+          const Outputs ieee = run_all(x, o);
+          set_flush_everywhere(true);
+          volatile float tiny = 1.0e-30f;
+          EXPECT_EQ(tiny * 1.0e-10f, 0.0f) << "FTZ did not take effect";
+          const Outputs flushed = run_all(x, o);
+          const unsigned after = _mm_getcsr() & kFlushBits;
+          const std::vector<unsigned> pool_after = pool_flush_bits();
+          set_flush_everywhere(false);
+          EXPECT_EQ(after, kFlushBits) << what << ": the caller's FTZ/DAZ must be back after the calls";
+          for (const unsigned bits : pool_after) EXPECT_EQ(bits, kFlushBits) << what << ": a pool thread's";
+          for (const auto* q : {&flushed.fast, &flushed.ref}) {
+            EXPECT_TRUE(same_bytes(q->rowwise_data, ieee.ref.rowwise_data)) << what;
+            EXPECT_TRUE(same_bytes(q->rowwise_scale, ieee.ref.rowwise_scale)) << what;
+            EXPECT_TRUE(same_bytes(q->columnwise_data, ieee.ref.columnwise_data)) << what;
+            EXPECT_TRUE(same_bytes(q->columnwise_scale, ieee.ref.columnwise_scale)) << what;
+            EXPECT_EQ(float_bits(q->rowwise_amax), float_bits(ieee.ref.rowwise_amax)) << what;
+            EXPECT_EQ(float_bits(q->columnwise_amax), float_bits(ieee.ref.columnwise_amax)) << what;
+          }
+          EXPECT_TRUE(same_floats(flushed.dequantized, ieee.dequantized)) << what << ": dequantize";
+          EXPECT_TRUE(same_floats(flushed.product, ieee.product)) << what << ": gemm";
         }
-        EXPECT_TRUE(same_floats(flushed.dequantized, ieee.dequantized)) << what << ": dequantize";
-        EXPECT_TRUE(same_floats(flushed.product, ieee.product)) << what << ": gemm";
       }
     }
   }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "kernel_sets.hpp"
 #include "microscale/error.hpp"
 #include "microscale/layout.hpp"
 #include "test_data.hpp"
@@ -29,12 +30,12 @@ void expect_same(const QuantizedTensor& a, const QuantizedTensor& b, const std::
   }
 }
 
-// quantize() on each CPU kernel set (src/cpu/kernel_set.hpp: the best one the CPU has, and the
-// portable one) equals quantize_ref().
+// quantize() on each CPU kernel set the CPU has (src/cpu/kernel_set.hpp: AVX-512, AVX2, portable)
+// equals quantize_ref().
 void expect_fast_equals_ref(const TensorView& x, const QuantizeOptions& o, const std::string& what) {
   const QuantizedTensor ref = quantize_ref(x, o);
-  for (const char* kernels : {"auto", "portable"}) {
-    setenv("MICROSCALE_CPU_KERNELS", kernels, 1);
+  for (const char* kernels : testing_data::kKernelSets) {
+    if (!testing_data::select_kernel_set(kernels)) continue;  // the same set as one before it
     expect_same(quantize(x, o), ref, what + " [" + kernels + " kernels]");
   }
   unsetenv("MICROSCALE_CPU_KERNELS");

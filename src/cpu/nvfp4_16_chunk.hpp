@@ -1,0 +1,89 @@
+// The unit of work of the NVFP4 16-bit kernel (quantize_nvfp4_16.cpp) and what it reads and
+// writes, shared by its two forms of a chunk: plain C++ (quantize_nvfp4_16.cpp) and AVX2
+// (nvfp4_chunk_avx2.cpp).
+#pragma once
+
+#include <cfloat>
+#include <cstdint>
+#include <vector>
+
+#include "core/element_codec.hpp"
+#include "core/input_matrix.hpp"
+#include "core/scale_math.hpp"
+#include "cpu/cpu_dispatch.hpp"
+#include "cpu/e2m1_thresholds.hpp"
+#include "cpu/rht.hpp"
+
+// The AVX2 chunk is built where the AVX-512 kernels are (x86-64, GCC or Clang: target
+// attributes), and run where kernel_set() says Avx2 or better.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#define MICROSCALE_HAVE_AVX2_KERNELS 1
+#endif
+
+namespace microscale::cpu::nvfp4_16 {
+
+constexpr int kBlock = 16;                         // NVFP4 block; also the rows of a band
+constexpr int kChunkCols = 256;                    // columns of a chunk
+constexpr int kChunkBlocks = kChunkCols / kBlock;  // rowwise blocks per row of a chunk
+constexpr int kGroupBands = 8;                     // 8 bytes per band: a 64-byte columnwise line
+
+// One direction's global scales, from its amax (numerics-te.md §1.2).
+struct Direction {
+  float multiplier = 0.0f;  // RN(S_enc * RN(1/6))
+  float s_dec = 0.0f;       // RN(1 / S_enc)
+};
+
+/// Thresholds as 32-bit words holding the 16-bit threshold twice: pairs[s][k] for block scale
+/// code s, threshold k (E2m1Thresholds::below). A broadcast of a 32-bit word from memory is done
+/// by the load unit, where one of a 16-bit word also takes a shuffle (the AVX2 chunk).
+struct E2m1ThresholdPairs {
+  alignas(64) int32_t pairs[128][8];
+};
+
+// The call: input and outputs (data null when the direction is not requested).
+struct Call {
+  const uint16_t* src;  // [m, k], row stride `stride` (elements)
+  int64_t stride, m, k;
+  bool tile_2d;
+  Direction row, col;
+  const E2m1Thresholds* row_thresholds;  // of the rowwise global scale
+  const E2m1Thresholds* col_thresholds;
+  const E2m1ThresholdPairs* row_threshold_pairs;  // row_thresholds widened (the AVX2 chunk only)
+  bool avx2;                                      // chunks by quantize_chunk_avx2
+  bool row_stream, col_stream;                    // lines written by streaming stores (store_line)
+  const InputMatrix* x;                           // the input as a matrix (load_rows), for the RHT
+  const RhtCoefficients* rht;                     // columnwise through the RHT (bf16 input); null without
+  uint8_t* row_data;                              // (M, K/2)
+  uint8_t* row_scale;                             // (M, K/16)
+  uint8_t* col_data;                              // (K, M/2)
+  uint8_t* col_scale;                             // (K, M/16)
+};
+
+// A thread's columnwise outputs of its current group, [column][band of the group].
+struct ColumnStage {
+  std::vector<uint64_t> data;  // a column's 8 bytes of a band
+  std::vector<uint8_t> scale;
+};
+
+// One chunk of a band.
+struct Chunk {
+  const uint16_t* src;  // row 0, column col0
+  int rows;             // 16, or fewer in a rowwise-only call's last band
+  int cols;             // a multiple of 16, <= kChunkCols
+  int64_t first_row, col0;
+  int band_in_group;
+  bool prefetch_next;  // a chunk follows in this band
+};
+
+// A block's E4M3 scale code from its amax (numerics-te.md §1.3).
+MICROSCALE_CPU_INLINE uint8_t block_scale_code(float amax, const Direction& d) {
+  return E4M3Codec::encode_rn(min_nonnegative(amax * d.multiplier, FLT_MAX));  // amax >= 0
+}
+
+/// One chunk in AVX2 (nvfp4_chunk_avx2.cpp): the same bytes as quantize_nvfp4_16.cpp's
+/// quantize_chunk. Only where the CPU has AVX2. kSameCodes: 16 x 16 tiles with one global scale
+/// for both directions (an element's two codes are equal).
+template <DType kIn, bool kRows, bool kCols, bool kSameCodes>
+void quantize_chunk_avx2(const Call& call, const Chunk& c, ColumnStage& stage);
+
+}  // namespace microscale::cpu::nvfp4_16
