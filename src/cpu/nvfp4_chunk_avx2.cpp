@@ -102,8 +102,8 @@ MICROSCALE_AVX2_INLINE void store_packed_rows(const __m256i (&code)[4], uint8_t*
 #pragma GCC unroll 4
   for (int r = 0; r < 4; ++r) pair[r] = _mm256_madd_epi16(code[r], low_plus_16_high);
   // Per 128-bit half: rows 0-3's bytes of that half's 8 columns, as 32-bit lanes 0-3.
-  const __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(pair[0], pair[1]),
-                                            _mm256_packus_epi32(pair[2], pair[3]));
+  const __m256i bytes =
+      _mm256_packus_epi16(_mm256_packus_epi32(pair[0], pair[1]), _mm256_packus_epi32(pair[2], pair[3]));
   const __m256i in_order = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   const __m128i rows01 = _mm256_castsi256_si128(in_order), rows23 = _mm256_extracti128_si256(in_order, 1);
   _mm_storel_epi64(reinterpret_cast<__m128i*>(rows[0]), rows01);
@@ -138,7 +138,8 @@ MICROSCALE_AVX2_INLINE __m256i e4m3_codes(__m256 product) {
   constexpr int kShift = E4M3Codec::kShift;
   const __m256i a = _mm256_castps_si256(product);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(a, kShift), _mm256_set1_epi32(1));
-  const __m256i biased = _mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32((1 << (kShift - 1)) - 1)), lsb);
+  const __m256i biased =
+      _mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32((1 << (kShift - 1)) - 1)), lsb);
   const __m256i normal =
       _mm256_sub_epi32(_mm256_srli_epi32(biased, kShift), _mm256_set1_epi32(E4M3Codec::kRebias));
   const auto magic_bits = static_cast<int>(E4M3Codec::kMagicBits);
@@ -202,7 +203,6 @@ MICROSCALE_AVX2_INLINE void transpose_16x16_bytes(__m128i (&m)[16]) {
     m[g + 3] = _mm_unpackhi_epi64(z[g + 1], z[g + 3]);
   }
 }
-
 
 template <DType kIn, bool kRows, bool kCols, bool kSameCodes>
 MICROSCALE_AVX2 void chunk_avx2(const Call& call, const Chunk& c, ColumnStage& stage) {
@@ -316,7 +316,8 @@ MICROSCALE_AVX2 void chunk_avx2(const Call& call, const Chunk& c, ColumnStage& s
         store_packed_rows(row_code, rows);
       }
     }
-    if constexpr (kCols) store_column_words(acc, stage.data.data() + (c.col0 + b * kBlock) * kGroupBands + c.band_in_group);
+    if constexpr (kCols)
+      store_column_words(acc, stage.data.data() + (c.col0 + b * kBlock) * kGroupBands + c.band_in_group);
   }
   if constexpr (kRows) {
     for (int i = 0; i < kBlock; ++i) {
@@ -343,9 +344,9 @@ void quantize_chunk_avx2(const Call& call, const Chunk& c, ColumnStage& stage) {
 }
 
 // The forms quantize_nvfp4_16.cpp's quantize_groups calls.
-#define MICROSCALE_NVFP4_CHUNK_AVX2(kIn)                                                                 \
-  template void quantize_chunk_avx2<kIn, true, true, false>(const Call&, const Chunk&, ColumnStage&); \
-  template void quantize_chunk_avx2<kIn, true, true, true>(const Call&, const Chunk&, ColumnStage&);  \
+#define MICROSCALE_NVFP4_CHUNK_AVX2(kIn)                                                               \
+  template void quantize_chunk_avx2<kIn, true, true, false>(const Call&, const Chunk&, ColumnStage&);  \
+  template void quantize_chunk_avx2<kIn, true, true, true>(const Call&, const Chunk&, ColumnStage&);   \
   template void quantize_chunk_avx2<kIn, true, false, false>(const Call&, const Chunk&, ColumnStage&); \
   template void quantize_chunk_avx2<kIn, false, true, false>(const Call&, const Chunk&, ColumnStage&);
 MICROSCALE_NVFP4_CHUNK_AVX2(DType::BF16)

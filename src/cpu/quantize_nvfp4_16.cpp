@@ -20,6 +20,8 @@
 //   3. codes:  row by row, both directions. Rowwise codes are packed two per byte; columnwise,
 //              row i's code goes to nibble i % 4 of one of four 16-bit accumulators per column,
 //              which make the column's 8 bytes of the band without a transpose.
+// On CPUs with AVX2 (kernel_set() Avx2 or better) whole bands' chunks run in AVX2 instead
+// (nvfp4_chunk_avx2.cpp, the same bytes); the unit and what it writes are in nvfp4_16_chunk.hpp.
 // Threads take groups of 8 bands; a group's columnwise bytes are staged per thread and written as
 // one 64-byte piece per columnwise row (a whole line) instead of 8 pieces of 8 bytes. Outputs of
 // 8 MiB and more are written by streaming stores.
