@@ -26,6 +26,9 @@ constexpr int kBlock = 16;                         // NVFP4 block; also the rows
 constexpr int kChunkCols = 256;                    // columns of a chunk
 constexpr int kChunkBlocks = kChunkCols / kBlock;  // rowwise blocks per row of a chunk
 constexpr int kGroupBands = 8;                     // 8 bytes per band: a 64-byte columnwise line
+// A chunk prefetches the same columns of the next chunk of its band (the hardware prefetchers do
+// not follow 16 rows read side by side).
+constexpr int64_t kPrefetchBytes = kChunkCols * 2;
 
 // One direction's global scales, from its amax (numerics-te.md §1.2).
 struct Direction {

@@ -38,8 +38,6 @@
 namespace microscale::cpu::nvfp4_16 {
 namespace {
 
-constexpr int64_t kPrefetchBytes = kChunkCols * 2;  // one chunk ahead, as the plain chunk
-
 // What both directions' codes need of 16 elements.
 struct Lanes {
   __m256i a;     // |x| patterns (NaN patterns included)

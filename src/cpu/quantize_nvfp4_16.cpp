@@ -62,8 +62,7 @@ using nvfp4_16::kBlock;
 using nvfp4_16::kChunkBlocks;
 using nvfp4_16::kChunkCols;
 using nvfp4_16::kGroupBands;
-
-constexpr int64_t kPrefetchBytes = kChunkCols * 2;  // one chunk ahead
+using nvfp4_16::kPrefetchBytes;
 
 Direction make_direction(float amax) {
   const float s_enc = nvfp4_global_encode_scale(amax);
