@@ -18,6 +18,10 @@
 // attributes), and run where kernel_set() says Avx2 or better.
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
 #define MICROSCALE_HAVE_AVX2_KERNELS 1
+// On the AVX2 functions (not -mavx2 for their files, so nothing else of the library is compiled
+// for AVX2); they run only after kernel_set() has seen AVX2 on the CPU.
+#define MICROSCALE_AVX2 __attribute__((target("avx2,f16c")))
+#define MICROSCALE_AVX2_INLINE MICROSCALE_AVX2 __attribute__((always_inline)) inline
 #endif
 
 namespace microscale::cpu::nvfp4_16 {
@@ -83,10 +87,31 @@ MICROSCALE_CPU_INLINE uint8_t block_scale_code(float amax, const Direction& d) {
   return E4M3Codec::encode_rn(min_nonnegative(amax * d.multiplier, FLT_MAX));  // amax >= 0
 }
 
+// Prefetches the columns of the chunk after `c` in its band, if one follows: the hardware
+// prefetchers do not follow 16 rows read side by side.
+MICROSCALE_CPU_INLINE void prefetch_next_chunk(const Call& call, const Chunk& c) {
+  if (!c.prefetch_next) return;
+  for (int i = 0; i < kBlock; ++i) {
+    const char* next = reinterpret_cast<const char*>(c.src + i * call.stride + kChunkCols);
+    for (int64_t l = 0; l < kPrefetchBytes; l += 64) __builtin_prefetch(next + l, 0, 3);
+  }
+}
+
 /// One chunk in AVX2 (nvfp4_chunk_avx2.cpp): the same bytes as quantize_nvfp4_16.cpp's
 /// quantize_chunk. Only where the CPU has AVX2. kSameCodes: 16 x 16 tiles with one global scale
 /// for both directions (an element's two codes are equal).
 template <DType kIn, bool kRows, bool kCols, bool kSameCodes>
 void quantize_chunk_avx2(const Call& call, const Chunk& c, ColumnStage& stage);
+
+/// The columnwise blocks of one chunk through the RHT in AVX2 (nvfp4_rht_avx2.cpp; bf16 input,
+/// call.rht set): the same bytes as quantize_nvfp4_16.cpp's rht_band_patterns and
+/// encode_rht_columns give for the chunk's columns. Only where the CPU has AVX2.
+void quantize_rht_chunk_avx2(const Call& call, const Chunk& c, ColumnStage& stage);
+
+/// rht_band_max_abs (rht_band.hpp) of a band of bf16 rows in AVX2: max(at_least, the largest
+/// |output| of the RHT of the 16 rows at `src` (row stride `stride` elements, k columns, k a
+/// multiple of 16), NaN outputs ignored). Only where the CPU has AVX2.
+float rht_band_max_abs_avx2(const uint16_t* src, int64_t stride, int64_t k, const RhtCoefficients& t,
+                            float at_least);
 
 }  // namespace microscale::cpu::nvfp4_16

@@ -20,8 +20,7 @@
 //              columns' 8 bytes of the band.
 // 5.7 instructions per element instead of 7.8; whole bands only (a rowwise-only call's last band
 // may be short: the plain chunk takes it).
-// Functions carry a target attribute (not -mavx2 for the file), so nothing else of the library
-// is compiled for AVX2; they run only after kernel_set() has seen AVX2 on the CPU.
+// Functions carry a target attribute (MICROSCALE_AVX2, nvfp4_16_chunk.hpp).
 #include "cpu/nvfp4_16_chunk.hpp"
 
 #ifdef MICROSCALE_HAVE_AVX2_KERNELS
@@ -31,9 +30,6 @@
 #include <cstring>
 
 #include "cpu/input16.hpp"
-
-#define MICROSCALE_AVX2 __attribute__((target("avx2,f16c")))
-#define MICROSCALE_AVX2_INLINE MICROSCALE_AVX2 __attribute__((always_inline)) inline
 
 namespace microscale::cpu::nvfp4_16 {
 namespace {
@@ -211,12 +207,7 @@ MICROSCALE_AVX2 void chunk_avx2(const Call& call, const Chunk& c, ColumnStage& s
   // 1. Maxes: col_max[j] for column j, row_max[b * 16 + i] for row i of block b.
   alignas(32) uint16_t col_max[kChunkCols];
   alignas(32) uint16_t row_max[kChunkBlocks * kBlock];
-  if (c.prefetch_next) {  // the hardware prefetchers do not follow 16 rows read side by side
-    for (int i = 0; i < kBlock; ++i) {
-      const char* next = reinterpret_cast<const char*>(c.src + i * stride + kChunkCols);
-      for (int64_t l = 0; l < kPrefetchBytes; l += 64) _mm_prefetch(next + l, _MM_HINT_T0);
-    }
-  }
+  prefetch_next_chunk(call, c);
   for (int b = 0; b < blocks; ++b) {
     const uint16_t* block = c.src + b * kBlock;
     __m256i m[kBlock];

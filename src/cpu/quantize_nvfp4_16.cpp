@@ -26,7 +26,7 @@
 // one 64-byte piece per columnwise row (a whole line) instead of 8 pieces of 8 bytes. Outputs of
 // 8 MiB and more are written by streaming stores.
 // With the RHT, the columnwise blocks come from the band's transform (rht_band.hpp) instead of its
-// rows: see encode_rht_columns.
+// rows: see encode_rht_columns (in AVX2: nvfp4_rht_avx2.cpp).
 #include "cpu/quantize_nvfp4_16.hpp"
 
 #include <algorithm>
@@ -316,7 +316,7 @@ void quantize_groups(const Call& call, int threads) {
       stage.data.resize(static_cast<size_t>(call.k * kGroupBands));
       stage.scale.resize(static_cast<size_t>(call.k * kGroupBands));
     }
-    RhtScratch rht(kRht ? call.k : 0);
+    RhtScratch rht(kRht && !call.avx2 ? call.k : 0);
 #pragma omp for schedule(static)
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t first_band = g * kGroupBands;
@@ -331,19 +331,25 @@ void quantize_groups(const Call& call, int threads) {
           c.col0 = col0;
           c.cols = static_cast<int>(std::min<int64_t>(kChunkCols, call.k - col0));
           c.prefetch_next = col0 + kChunkCols < call.k;
-          if constexpr (kRows || !kRht) {
+          bool avx2 = false;
 #ifdef MICROSCALE_HAVE_AVX2_KERNELS
-            if (call.avx2 && c.rows == kBlock) {  // whole bands (a rowwise-only call's last may not be)
-              nvfp4_16::quantize_chunk_avx2<kIn, kRows, kCols && !kRht, kSameCodes>(call, c, stage);
-              continue;
-            }
+          avx2 = call.avx2 && c.rows == kBlock;  // whole bands (a rowwise-only call's last may not be)
+          if constexpr (kRht) {
+            if (avx2) nvfp4_16::quantize_rht_chunk_avx2(call, c, stage);
+          }
+          if constexpr (kRows || !kRht) {
+            if (avx2) nvfp4_16::quantize_chunk_avx2<kIn, kRows, kCols && !kRht, kSameCodes>(call, c, stage);
+          }
 #endif
-            quantize_chunk<kIn, kRows, kCols && !kRht, kSameCodes>(call, c, stage);
+          if constexpr (kRows || !kRht) {
+            if (!avx2) quantize_chunk<kIn, kRows, kCols && !kRht, kSameCodes>(call, c, stage);
           }
         }
         if constexpr (kRht) {
-          rht_band_patterns(call, first_band + bi, rht);
-          encode_rht_columns(call, rht.y.data(), bi, stage);
+          if (!call.avx2) {
+            rht_band_patterns(call, first_band + bi, rht);
+            encode_rht_columns(call, rht.y.data(), bi, stage);
+          }
         }
       }
       if (kCols) flush_columns(call, stage, first_band, group_bands);
@@ -358,6 +364,10 @@ template <DType kIn>
 void quantize_with_input(const InputMatrix& x, const QuantizeOptions& o, QuantizedTensor& out) {
   const int threads = thread_count(o.num_threads);
   const auto* src = static_cast<const uint16_t*>(x.data);
+  bool avx2 = false;  // the AVX2 forms of the chunks and of the RHT
+#ifdef MICROSCALE_HAVE_AVX2_KERNELS
+  avx2 = kernel_set() >= KernelSet::Avx2;
+#endif
 
   // Pass 1: max |x| (rowwise; columnwise too without the RHT) and max |RHT(x)| (columnwise with
   // it), unless given.
@@ -373,12 +383,20 @@ void quantize_with_input(const InputMatrix& x, const QuantizeOptions& o, Quantiz
 #pragma omp parallel num_threads(threads) reduction(max : amax_bits, rht_amax_bits)
     {
       const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
-      std::vector<float> band(static_cast<size_t>(kBlock * x.cols));
+      std::vector<float> band(avx2 ? 0 : static_cast<size_t>(kBlock * x.cols));
       float running = 0.0f;
 #pragma omp for schedule(static)
       for (int64_t b = 0; b < x.rows / kBlock; ++b) {
-        load_rows(x, b * kBlock, kBlock, band.data());
-        running = rht_band_max_abs(band.data(), x.cols, rht_tables, running);
+#ifdef MICROSCALE_HAVE_AVX2_KERNELS
+        if (avx2) {
+          running = nvfp4_16::rht_band_max_abs_avx2(src + b * kBlock * x.row_stride, x.row_stride, x.cols,
+                                                    rht_tables, running);
+        }
+#endif
+        if (!avx2) {
+          load_rows(x, b * kBlock, kBlock, band.data());
+          running = rht_band_max_abs(band.data(), x.cols, rht_tables, running);
+        }
         if (need_amax) {  // the band's rows are in cache
           for (int64_t r = b * kBlock; r < (b + 1) * kBlock; ++r)
             amax_bits = std::max(amax_bits, max_magnitude_bits<kIn>(src + r * x.row_stride, x.cols));
@@ -400,9 +418,7 @@ void quantize_with_input(const InputMatrix& x, const QuantizeOptions& o, Quantiz
   E2m1Thresholds row_thresholds, col_thresholds;
   nvfp4_16::E2m1ThresholdPairs row_threshold_pairs;
   Call call{};
-#ifdef MICROSCALE_HAVE_AVX2_KERNELS
-  call.avx2 = kernel_set() >= KernelSet::Avx2;
-#endif
+  call.avx2 = avx2;
   call.src = src;
   call.stride = x.row_stride;
   call.m = x.rows;

@@ -38,7 +38,7 @@ constexpr int64_t kChunk = 64;  // columns transformed together
 // vectorised across columns, gives the reference's bits for every column whose nonzero inputs
 // are bf16 values, normal, below 2^121 and within 12 binades: each partial sum is then a multiple
 // of 2^(emin - 9) below 2^(emax + 3), exact in fp32's 24 bits, and so is the double sum of the
-// reference. The other columns (a few in a thousand for Gaussian data) go to rht_column.
+// reference. The other columns (a few in a thousand for Gaussian data) go to rht_column_exact.
 MICROSCALE_CPU_INLINE void rht_chunk(const float* band, int64_t k, int64_t c0, int64_t w,
                                      const RhtCoefficients& t, float* out) {
   float z[kBlock][kChunk];
@@ -84,12 +84,29 @@ MICROSCALE_CPU_INLINE void rht_chunk(const float* band, int64_t k, int64_t c0, i
       // The sum is exact in fp32, so the reference's truncation to fp32 changes nothing.
       for (int j = 0; j < kBlock; ++j) y[j] = bf16_to_float(float_to_bf16(z[j][c]));
     } else {
-      rht_column(band + c0 + c, k, t, !special[c] && span <= (wide[c] ? 25u : 40u), y);
+      rht_column_exact(band + c0 + c, k, t, y);
     }
   }
 }
 
 }  // namespace
+
+void rht_column_exact(const float* x, int64_t stride, const RhtCoefficients& t, float* out) {
+  // The terms of rht_chunk's tests for one column (see rht_column).
+  uint32_t emax = 0, emin = 255;
+  bool special = false, wide = false;
+  for (int i = 0; i < kBlock; ++i) {
+    const uint32_t u = float_bits(x[i * stride]);
+    const uint32_t e = (u >> 23) & 0xFFu;
+    if ((u & 0x7FFFFFFFu) == 0) continue;
+    special = special || e == 0u || e == 255u;
+    wide = wide || (u & 0xFFFFu) != 0;
+    emax = std::max(emax, e);
+    emin = std::min(emin, e);
+  }
+  const uint32_t span = emax < emin ? 0 : emax - emin;
+  rht_column(x, stride, t, !special && span <= (wide ? 25u : 40u), out);
+}
 
 MICROSCALE_CPU_DISPATCH void rht_band(const float* band, int64_t k, const RhtCoefficients& t, float* tile) {
   for (int64_t c0 = 0; c0 < k; c0 += kChunk)

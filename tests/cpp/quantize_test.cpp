@@ -131,8 +131,13 @@ TEST(Quantize, FastEqualsReferencePaddedRows) {
       QuantizeOptions o;
       o.scheme = scheme;
       o.rowwise = o.columnwise = true;
-      expect_fast_equals_ref(padded, o,
-                             std::string(scheme_name(scheme)) + " " + std::string(dtype_name(dtype)));
+      for (bool rht : {false, true}) {
+        if (rht && (scheme != Scheme::NVFP4 || dtype != DType::BF16)) continue;
+        o.rht = rht;
+        expect_fast_equals_ref(
+            padded, o,
+            std::string(scheme_name(scheme)) + " " + std::string(dtype_name(dtype)) + (rht ? " rht" : ""));
+      }
     }
   }
 }
