@@ -10,19 +10,10 @@
 #include "core/element_codec.hpp"
 #include "core/input_matrix.hpp"
 #include "core/scale_math.hpp"
+#include "cpu/avx2.hpp"  // MICROSCALE_HAVE_AVX2_KERNELS
 #include "cpu/cpu_dispatch.hpp"
 #include "cpu/e2m1_thresholds.hpp"
 #include "cpu/rht.hpp"
-
-// The AVX2 chunk is built where the AVX-512 kernels are (x86-64, GCC or Clang: target
-// attributes), and run where kernel_set() says Avx2 or better.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
-#define MICROSCALE_HAVE_AVX2_KERNELS 1
-// On the AVX2 functions (not -mavx2 for their files, so nothing else of the library is compiled
-// for AVX2); they run only after kernel_set() has seen AVX2 on the CPU.
-#define MICROSCALE_AVX2 __attribute__((target("avx2,f16c")))
-#define MICROSCALE_AVX2_INLINE MICROSCALE_AVX2 __attribute__((always_inline)) inline
-#endif
 
 namespace microscale::cpu::nvfp4_16 {
 

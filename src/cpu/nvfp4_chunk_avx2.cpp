@@ -29,6 +29,7 @@
 
 #include <cstring>
 
+#include "cpu/avx2.hpp"  // lane_maxes
 #include "cpu/input16.hpp"
 
 namespace microscale::cpu::nvfp4_16 {
@@ -63,29 +64,6 @@ MICROSCALE_AVX2_INLINE __m256i codes(const Lanes& l, const __m256i (&t)[8]) {
 #pragma GCC unroll 7
   for (int k = 1; k < 8; ++k) code = _mm256_sub_epi16(code, _mm256_cmpgt_epi16(l.a, t[k]));
   return code;
-}
-
-// Lane i: the max of the 16 lanes of m[i]. Each level interleaves pairs and takes the max, which
-// halves the vectors and the lanes each row spans: 8 + 4 + 2 + 1 pairs.
-MICROSCALE_AVX2_INLINE __m256i lane_maxes(const __m256i (&m)[16]) {
-  __m256i s1[8], s2[4], s3[2];
-#pragma GCC unroll 8
-  for (int p = 0; p < 8; ++p) {  // 16-bit pairs (row 2p, row 2p + 1)
-    s1[p] = _mm256_max_epi16(_mm256_unpacklo_epi16(m[2 * p], m[2 * p + 1]),
-                             _mm256_unpackhi_epi16(m[2 * p], m[2 * p + 1]));
-  }
-#pragma GCC unroll 4
-  for (int q = 0; q < 4; ++q) {  // 64-bit groups of rows 4q .. 4q + 3
-    s2[q] = _mm256_max_epi16(_mm256_unpacklo_epi32(s1[2 * q], s1[2 * q + 1]),
-                             _mm256_unpackhi_epi32(s1[2 * q], s1[2 * q + 1]));
-  }
-#pragma GCC unroll 2
-  for (int r = 0; r < 2; ++r) {  // rows 8r .. 8r + 7 in order, per 128-bit half
-    s3[r] = _mm256_max_epi16(_mm256_unpacklo_epi64(s2[2 * r], s2[2 * r + 1]),
-                             _mm256_unpackhi_epi64(s2[2 * r], s2[2 * r + 1]));
-  }
-  return _mm256_max_epi16(_mm256_permute2x128_si256(s3[0], s3[1], 0x20),
-                          _mm256_permute2x128_si256(s3[0], s3[1], 0x31));
 }
 
 // The rowwise codes of 4 rows (16 codes each, < 16) packed two per byte: row r's 8 bytes at

@@ -5,6 +5,8 @@
 // set the NVFP4 amaxes. Scale swizzling happens afterwards in the core.
 #pragma once
 
+#include <cstdint>
+
 #include "core/input_matrix.hpp"
 #include "core/scale_math.hpp"
 #include "core/scale_rule.hpp"
@@ -16,6 +18,12 @@ namespace microscale::cpu {
 /// kernel writes whole aligned lines: they cannot stay cached anyway, and a streamed whole line
 /// skips the read for ownership (measured on the AVX-512 kernels and the portable NVFP4 one).
 constexpr int64_t kStreamBytes = int64_t{8} << 20;
+
+/// Whether an output of `bytes`, written as whole lines that start on multiples of `row_bytes`
+/// from `base`, is streamed: kStreamBytes and more, and the lines aligned.
+inline bool streamable(int64_t bytes, int64_t row_bytes, const void* base) {
+  return bytes >= kStreamBytes && row_bytes % 64 == 0 && reinterpret_cast<uintptr_t>(base) % 64 == 0;
+}
 
 /// An MX element format's terms of mx_scale_byte, and the scale rule (the portable MX kernels').
 struct MxParams {

@@ -14,85 +14,45 @@
 //               32-column block its max (rowwise blocks); the patterns order as their magnitudes,
 //               and a NaN pattern is above Inf's, so a NaN gives a NaN amax as torch.amax does;
 //   2. scales:  each block's E8M0 byte (mx_scale_byte_branch_free on the widened amax: a loop
-//               over blocks that vectorises) and its terms (mx16_terms; blocks with a NaN scale
-//               have every lane outside the normal form);
+//               over blocks that vectorises) and its terms, looked up by the byte (TermTable:
+//               mx16_terms; blocks with a NaN scale have every lane outside the normal form);
 //   3. encode:  (FP8) row by row, both directions' codes by mx16_code_normal; in a row with a lane
 //               outside the normal form (format or input subnormals, Inf/NaN blocks: rare for FP8)
 //               each block holding one is encoded again as the fp32 path does
 //               (mx16_code_general, in fp32 lanes) and those lanes taken from it.
+// On CPUs with AVX2 (kernel_set() Avx2 or better) whole bands' FP8 chunks run in AVX2 instead
+// (mx16_chunk_avx2.cpp, the same bytes); the unit and the steps both share are in mx16_chunk.hpp.
 #include "cpu/quantize_mx16.hpp"
 
 #include <algorithm>
 #include <type_traits>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>  // SSE2: the fence after streaming stores
+#endif
 
 #include "core/fp_environment.hpp"
 #include "cpu/cpu_dispatch.hpp"
 #include "cpu/e2m1_thresholds.hpp"
 #include "cpu/encode_fast.hpp"
 #include "cpu/input16.hpp"
+#include "cpu/kernel_set.hpp"
+#include "cpu/mx16_chunk.hpp"
 #include "cpu/mx16_form.hpp"
 #include "cpu/row_loader.hpp"  // thread_count
 
 namespace microscale::cpu {
 namespace {
 
-constexpr int kBlock = 32;                          // MX block; also the rows of a band
-constexpr int kChunkCols = 256;                     // columns of a chunk
-constexpr int kChunkBlocks = kChunkCols / kBlock;   // rowwise blocks per row of a chunk
-constexpr int64_t kPrefetchBytes = kChunkCols * 2;  // one chunk ahead
-
-// One chunk of a band and where its outputs go (row_data / col_data null: not requested).
-struct Chunk {
-  const uint16_t* src;  // [rows, cols] at row stride `stride` (elements)
-  int64_t stride;
-  int rows;            // <= 32; 32 when columnwise
-  int cols;            // a multiple of 32, <= kChunkCols
-  bool prefetch_next;  // a chunk follows in this band
-  MxParams p;
-  const MxE2m1Thresholds* fp4_thresholds;  // MXFP4 (quantize_chunk_fp4)
-  // Rowwise: chunk row i at row_data + i * data_stride, its block bytes at row_scale + i * row_scale_stride.
-  uint8_t* row_data;
-  uint8_t* row_scale;
-  int64_t row_scale_stride;
-  // Columnwise: chunk row i at col_data + i * data_stride; the band's scale row at col_scale.
-  uint8_t* col_data;
-  uint8_t* col_scale;
-  int64_t data_stride;  // bytes: K, or K / 2 for FP4 codes (two per byte)
-};
-
-// A block's E8M0 byte from the max |x| pattern of the block (a NaN pattern gives 0xFF).
-template <DType kIn, MxScaleRule kRule>
-MICROSCALE_CPU_INLINE uint8_t block_scale_byte(uint16_t max_bits, const MxParams& p) {
-  return mx_scale_byte_branch_free<kRule>(widen16<kIn>(max_bits), p.emax, p.mantissa_bits, p.max_normal);
-}
-
-// A block's scale byte and its terms, from the max |x| pattern of the block.
-template <typename Codec, DType kIn, MxScaleRule kRule>
-MICROSCALE_CPU_INLINE void block_terms(uint16_t max_bits, const MxParams& p, uint8_t* scale, float* inverse,
-                                       uint16_t* lower, uint16_t* limit) {
-  const uint8_t s = block_scale_byte<kIn, kRule>(max_bits, p);
-  const Mx16Terms t = mx16_terms<Codec, kIn>(s);
-  *scale = s;
-  *inverse = mx_inverse_scale(s);
-  *lower = t.lower;
-  *limit = s == 0xFF ? kMx16AllOutside.limit : t.limit;
-}
-
-// The code of any lane, as the fp32 path encodes it (`inverse`: mx_inverse_scale of its block).
-template <typename Codec, DType kIn>
-MICROSCALE_CPU_INLINE uint8_t mx16_code_general(uint16_t x, float inverse) {
-  return static_cast<uint8_t>(Codec::encode_rn(mx_scaled_element(widen16<kIn>(x), inverse)));
-}
-
-// Terms of blocks: the columnwise ones per lane of a chunk row, the rowwise ones per block of a
-// chunk (q = row * kChunkBlocks + block).
-struct Terms {
-  alignas(64) uint16_t lower[kChunkCols];
-  alignas(64) uint16_t limit[kChunkCols];
-  alignas(64) uint8_t scale[kChunkCols];
-  alignas(64) float inverse[kChunkCols];
-};
-static_assert(kBlock * kChunkBlocks <= kChunkCols);  // the rowwise terms of a chunk fit
+using mx16::block_scale_byte;
+using mx16::Chunk;
+using mx16::chunk_terms;
+using mx16::fix_outside;
+using mx16::kBlock;
+using mx16::kChunkBlocks;
+using mx16::kChunkCols;
+using mx16::kPrefetchBytes;
+using mx16::Terms;
 
 // One chunk row's codes in the requested directions (kRow, kCol): rowwise with the terms of its
 // blocks (row_terms from index `first_block`), columnwise with each lane's. Returns whether a lane
@@ -128,35 +88,6 @@ MICROSCALE_CPU_INLINE bool encode_row(const uint16_t* __restrict x, int blocks, 
   uint8_t any = 0;
   for (uint8_t o : outside) any |= o;
   return any != 0;
-}
-
-// The lanes of a chunk row outside the normal form, encoded as the fp32 path does: rowwise with
-// the terms of its blocks (from `first_block`), or columnwise (kPerLane) with each lane's. Blocks
-// are tested first; a block holding such a lane is encoded whole in fp32 lanes and blended.
-// NOTE: vectorised, not lane by lane: a scalar walk took 9 % of the MXFP8 time (a Gaussian row of
-// 256 has a lane below the E4M3 normal range about one time in 14), and made MXFP4 6x slower than
-// the fp32 kernel when this kernel took FP4 (see mx16_applies).
-template <typename Codec, DType kIn, bool kPerLane>
-MICROSCALE_CPU_INLINE void fix_outside(const uint16_t* __restrict x, int blocks, const Terms& t,
-                                       int first_block, uint8_t* __restrict out) {
-  for (int b = 0; b < blocks; ++b) {
-    const int first = b * kBlock;
-    const uint16_t block_limit = kPerLane ? 0 : t.limit[first_block + b];
-    const float block_inverse = kPerLane ? 0.0f : t.inverse[first_block + b];
-    uint8_t any = 0;
-    for (int j = 0; j < kBlock; ++j)
-      any |= static_cast<uint8_t>(mx16_outside(x[first + j], kPerLane ? t.limit[first + j] : block_limit));
-    if (any == 0) continue;
-    for (int j = 0; j < kBlock; ++j) {
-      const int lane = first + j;
-      const uint8_t general =
-          mx16_code_general<Codec, kIn>(x[lane], kPerLane ? t.inverse[lane] : block_inverse);
-      // A mask, not a `?:` (which GCC 12 left as a branch here).
-      const auto take = static_cast<uint8_t>(
-          0u - static_cast<unsigned>(mx16_outside(x[lane], kPerLane ? t.limit[lane] : block_limit)));
-      out[lane] = static_cast<uint8_t>((general & take) | (out[lane] & ~take));
-    }
-  }
 }
 
 // Step 1 of a chunk: col_max[j], the max |x| pattern of column j over the chunk's rows, and
@@ -197,19 +128,7 @@ MICROSCALE_CPU_DISPATCH void quantize_chunk(const Chunk& c) {
 
   // 2. Scales and terms.
   Terms col, row;
-  if (columnwise) {
-    for (int j = 0; j < c.cols; ++j)
-      block_terms<Codec, kIn, kRule>(col_max[j], c.p, &col.scale[j], &col.inverse[j], &col.lower[j],
-                                     &col.limit[j]);
-    std::copy_n(col.scale, c.cols, c.col_scale);
-  }
-  if (rowwise) {
-    for (int q = 0; q < c.rows * kChunkBlocks; ++q)
-      block_terms<Codec, kIn, kRule>(row_max[q], c.p, &row.scale[q], &row.inverse[q], &row.lower[q],
-                                     &row.limit[q]);
-    for (int i = 0; i < c.rows; ++i)
-      std::copy_n(row.scale + i * kChunkBlocks, blocks, c.row_scale + i * c.row_scale_stride);
-  }
+  chunk_terms<kIn, kRule>(c, col_max, row_max, col, row);
 
   // 3. Encode, row by row.
   for (int i = 0; i < c.rows; ++i) {
@@ -307,18 +226,31 @@ MICROSCALE_CPU_DISPATCH void quantize_chunk_fp4(const Chunk& c) {
   }
 }
 
-// The chunk kernel of a codec, input type and scale rule: MXFP4 by thresholds, FP8 by the 16-bit form.
+#ifdef MICROSCALE_HAVE_AVX2_KERNELS
+// An FP8 chunk in AVX2 where it is a whole band (mx16_chunk_avx2.cpp), else in plain C++.
+template <typename Codec, DType kIn, MxScaleRule kRule>
+void quantize_chunk_fp8_avx2(const Chunk& c) {
+  if (c.rows == kBlock) return mx16::quantize_chunk_avx2<Codec, kIn, kRule>(c);
+  quantize_chunk<Codec, kIn, kRule>(c);
+}
+#endif
+
+// The chunk kernel of a codec, input type and scale rule: MXFP4 by thresholds, FP8 by the 16-bit
+// form (in AVX2 where kernel_set() says Avx2 or better).
 template <typename Codec, DType kIn, MxScaleRule kRule>
 auto kernel_of() -> void (*)(const Chunk&) {
   if constexpr (std::is_same_v<Codec, E2M1Codec>) {
     return &quantize_chunk_fp4<kIn, kRule>;
   } else {
+#ifdef MICROSCALE_HAVE_AVX2_KERNELS
+    if (kernel_set() >= KernelSet::Avx2) return &quantize_chunk_fp8_avx2<Codec, kIn, kRule>;
+#endif
     return &quantize_chunk<Codec, kIn, kRule>;
   }
 }
 
 // Every band of 32 rows (the last may be short: rowwise-only input), chunk after chunk; the
-// kernel of the scale rule picked once per call.
+// kernel of the scale rule (and kernel set) picked once per call.
 template <typename Codec, DType kIn>
 void quantize_with(const InputMatrix& x, const QuantizeOptions& o, const MxParams& p, QuantizedTensor& out) {
   constexpr bool kFp4 = std::is_same_v<Codec, E2M1Codec>;
@@ -332,7 +264,13 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, const MxParam
     case MxScaleRule::RCeil: chunk = kernel_of<Codec, kIn, MxScaleRule::RCeil>(); break;
   }
   const MxE2m1Thresholds* thresholds = kFp4 ? &mx_e2m1_thresholds(kIn) : nullptr;
+  mx16::TermTable terms{};
+  if constexpr (!kFp4) terms = mx16::term_table<Codec, kIn>();
   const int64_t bands = (m + kBlock - 1) / kBlock;  // columnwise: M % 32 == 0 is checked
+  // The AVX2 chunk streams whole chunks' rows of large outputs (both have M x K bytes).
+  const auto streams = [&](const Tensor& data) { return streamable(m * data_cols, data_cols, data.data()); };
+  const bool stream =
+      !kFp4 && (!o.rowwise || streams(out.rowwise_data)) && (!o.columnwise || streams(out.columnwise_data));
 #pragma omp parallel num_threads(thread_count(o.num_threads))
   {
     const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
@@ -345,12 +283,14 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, const MxParam
       c.rows = static_cast<int>(std::min<int64_t>(kBlock, m - first_row));
       c.p = p;
       c.fp4_thresholds = thresholds;
+      c.terms = &terms;
       c.data_stride = data_cols;
       c.row_scale_stride = k / kBlock;
       for (int64_t col = 0; col < k; col += kChunkCols) {
         const int64_t data_col = kFp4 ? col / 2 : col;
         c.cols = static_cast<int>(std::min<int64_t>(kChunkCols, k - col));
         c.prefetch_next = col + kChunkCols < k;
+        c.stream = stream && c.cols == kChunkCols;
         if (o.rowwise) {
           c.row_data =
               out.rowwise_data.data_as<uint8_t>() + first_row * data_cols + data_col;  // (M, K or K/2)
@@ -366,6 +306,9 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, const MxParam
         c.src += kChunkCols;
       }
     }
+#if defined(__SSE2__)
+    if (stream) _mm_sfence();  // streamed stores are weakly ordered
+#endif
   }
 }
 

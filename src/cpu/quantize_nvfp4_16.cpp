@@ -46,7 +46,7 @@
 #include "cpu/input16.hpp"
 #include "cpu/kernel_set.hpp"
 #include "cpu/nvfp4_16_chunk.hpp"
-#include "cpu/quantize_kernels.hpp"  // kStreamBytes
+#include "cpu/quantize_kernels.hpp"  // streamable
 #include "cpu/rht.hpp"
 #include "cpu/rht_band.hpp"
 #include "cpu/row_loader.hpp"  // load_rows, thread_count
@@ -216,12 +216,6 @@ MICROSCALE_CPU_DISPATCH void quantize_chunk(const Call& call, const Chunk& c, Co
                               (uint64_t{col_acc[2][j]} << 32) | (uint64_t{col_acc[3][j]} << 48);
     }
   }
-}
-
-// Whether an output of `bytes`, written as whole lines that start on multiples of `row_bytes`
-// from `base`, is streamed: 8 MiB and more, and the lines aligned.
-bool streamable(int64_t bytes, int64_t row_bytes, const uint8_t* base) {
-  return bytes >= kStreamBytes && row_bytes % 64 == 0 && reinterpret_cast<uintptr_t>(base) % 64 == 0;
 }
 
 // A group's staged columnwise bytes to the outputs: `bands` (<= 8) bands from `first_band`.

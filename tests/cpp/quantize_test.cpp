@@ -73,6 +73,17 @@ TEST(Quantize, FastEqualsReferenceMx) {
   }
 }
 
+TEST(Quantize, FastEqualsReferenceMxStreamedOutputs) {
+  // Outputs of kStreamBytes (8 MiB) and more are written by streaming stores (the AVX2 FP8 chunk),
+  // after a row's codes are mended in cache: 2048 x 4096 codes per direction.
+  const Tensor x = random_tensor(DType::BF16, {2048, 4096}, Fill::Heavy, 77);
+  QuantizeOptions o;
+  o.scheme = Scheme::MXFP8_E4M3;
+  o.rowwise = o.columnwise = true;
+  o.num_threads = 2;
+  expect_fast_equals_ref(x.view(), o, "mxfp8_e4m3 2048x4096");
+}
+
 // One direction at a time: the 16-bit MX kernels encode both directions from one pass over a chunk.
 TEST(Quantize, FastEqualsReferenceMxOneDirection) {
   uint32_t seed = 700;
@@ -91,6 +102,13 @@ TEST(Quantize, FastEqualsReferenceMxOneDirection) {
             expect_fast_equals_ref(x.view(), o, what);
           }
         }
+        // Rowwise only, the last band short of 32 rows (the AVX2 FP8 chunk takes whole bands).
+        const Tensor x = random_tensor(dtype, {40, 96}, fill, seed++);
+        QuantizeOptions o;
+        o.scheme = scheme;
+        expect_fast_equals_ref(
+            x.view(), o,
+            std::string(scheme_name(scheme)) + " " + std::string(dtype_name(dtype)) + " rowwise 40x96");
       }
     }
   }

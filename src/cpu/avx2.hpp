@@ -1,0 +1,47 @@
+// What the AVX2 kernel set (kernel_set.hpp) is built with: where it is built, the target
+// attribute of its functions, and the helpers its kernels share.
+#pragma once
+
+// The AVX2 kernels are built where the AVX-512 kernels are (x86-64, GCC or Clang: target
+// attributes), and run where kernel_set() says Avx2 or better.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#define MICROSCALE_HAVE_AVX2_KERNELS 1
+#endif
+
+#ifdef MICROSCALE_HAVE_AVX2_KERNELS
+
+#include <immintrin.h>
+
+// On the AVX2 functions (not -mavx2 for their files, so nothing else of the library is compiled
+// for AVX2); they run only after kernel_set() has seen AVX2 on the CPU.
+#define MICROSCALE_AVX2 __attribute__((target("avx2,f16c")))
+#define MICROSCALE_AVX2_INLINE MICROSCALE_AVX2 __attribute__((always_inline)) inline
+
+namespace microscale::cpu {
+
+// Lane i: the max of the 16 lanes of m[i]. Each level interleaves pairs and takes the max, which
+// halves the vectors and the lanes each row spans: 8 + 4 + 2 + 1 pairs.
+MICROSCALE_AVX2_INLINE __m256i lane_maxes(const __m256i (&m)[16]) {
+  __m256i s1[8], s2[4], s3[2];
+#pragma GCC unroll 8
+  for (int p = 0; p < 8; ++p) {  // 16-bit pairs (row 2p, row 2p + 1)
+    s1[p] = _mm256_max_epi16(_mm256_unpacklo_epi16(m[2 * p], m[2 * p + 1]),
+                             _mm256_unpackhi_epi16(m[2 * p], m[2 * p + 1]));
+  }
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; ++q) {  // 64-bit groups of rows 4q .. 4q + 3
+    s2[q] = _mm256_max_epi16(_mm256_unpacklo_epi32(s1[2 * q], s1[2 * q + 1]),
+                             _mm256_unpackhi_epi32(s1[2 * q], s1[2 * q + 1]));
+  }
+#pragma GCC unroll 2
+  for (int r = 0; r < 2; ++r) {  // rows 8r .. 8r + 7 in order, per 128-bit half
+    s3[r] = _mm256_max_epi16(_mm256_unpacklo_epi64(s2[2 * r], s2[2 * r + 1]),
+                             _mm256_unpackhi_epi64(s2[2 * r], s2[2 * r + 1]));
+  }
+  return _mm256_max_epi16(_mm256_permute2x128_si256(s3[0], s3[1], 0x20),
+                          _mm256_permute2x128_si256(s3[0], s3[1], 0x31));
+}
+
+}  // namespace microscale::cpu
+
+#endif  // MICROSCALE_HAVE_AVX2_KERNELS

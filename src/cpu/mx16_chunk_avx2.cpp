@@ -1,0 +1,213 @@
+// One FP8 chunk of the MX 16-bit kernel (quantize_mx16.cpp) in AVX2: the same bytes as its plain
+// C++ quantize_chunk, for CPUs with AVX2 and without AVX-512 (kernel_set.hpp).
+//
+// Why: on Zen 3 GCC's code for the plain chunk ran 6.0 instructions per element (MXFP8 row + col
+// of 4096 x 4096 bf16: 15.4 ms at one thread, 0.25x of memcpy): a row's codes went through byte
+// arrays, each rowwise block's max was reduced on its own (docs/perf.md, twenty-seventh session).
+// Here a register of 16 lanes is half a block row:
+//   1. maxes:  per column, the max over the band's 32 rows; per row and block, the max of its two
+//              halves, then of the 16 lanes for 16 rows at once by the transposing tree
+//              (lane_maxes, avx2.hpp);
+//   2. scales: as the plain chunk (chunk_terms, mx16_chunk.hpp), compiled here for AVX2;
+//   3. codes:  each half row's |x|, rounding bit and sign once, then each direction's codes by
+//              the 16-bit form (mx16_form.hpp: a saturating subtract, a shift and a min) and its
+//              lanes outside the form, ORed over the row. A row with such a lane takes the plain
+//              chunk's fix_outside, as there.
+// Whole bands only (a rowwise-only call's last band may be short: the plain chunk takes it).
+#include "cpu/mx16_chunk.hpp"
+
+#ifdef MICROSCALE_HAVE_AVX2_KERNELS
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "core/element_codec.hpp"
+
+namespace microscale::cpu::mx16 {
+namespace {
+
+constexpr int kLanes = 16;  // a register of 16-bit lanes: half a block row
+
+// What both directions' codes take of 16 lanes (mx16_code_normal, mx16_outside).
+struct Lanes {
+  __m256i abs;           // |x| patterns
+  __m256i abs_plus_lsb;  // |x| plus the rounding bit of the kept mantissa (ties to even)
+  __m256i abs_less_one;  // |x| - 1: a zero wraps to 0xFFFF
+  __m256i sign;          // the code's sign bit
+};
+
+template <typename Codec, DType kIn>
+MICROSCALE_AVX2_INLINE Lanes lanes_of(__m256i x) {
+  using F = Mx16Format<Codec, kIn>;
+  const __m256i one = _mm256_set1_epi16(1);
+  Lanes l;
+  l.abs = _mm256_and_si256(x, _mm256_set1_epi16(0x7FFF));
+  l.abs_plus_lsb = _mm256_add_epi16(l.abs, _mm256_and_si256(_mm256_srli_epi16(l.abs, F::kDrop), one));
+  l.abs_less_one = _mm256_sub_epi16(l.abs, one);
+  l.sign = _mm256_and_si256(_mm256_srli_epi16(x, F::kSignShift),
+                            _mm256_set1_epi16(static_cast<int16_t>(Codec::kSignBit)));
+  return l;
+}
+
+// mx16_code_normal on 16 lanes, each with its `lower`: 16-bit codes.
+template <typename Codec, DType kIn>
+MICROSCALE_AVX2_INLINE __m256i codes(const Lanes& l, __m256i lower) {
+  using F = Mx16Format<Codec, kIn>;
+  __m256i rebased;
+  if constexpr (kIn == DType::BF16) {
+    rebased = _mm256_subs_epu16(l.abs_plus_lsb, lower);  // max(a, lower) - lower
+  } else {
+    rebased = _mm256_andnot_si256(_mm256_cmpeq_epi16(l.abs, _mm256_setzero_si256()),
+                                  _mm256_sub_epi16(l.abs_plus_lsb, lower));
+  }
+  const __m256i magnitude = _mm256_min_epu16(_mm256_srli_epi16(rebased, F::kDrop),
+                                             _mm256_set1_epi16(static_cast<int16_t>(Codec::kMaxCode)));
+  return _mm256_or_si256(magnitude, l.sign);
+}
+
+// mx16_outside on 16 lanes: all ones where |x| - 1 <= limit (unsigned).
+MICROSCALE_AVX2_INLINE __m256i outside(const Lanes& l, __m256i limit) {
+  return _mm256_cmpeq_epi16(_mm256_min_epu16(l.abs_less_one, limit), l.abs_less_one);
+}
+
+// 32 codes of 16 bits (< 256) from two registers to 32 bytes in lane order.
+MICROSCALE_AVX2_INLINE void store_codes(__m256i low, __m256i high, uint8_t* out) {
+  // The pack works per 128-bit half: the 64-bit groups are put back in order after it.
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out),
+                     _mm256_permute4x64_epi64(_mm256_packus_epi16(low, high), 0xD8));
+}
+
+// A chunk row's codes (`bytes`, a multiple of 32) from `line` to the output: streamed (aligned
+// whole lines, Chunk::stream) or copied.
+MICROSCALE_AVX2_INLINE void write_row(const uint8_t* line, int bytes, bool stream, uint8_t* out) {
+  if (stream) {
+    for (int l = 0; l < bytes; l += 32) {
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(out + l),
+                          _mm256_load_si256(reinterpret_cast<const __m256i*>(line + l)));
+    }
+  } else {
+    std::memcpy(out, line, bytes);
+  }
+}
+
+MICROSCALE_AVX2_INLINE __m256i load16(const uint16_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+// Step 1: col_max[j] over the band's 32 rows, row_max[i * kChunkBlocks + b] for row i's block b
+// (every slot defined, 0 past the chunk's blocks, as chunk_terms reads them all).
+MICROSCALE_AVX2_INLINE void maxes(const Chunk& c, uint16_t* col_max, uint16_t* row_max) {
+  const int blocks = c.cols / kBlock;
+  if (c.prefetch_next) {  // the hardware prefetchers do not follow 32 rows read side by side
+    for (int i = 0; i < kBlock; ++i) {
+      const char* next = reinterpret_cast<const char*>(c.src + i * c.stride + kChunkCols);
+      for (int64_t l = 0; l < kPrefetchBytes; l += 64) _mm_prefetch(next + l, _MM_HINT_T0);
+    }
+  }
+  alignas(32) uint16_t by_block[kChunkBlocks][kBlock] = {};  // [block][row]
+  const __m256i magnitude = _mm256_set1_epi16(0x7FFF);
+  for (int b = 0; b < blocks; ++b) {
+    const uint16_t* block = c.src + b * kBlock;
+    __m256i column[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 2
+    for (int r0 = 0; r0 < kBlock; r0 += kLanes) {
+      __m256i m[kLanes];
+#pragma GCC unroll 16
+      for (int i = 0; i < kLanes; ++i) {
+        const uint16_t* row = block + (r0 + i) * c.stride;
+        const __m256i a = _mm256_and_si256(load16(row), magnitude);
+        const __m256i b16 = _mm256_and_si256(load16(row + kLanes), magnitude);
+        column[0] = _mm256_max_epi16(column[0], a);
+        column[1] = _mm256_max_epi16(column[1], b16);
+        m[i] = _mm256_max_epi16(a, b16);
+      }
+      _mm256_store_si256(reinterpret_cast<__m256i*>(&by_block[b][r0]), lane_maxes(m));
+    }
+    _mm256_store_si256(reinterpret_cast<__m256i*>(col_max + b * kBlock), column[0]);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(col_max + b * kBlock + kLanes), column[1]);
+  }
+  for (int i = 0; i < kBlock; ++i) {
+    for (int b = 0; b < kChunkBlocks; ++b) row_max[i * kChunkBlocks + b] = by_block[b][i];
+  }
+}
+
+// Step 3 for the requested directions (kRow, kCol). A row's codes go to lines in L1 first, where
+// fix_outside mends them, then to the outputs.
+template <typename Codec, DType kIn, bool kRow, bool kCol>
+MICROSCALE_AVX2_INLINE void encode(const Chunk& c, const Terms& row, const Terms& col) {
+  const int blocks = c.cols / kBlock;
+  alignas(32) uint8_t row_out[kChunkCols], col_out[kChunkCols];
+  for (int i = 0; i < kBlock; ++i) {
+    const uint16_t* x = c.src + i * c.stride;
+    __m256i any_outside = _mm256_setzero_si256();
+    for (int b = 0; b < blocks; ++b) {
+      const int first = b * kBlock;
+      const __m256i row_lower = _mm256_set1_epi16(static_cast<int16_t>(row.lower[i * kChunkBlocks + b]));
+      const __m256i row_limit = _mm256_set1_epi16(static_cast<int16_t>(row.limit[i * kChunkBlocks + b]));
+      __m256i row_codes[2], col_codes[2];
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const int lane = first + h * kLanes;
+        const Lanes l = lanes_of<Codec, kIn>(load16(x + lane));
+        if constexpr (kRow) {
+          row_codes[h] = codes<Codec, kIn>(l, row_lower);
+          any_outside = _mm256_or_si256(any_outside, outside(l, row_limit));
+        }
+        if constexpr (kCol) {
+          col_codes[h] = codes<Codec, kIn>(l, load16(col.lower + lane));
+          any_outside = _mm256_or_si256(any_outside, outside(l, load16(col.limit + lane)));
+        }
+      }
+      if constexpr (kRow) store_codes(row_codes[0], row_codes[1], row_out + first);
+      if constexpr (kCol) store_codes(col_codes[0], col_codes[1], col_out + first);
+    }
+    if (!_mm256_testz_si256(any_outside, any_outside)) [[unlikely]] {
+      if constexpr (kRow) fix_outside<Codec, kIn, false>(x, blocks, row, i * kChunkBlocks, row_out);
+      if constexpr (kCol) fix_outside<Codec, kIn, true>(x, blocks, col, /*first_block=*/0, col_out);
+    }
+    if constexpr (kRow) write_row(row_out, c.cols, c.stream, c.row_data + i * c.data_stride);
+    if constexpr (kCol) write_row(col_out, c.cols, c.stream, c.col_data + i * c.data_stride);
+  }
+}
+
+template <typename Codec, DType kIn, MxScaleRule kRule>
+MICROSCALE_AVX2 void chunk_avx2(const Chunk& c) {
+  alignas(32) uint16_t col_max[kChunkCols];
+  alignas(32) uint16_t row_max[kBlock * kChunkBlocks];  // [row][block]
+  maxes(c, col_max, row_max);
+  Terms col, row;
+  chunk_terms<kIn, kRule>(c, col_max, row_max, col, row);
+  const bool rowwise = c.row_data != nullptr, columnwise = c.col_data != nullptr;
+  if (rowwise && columnwise) {
+    encode<Codec, kIn, true, true>(c, row, col);
+  } else if (rowwise) {
+    encode<Codec, kIn, true, false>(c, row, col);
+  } else {
+    encode<Codec, kIn, false, true>(c, row, col);
+  }
+}
+
+}  // namespace
+
+// The target attribute is on chunk_avx2: GCC takes a template's attributes from its first
+// declaration (mx16_chunk.hpp), which the rest of the library sees without one.
+template <typename Codec, DType kIn, MxScaleRule kRule>
+void quantize_chunk_avx2(const Chunk& c) {
+  chunk_avx2<Codec, kIn, kRule>(c);
+}
+
+#define MICROSCALE_MX16_CHUNK_AVX2(Codec, kIn)                                     \
+  template void quantize_chunk_avx2<Codec, kIn, MxScaleRule::Floor>(const Chunk&); \
+  template void quantize_chunk_avx2<Codec, kIn, MxScaleRule::Ceil>(const Chunk&);  \
+  template void quantize_chunk_avx2<Codec, kIn, MxScaleRule::Even>(const Chunk&);  \
+  template void quantize_chunk_avx2<Codec, kIn, MxScaleRule::RCeil>(const Chunk&);
+MICROSCALE_MX16_CHUNK_AVX2(E4M3Codec, DType::BF16)
+MICROSCALE_MX16_CHUNK_AVX2(E4M3Codec, DType::F16)
+MICROSCALE_MX16_CHUNK_AVX2(E5M2Codec, DType::BF16)
+MICROSCALE_MX16_CHUNK_AVX2(E5M2Codec, DType::F16)
+#undef MICROSCALE_MX16_CHUNK_AVX2
+
+}  // namespace microscale::cpu::mx16
+
+#endif  // MICROSCALE_HAVE_AVX2_KERNELS
