@@ -1,5 +1,5 @@
 // What the AVX2 kernel set (kernel_set.hpp) is built with: where it is built, the target
-// attribute of its functions, and the helpers its kernels share.
+// attribute of its functions, and the helpers its kernels share (the NVFP4 and MX chunks).
 #pragma once
 
 // The AVX2 kernels are built where the AVX-512 kernels are (x86-64, GCC or Clang: target
@@ -40,6 +40,16 @@ MICROSCALE_AVX2_INLINE __m256i lane_maxes(const __m256i (&m)[16]) {
   }
   return _mm256_max_epi16(_mm256_permute2x128_si256(s3[0], s3[1], 0x20),
                           _mm256_permute2x128_si256(s3[0], s3[1], 0x31));
+}
+
+// E2M1 codes of 16 lanes by thresholds (e2m1_code_by_thresholds, e2m1_thresholds.hpp): `a` the
+// |x| patterns, `sign` 8 where the code takes the sign, t[k] threshold k per lane. A true compare
+// is -1, so subtracting it counts the steps reached.
+MICROSCALE_AVX2_INLINE __m256i e2m1_codes(__m256i a, __m256i sign, const __m256i (&t)[8]) {
+  __m256i code = _mm256_and_si256(sign, _mm256_cmpgt_epi16(a, t[0]));
+#pragma GCC unroll 7
+  for (int k = 1; k < 8; ++k) code = _mm256_sub_epi16(code, _mm256_cmpgt_epi16(a, t[k]));
+  return code;
 }
 
 }  // namespace microscale::cpu

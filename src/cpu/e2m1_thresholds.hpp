@@ -46,6 +46,23 @@ using E2m1Thresholds = E2m1ThresholdTable<128>;
 /// MXFP4: one row per E8M0 scale byte. Zero step: every pattern (-1), none for the byte 0xFF.
 using MxE2m1Thresholds = E2m1ThresholdTable<256>;
 
+/// A table's thresholds as 32-bit words holding the 16-bit threshold twice: pairs[s][k] for row s,
+/// threshold k. A broadcast of a 32-bit word from memory is done by the load unit, where one of a
+/// 16-bit word also takes a shuffle (the AVX2 kernels' rowwise thresholds).
+template <int kScales>
+struct E2m1ThresholdPairTable {
+  alignas(64) int32_t pairs[kScales][8];
+
+  explicit E2m1ThresholdPairTable(const E2m1ThresholdTable<kScales>& table) {
+    for (int s = 0; s < kScales; ++s) {
+      for (int k = 0; k < 8; ++k) {
+        const auto half = static_cast<uint16_t>(table.below[s][k]);
+        pairs[s][k] = static_cast<int32_t>(half | (uint32_t{half} << 16));
+      }
+    }
+  }
+};
+
 /// The thresholds of one NVFP4 direction of a call: the encode scale of code c is
 /// nvfp4_block_encode_scale(e4m3_code_value(c), s_dec). `input` is BF16 or F16.
 void build_e2m1_thresholds(DType input, float s_dec, E2m1Thresholds& out);

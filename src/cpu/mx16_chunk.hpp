@@ -1,5 +1,5 @@
-// The unit of work of the MX 16-bit kernel (quantize_mx16.cpp) and the steps its two forms of an
-// FP8 chunk share: plain C++ (quantize_mx16.cpp) and AVX2 (mx16_chunk_avx2.cpp).
+// The unit of work of the MX 16-bit kernel (quantize_mx16.cpp) and the steps its two forms of a
+// chunk (FP8 and FP4) share: plain C++ (quantize_mx16.cpp) and AVX2 (mx16_chunk_avx2.cpp).
 #pragma once
 
 #include <algorithm>
@@ -56,10 +56,11 @@ struct Chunk {
   int rows;            // <= 32; 32 when columnwise
   int cols;            // a multiple of 32, <= kChunkCols
   bool prefetch_next;  // a chunk follows in this band
-  bool stream;         // the outputs' rows are whole aligned lines, streamed (the AVX2 chunk)
+  bool stream;         // the outputs' rows are whole aligned lines, streamed (the AVX2 chunks)
   MxParams p;
-  const MxE2m1Thresholds* fp4_thresholds;  // MXFP4 (quantize_chunk_fp4)
-  const TermTable* terms;                  // FP8 (the 16-bit form)
+  const MxE2m1Thresholds* fp4_thresholds;                  // MXFP4 (quantize_chunk_fp4)
+  const E2m1ThresholdPairTable<256>* fp4_threshold_pairs;  // fp4_thresholds widened (the AVX2 chunk)
+  const TermTable* terms;                                  // FP8 (the 16-bit form)
   // Rowwise: chunk row i at row_data + i * data_stride, its block bytes at row_scale + i * row_scale_stride.
   uint8_t* row_data;
   uint8_t* row_scale;
@@ -143,9 +144,34 @@ MICROSCALE_CPU_INLINE void chunk_terms(const Chunk& c, const uint16_t* __restric
   }
 }
 
+// Step 2 of an MXFP4 chunk: the blocks' scale bytes (to the outputs), and the columnwise blocks'
+// thresholds per lane (col_below[k][j]).
+template <DType kIn, MxScaleRule kRule>
+MICROSCALE_CPU_INLINE void fp4_scales(const Chunk& c, const uint16_t* __restrict col_max,
+                                      const uint16_t* __restrict row_max, uint8_t* __restrict col_scale,
+                                      uint8_t* __restrict row_scale, int16_t (*col_below)[kChunkCols]) {
+  if (c.col_data != nullptr) {
+    for (int j = 0; j < c.cols; ++j) col_scale[j] = block_scale_byte<kIn, kRule>(col_max[j], c.p);
+    std::copy_n(col_scale, c.cols, c.col_scale);
+    for (int j = 0; j < c.cols; j += 8)
+      transpose_thresholds<kChunkCols>(c.fp4_thresholds->below, col_scale + j, col_below, j);
+  }
+  if (c.row_data != nullptr) {
+    for (int q = 0; q < c.rows * kChunkBlocks; ++q)
+      row_scale[q] = block_scale_byte<kIn, kRule>(row_max[q], c.p);
+    for (int i = 0; i < c.rows; ++i)
+      std::copy_n(row_scale + i * kChunkBlocks, c.cols / kBlock, c.row_scale + i * c.row_scale_stride);
+  }
+}
+
 /// One FP8 chunk in AVX2 (mx16_chunk_avx2.cpp): the same bytes as quantize_mx16.cpp's
 /// quantize_chunk. Only where the CPU has AVX2.
 template <typename Codec, DType kIn, MxScaleRule kRule>
 void quantize_chunk_avx2(const Chunk& c);
+
+/// One MXFP4 chunk in AVX2 (mx16_chunk_avx2.cpp): the same bytes as quantize_mx16.cpp's
+/// quantize_chunk_fp4. Only where the CPU has AVX2.
+template <DType kIn, MxScaleRule kRule>
+void quantize_chunk_fp4_avx2(const Chunk& c);
 
 }  // namespace microscale::cpu::mx16

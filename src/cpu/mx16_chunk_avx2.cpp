@@ -1,19 +1,24 @@
-// One FP8 chunk of the MX 16-bit kernel (quantize_mx16.cpp) in AVX2: the same bytes as its plain
-// C++ quantize_chunk, for CPUs with AVX2 and without AVX-512 (kernel_set.hpp).
+// The chunks of the MX 16-bit kernel (quantize_mx16.cpp) in AVX2: FP8 (the same bytes as its
+// plain C++ quantize_chunk) and FP4 (quantize_chunk_fp4), for CPUs with AVX2 and without AVX-512
+// (kernel_set.hpp).
 //
-// Why: on Zen 3 GCC's code for the plain chunk ran 6.0 instructions per element (MXFP8 row + col
-// of 4096 x 4096 bf16: 15.4 ms at one thread, 0.25x of memcpy): a row's codes went through byte
-// arrays, each rowwise block's max was reduced on its own (docs/perf.md, twenty-seventh session).
-// Here a register of 16 lanes is half a block row:
+// Why: on Zen 3 GCC's code for the plain chunks ran 6.0 (FP8) and 6.35 (FP4) instructions per
+// element (row + col of 4096 x 4096 bf16 at one thread: MXFP8 15.4 ms, 0.25x of memcpy; MXFP4
+// 17.7 ms): a row's codes went through arrays, each rowwise block's max was reduced on its own,
+// and the loops that compute the blocks' terms did not vectorise (docs/perf.md, twenty-seventh
+// session). Here a register of 16 lanes is half a block row:
 //   1. maxes:  per column, the max over the band's 32 rows; per row and block, the max of its two
 //              halves, then of the 16 lanes for 16 rows at once by the transposing tree
 //              (lane_maxes, avx2.hpp);
-//   2. scales: as the plain chunk (chunk_terms, mx16_chunk.hpp), compiled here for AVX2;
-//   3. codes:  each half row's |x|, rounding bit and sign once, then each direction's codes by
-//              the 16-bit form (mx16_form.hpp: a saturating subtract, a shift and a min) and its
-//              lanes outside the form, ORed over the row. A row with such a lane takes the plain
-//              chunk's fix_outside, as there.
-// Whole bands only (a rowwise-only call's last band may be short: the plain chunk takes it).
+//   2. scales: as the plain chunks (mx16_chunk.hpp), compiled here for AVX2;
+//   3. codes:  each half row's |x| and sign once, then each direction's codes:
+//              - FP8 by the 16-bit form (mx16_form.hpp: a saturating subtract, a shift and a min)
+//                and its lanes outside the form, ORed over the row; a row with such a lane takes
+//                the plain chunk's fix_outside, as there;
+//              - FP4 by thresholds (e2m1_codes, avx2.hpp): the block's rowwise ones broadcast,
+//                the columnwise ones per lane; two codes per byte by a multiply-add and packs.
+//              A row's codes go to lines in L1, then to the outputs (streamed when large).
+// Whole bands only (a rowwise-only call's last band may be short: the plain chunks take it).
 #include "cpu/mx16_chunk.hpp"
 
 #ifdef MICROSCALE_HAVE_AVX2_KERNELS
@@ -188,6 +193,82 @@ MICROSCALE_AVX2 void chunk_avx2(const Chunk& c) {
   }
 }
 
+// ---- MXFP4: codes by thresholds ----
+
+// 32 E2M1 codes (16-bit, < 16) of one block row, two per byte (the even column in the low
+// nibble), to 16 bytes at `out`.
+MICROSCALE_AVX2_INLINE void store_packed_block(__m256i low, __m256i high, uint8_t* out) {
+  const __m256i low_plus_16_high = _mm256_set1_epi32(0x00100001);
+  // 32-bit lane q of each: code 2q + 16 x code 2q + 1, the byte. The packs work per 128-bit half:
+  // bytes 0-3 of the result hold codes 0-7, 4-7 codes 16-23 (then repeated); the high half 8-15
+  // and 24-31.
+  const __m256i words = _mm256_packus_epi32(_mm256_madd_epi16(low, low_plus_16_high),
+                                            _mm256_madd_epi16(high, low_plus_16_high));
+  const __m256i bytes = _mm256_packus_epi16(words, words);
+  const __m256i in_order = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 0, 4, 1, 5));
+  _mm_store_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(in_order));
+}
+
+// Step 3 of an MXFP4 chunk for the requested directions (kRow, kCol): each half block row's |x|
+// and sign once, its codes against the block's rowwise thresholds (broadcast from the widened
+// table) and the columnwise ones per lane. A row's bytes go to lines in L1, then to the outputs.
+template <bool kRow, bool kCol>
+MICROSCALE_AVX2_INLINE void encode_fp4(const Chunk& c, const uint8_t* row_scale,
+                                       const int16_t (*col_below)[kChunkCols]) {
+  const int blocks = c.cols / kBlock;
+  const E2m1ThresholdPairTable<256>& pairs = *c.fp4_threshold_pairs;
+  alignas(32) uint8_t row_out[kChunkCols / 2], col_out[kChunkCols / 2];
+  for (int i = 0; i < kBlock; ++i) {
+    const uint16_t* x = c.src + i * c.stride;
+    for (int b = 0; b < blocks; ++b) {
+      __m256i row_t[8];
+      if constexpr (kRow) {
+        const int32_t* t = pairs.pairs[row_scale[i * kChunkBlocks + b]];
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; ++k) row_t[k] = _mm256_set1_epi32(t[k]);
+      }
+      __m256i row_codes[2], col_codes[2];
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const int lane = b * kBlock + h * kLanes;
+        const __m256i v = load16(x + lane);
+        const __m256i a = _mm256_and_si256(v, _mm256_set1_epi16(0x7FFF));
+        const __m256i sign = _mm256_and_si256(_mm256_srli_epi16(v, 12), _mm256_set1_epi16(8));
+        if constexpr (kRow) row_codes[h] = e2m1_codes(a, sign, row_t);
+        if constexpr (kCol) {
+          __m256i col_t[8];
+#pragma GCC unroll 8
+          for (int k = 0; k < 8; ++k)
+            col_t[k] = _mm256_load_si256(reinterpret_cast<const __m256i*>(&col_below[k][lane]));
+          col_codes[h] = e2m1_codes(a, sign, col_t);
+        }
+      }
+      if constexpr (kRow) store_packed_block(row_codes[0], row_codes[1], row_out + b * (kBlock / 2));
+      if constexpr (kCol) store_packed_block(col_codes[0], col_codes[1], col_out + b * (kBlock / 2));
+    }
+    if constexpr (kRow) write_row(row_out, c.cols / 2, c.stream, c.row_data + i * c.data_stride);
+    if constexpr (kCol) write_row(col_out, c.cols / 2, c.stream, c.col_data + i * c.data_stride);
+  }
+}
+
+template <DType kIn, MxScaleRule kRule>
+MICROSCALE_AVX2 void chunk_fp4_avx2(const Chunk& c) {
+  alignas(32) uint16_t col_max[kChunkCols];
+  alignas(32) uint16_t row_max[kBlock * kChunkBlocks];  // [row][block]
+  maxes(c, col_max, row_max);
+  alignas(64) uint8_t col_scale[kChunkCols], row_scale[kBlock * kChunkBlocks];
+  alignas(64) int16_t col_below[8][kChunkCols];
+  fp4_scales<kIn, kRule>(c, col_max, row_max, col_scale, row_scale, col_below);
+  const bool rowwise = c.row_data != nullptr, columnwise = c.col_data != nullptr;
+  if (rowwise && columnwise) {
+    encode_fp4<true, true>(c, row_scale, col_below);
+  } else if (rowwise) {
+    encode_fp4<true, false>(c, row_scale, col_below);
+  } else {
+    encode_fp4<false, true>(c, row_scale, col_below);
+  }
+}
+
 }  // namespace
 
 // The target attribute is on chunk_avx2: GCC takes a template's attributes from its first
@@ -207,6 +288,20 @@ MICROSCALE_MX16_CHUNK_AVX2(E4M3Codec, DType::F16)
 MICROSCALE_MX16_CHUNK_AVX2(E5M2Codec, DType::BF16)
 MICROSCALE_MX16_CHUNK_AVX2(E5M2Codec, DType::F16)
 #undef MICROSCALE_MX16_CHUNK_AVX2
+
+template <DType kIn, MxScaleRule kRule>
+void quantize_chunk_fp4_avx2(const Chunk& c) {
+  chunk_fp4_avx2<kIn, kRule>(c);
+}
+
+#define MICROSCALE_MX16_CHUNK_FP4_AVX2(kIn)                                     \
+  template void quantize_chunk_fp4_avx2<kIn, MxScaleRule::Floor>(const Chunk&); \
+  template void quantize_chunk_fp4_avx2<kIn, MxScaleRule::Ceil>(const Chunk&);  \
+  template void quantize_chunk_fp4_avx2<kIn, MxScaleRule::Even>(const Chunk&);  \
+  template void quantize_chunk_fp4_avx2<kIn, MxScaleRule::RCeil>(const Chunk&);
+MICROSCALE_MX16_CHUNK_FP4_AVX2(DType::BF16)
+MICROSCALE_MX16_CHUNK_FP4_AVX2(DType::F16)
+#undef MICROSCALE_MX16_CHUNK_FP4_AVX2
 
 }  // namespace microscale::cpu::mx16
 

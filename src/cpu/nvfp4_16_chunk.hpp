@@ -31,12 +31,8 @@ struct Direction {
   float s_dec = 0.0f;       // RN(1 / S_enc)
 };
 
-/// Thresholds as 32-bit words holding the 16-bit threshold twice: pairs[s][k] for block scale
-/// code s, threshold k (E2m1Thresholds::below). A broadcast of a 32-bit word from memory is done
-/// by the load unit, where one of a 16-bit word also takes a shuffle (the AVX2 chunk).
-struct E2m1ThresholdPairs {
-  alignas(64) int32_t pairs[128][8];
-};
+/// The rowwise thresholds widened for broadcasts (the AVX2 chunk).
+using E2m1ThresholdPairs = E2m1ThresholdPairTable<128>;
 
 // The call: input and outputs (data null when the direction is not requested).
 struct Call {

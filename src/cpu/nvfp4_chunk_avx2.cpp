@@ -29,7 +29,7 @@
 
 #include <cstring>
 
-#include "cpu/avx2.hpp"  // lane_maxes
+#include "cpu/avx2.hpp"  // lane_maxes, e2m1_codes
 #include "cpu/input16.hpp"
 
 namespace microscale::cpu::nvfp4_16 {
@@ -57,13 +57,9 @@ MICROSCALE_AVX2_INLINE __m256i max_keys(__m256i x) {
                              a);
 }
 
-// e2m1_code_by_thresholds on 16 lanes: t[k] holds threshold k per lane. A true compare is -1, so
-// subtracting it counts the steps reached.
+// e2m1_codes (avx2.hpp) of 16 elements.
 MICROSCALE_AVX2_INLINE __m256i codes(const Lanes& l, const __m256i (&t)[8]) {
-  __m256i code = _mm256_and_si256(l.sign, _mm256_cmpgt_epi16(l.a, t[0]));
-#pragma GCC unroll 7
-  for (int k = 1; k < 8; ++k) code = _mm256_sub_epi16(code, _mm256_cmpgt_epi16(l.a, t[k]));
-  return code;
+  return e2m1_codes(l.a, l.sign, t);
 }
 
 // The rowwise codes of 4 rows (16 codes each, < 16) packed two per byte: row r's 8 bytes at

@@ -20,11 +20,12 @@
 //               outside the normal form (format or input subnormals, Inf/NaN blocks: rare for FP8)
 //               each block holding one is encoded again as the fp32 path does
 //               (mx16_code_general, in fp32 lanes) and those lanes taken from it.
-// On CPUs with AVX2 (kernel_set() Avx2 or better) whole bands' FP8 chunks run in AVX2 instead
+// On CPUs with AVX2 (kernel_set() Avx2 or better) whole bands' chunks run in AVX2 instead
 // (mx16_chunk_avx2.cpp, the same bytes); the unit and the steps both share are in mx16_chunk.hpp.
 #include "cpu/quantize_mx16.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <type_traits>
 
 #if defined(__SSE2__)
@@ -180,8 +181,13 @@ MICROSCALE_CPU_INLINE void encode_row_fp4(const uint16_t* __restrict x, int bloc
       }
     }
   }
+  // NOTE: GCC 12 warns that pack_codes may read codes not set above; it reads the pairs of the
+  // `blocks` blocks the loop set (the quantizer tests compare every output byte with the reference).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
   if constexpr (kRow) pack_codes(row_code, blocks * (kBlock / 2), row_out);
   if constexpr (kCol) pack_codes(col_code, blocks * (kBlock / 2), col_out);
+#pragma GCC diagnostic pop
 }
 
 template <DType kIn, MxScaleRule kRule>
@@ -198,18 +204,7 @@ MICROSCALE_CPU_DISPATCH void quantize_chunk_fp4(const Chunk& c) {
   // 2. Scale bytes; the columnwise blocks' thresholds per lane (col_below[k][j]).
   alignas(64) uint8_t col_scale[kChunkCols], row_scale[kBlock * kChunkBlocks];
   alignas(64) int16_t col_below[8][kChunkCols];
-  if (columnwise) {
-    for (int j = 0; j < c.cols; ++j) col_scale[j] = block_scale_byte<kIn, kRule>(col_max[j], c.p);
-    std::copy_n(col_scale, c.cols, c.col_scale);
-    for (int j = 0; j < c.cols; j += 8)
-      transpose_thresholds<kChunkCols>(table.below, col_scale + j, col_below, j);
-  }
-  if (rowwise) {
-    for (int q = 0; q < c.rows * kChunkBlocks; ++q)
-      row_scale[q] = block_scale_byte<kIn, kRule>(row_max[q], c.p);
-    for (int i = 0; i < c.rows; ++i)
-      std::copy_n(row_scale + i * kChunkBlocks, blocks, c.row_scale + i * c.row_scale_stride);
-  }
+  mx16::fp4_scales<kIn, kRule>(c, col_max, row_max, col_scale, row_scale, col_below);
 
   // 3. Codes, row by row.
   for (int i = 0; i < c.rows; ++i) {
@@ -227,24 +222,29 @@ MICROSCALE_CPU_DISPATCH void quantize_chunk_fp4(const Chunk& c) {
 }
 
 #ifdef MICROSCALE_HAVE_AVX2_KERNELS
-// An FP8 chunk in AVX2 where it is a whole band (mx16_chunk_avx2.cpp), else in plain C++.
+// A chunk in AVX2 where it is a whole band (mx16_chunk_avx2.cpp), else in plain C++.
 template <typename Codec, DType kIn, MxScaleRule kRule>
-void quantize_chunk_fp8_avx2(const Chunk& c) {
-  if (c.rows == kBlock) return mx16::quantize_chunk_avx2<Codec, kIn, kRule>(c);
-  quantize_chunk<Codec, kIn, kRule>(c);
+void quantize_chunk_avx2_or_plain(const Chunk& c) {
+  if constexpr (std::is_same_v<Codec, E2M1Codec>) {
+    if (c.rows == kBlock) return mx16::quantize_chunk_fp4_avx2<kIn, kRule>(c);
+    quantize_chunk_fp4<kIn, kRule>(c);
+  } else {
+    if (c.rows == kBlock) return mx16::quantize_chunk_avx2<Codec, kIn, kRule>(c);
+    quantize_chunk<Codec, kIn, kRule>(c);
+  }
 }
 #endif
 
 // The chunk kernel of a codec, input type and scale rule: MXFP4 by thresholds, FP8 by the 16-bit
-// form (in AVX2 where kernel_set() says Avx2 or better).
+// form; in AVX2 where kernel_set() says Avx2 or better.
 template <typename Codec, DType kIn, MxScaleRule kRule>
 auto kernel_of() -> void (*)(const Chunk&) {
+#ifdef MICROSCALE_HAVE_AVX2_KERNELS
+  if (kernel_set() >= KernelSet::Avx2) return &quantize_chunk_avx2_or_plain<Codec, kIn, kRule>;
+#endif
   if constexpr (std::is_same_v<Codec, E2M1Codec>) {
     return &quantize_chunk_fp4<kIn, kRule>;
   } else {
-#ifdef MICROSCALE_HAVE_AVX2_KERNELS
-    if (kernel_set() >= KernelSet::Avx2) return &quantize_chunk_fp8_avx2<Codec, kIn, kRule>;
-#endif
     return &quantize_chunk<Codec, kIn, kRule>;
   }
 }
@@ -264,13 +264,15 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, const MxParam
     case MxScaleRule::RCeil: chunk = kernel_of<Codec, kIn, MxScaleRule::RCeil>(); break;
   }
   const MxE2m1Thresholds* thresholds = kFp4 ? &mx_e2m1_thresholds(kIn) : nullptr;
+  std::optional<E2m1ThresholdPairTable<256>> threshold_pairs;  // the AVX2 FP4 chunk's
+  if (kFp4 && kernel_set() >= KernelSet::Avx2) threshold_pairs.emplace(*thresholds);
   mx16::TermTable terms{};
   if constexpr (!kFp4) terms = mx16::term_table<Codec, kIn>();
   const int64_t bands = (m + kBlock - 1) / kBlock;  // columnwise: M % 32 == 0 is checked
-  // The AVX2 chunk streams whole chunks' rows of large outputs (both have M x K bytes).
+  // The AVX2 chunks stream whole chunks' rows of large outputs (both have M x data_cols bytes).
   const auto streams = [&](const Tensor& data) { return streamable(m * data_cols, data_cols, data.data()); };
   const bool stream =
-      !kFp4 && (!o.rowwise || streams(out.rowwise_data)) && (!o.columnwise || streams(out.columnwise_data));
+      (!o.rowwise || streams(out.rowwise_data)) && (!o.columnwise || streams(out.columnwise_data));
 #pragma omp parallel num_threads(thread_count(o.num_threads))
   {
     const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
@@ -283,6 +285,7 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, const MxParam
       c.rows = static_cast<int>(std::min<int64_t>(kBlock, m - first_row));
       c.p = p;
       c.fp4_thresholds = thresholds;
+      c.fp4_threshold_pairs = threshold_pairs ? &*threshold_pairs : nullptr;
       c.terms = &terms;
       c.data_stride = data_cols;
       c.row_scale_stride = k / kBlock;

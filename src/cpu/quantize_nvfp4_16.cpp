@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #if defined(__SSE2__)
@@ -410,7 +411,7 @@ void quantize_with_input(const InputMatrix& x, const QuantizeOptions& o, Quantiz
   }
 
   E2m1Thresholds row_thresholds, col_thresholds;
-  nvfp4_16::E2m1ThresholdPairs row_threshold_pairs;
+  std::optional<nvfp4_16::E2m1ThresholdPairs> row_threshold_pairs;
   Call call{};
   call.avx2 = avx2;
   call.src = src;
@@ -424,15 +425,7 @@ void quantize_with_input(const InputMatrix& x, const QuantizeOptions& o, Quantiz
     call.row = make_direction(out.rowwise_amax);
     build_e2m1_thresholds(kIn, call.row.s_dec, row_thresholds);
     call.row_thresholds = &row_thresholds;
-    if (call.avx2) {
-      for (int s = 0; s < 128; ++s) {
-        for (int t = 0; t < 8; ++t) {
-          const auto half = static_cast<uint16_t>(row_thresholds.below[s][t]);
-          row_threshold_pairs.pairs[s][t] = static_cast<int32_t>(half | (uint32_t{half} << 16));
-        }
-      }
-      call.row_threshold_pairs = &row_threshold_pairs;
-    }
+    if (call.avx2) call.row_threshold_pairs = &row_threshold_pairs.emplace(row_thresholds);
     call.row_data = out.rowwise_data.data_as<uint8_t>();
     call.row_scale = out.rowwise_scale.data_as<uint8_t>();
     call.row_stream = streamable(x.rows * x.cols / 2, x.cols / 2, call.row_data);  // 2 lines per chunk row

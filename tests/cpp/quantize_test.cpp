@@ -74,14 +74,17 @@ TEST(Quantize, FastEqualsReferenceMx) {
 }
 
 TEST(Quantize, FastEqualsReferenceMxStreamedOutputs) {
-  // Outputs of kStreamBytes (8 MiB) and more are written by streaming stores (the AVX2 FP8 chunk),
-  // after a row's codes are mended in cache: 2048 x 4096 codes per direction.
-  const Tensor x = random_tensor(DType::BF16, {2048, 4096}, Fill::Heavy, 77);
-  QuantizeOptions o;
-  o.scheme = Scheme::MXFP8_E4M3;
-  o.rowwise = o.columnwise = true;
-  o.num_threads = 2;
-  expect_fast_equals_ref(x.view(), o, "mxfp8_e4m3 2048x4096");
+  // Outputs of kStreamBytes (8 MiB) and more are written by streaming stores (the AVX2 chunks),
+  // after a row's codes are mended in cache: 8 MiB of codes per direction.
+  for (Scheme scheme : {Scheme::MXFP8_E4M3, Scheme::MXFP4}) {
+    const std::vector<int64_t> shape{2048, scheme == Scheme::MXFP4 ? 8192 : 4096};
+    const Tensor x = random_tensor(DType::BF16, shape, Fill::Heavy, 77);
+    QuantizeOptions o;
+    o.scheme = scheme;
+    o.rowwise = o.columnwise = true;
+    o.num_threads = 2;
+    expect_fast_equals_ref(x.view(), o, std::string(scheme_name(scheme)) + " " + shape_string(shape));
+  }
 }
 
 // One direction at a time: the 16-bit MX kernels encode both directions from one pass over a chunk.
