@@ -12,6 +12,9 @@
 
 #include <immintrin.h>
 
+#include <cstdint>
+#include <cstring>
+
 // On the AVX2 functions (not -mavx2 for their files, so nothing else of the library is compiled
 // for AVX2); they run only after kernel_set() has seen AVX2 on the CPU.
 #define MICROSCALE_AVX2 __attribute__((target("avx2,f16c")))
@@ -40,6 +43,29 @@ MICROSCALE_AVX2_INLINE __m256i lane_maxes(const __m256i (&m)[16]) {
   }
   return _mm256_max_epi16(_mm256_permute2x128_si256(s3[0], s3[1], 0x20),
                           _mm256_permute2x128_si256(s3[0], s3[1], 0x31));
+}
+
+// Prefetches `bytes` of each of `rows` rows from `first` (row stride `stride` elements): the next
+// chunk of a band, which the hardware prefetchers do not follow (its rows are read side by side).
+MICROSCALE_AVX2_INLINE void prefetch_rows(const uint16_t* first, int64_t stride, int rows, int64_t bytes) {
+  for (int i = 0; i < rows; ++i) {
+    const char* row = reinterpret_cast<const char*>(first + i * stride);
+    for (int64_t l = 0; l < bytes; l += 64) _mm_prefetch(row + l, _MM_HINT_T0);
+  }
+}
+
+// A chunk row's output bytes from `line` (32-byte aligned, in L1) to `out`: streamed when `stream`
+// (then `out` is 32-byte aligned and `bytes` a multiple of 32: whole lines of a streamable output),
+// else copied.
+MICROSCALE_AVX2_INLINE void copy_row(const uint8_t* line, int bytes, bool stream, uint8_t* out) {
+  if (stream) {
+    for (int l = 0; l < bytes; l += 32) {
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(out + l),
+                          _mm256_load_si256(reinterpret_cast<const __m256i*>(line + l)));
+    }
+  } else {
+    std::memcpy(out, line, static_cast<size_t>(bytes));
+  }
 }
 
 // E2M1 codes of 16 lanes by thresholds (e2m1_code_by_thresholds, e2m1_thresholds.hpp): `a` the

@@ -1,6 +1,6 @@
 // E2M1 element codes of 16-bit inputs by comparisons: per block scale, the |x| patterns at which
-// the code of the scaled element steps up. The portable bf16/f16 kernels of NVFP4
-// (quantize_nvfp4_16.cpp) and MXFP4 (quantize_mx16.cpp) run them.
+// the code of the scaled element steps up. The bf16/f16 kernels of NVFP4 (quantize_nvfp4_16.cpp)
+// and MXFP4 (quantize_mx16.cpp) run them, in plain C++ and in AVX2.
 //
 // Why: in the fp32 form each element costs a widening, a multiply and a ~20-operation encoder on
 // 8 lanes (AVX2). The code is a monotone function of |x| for a given block scale: there are 7

@@ -1,6 +1,6 @@
 // The chunks of the MX 16-bit kernel (quantize_mx16.cpp) in AVX2: FP8 (the same bytes as its
-// plain C++ quantize_chunk) and FP4 (quantize_chunk_fp4), for CPUs with AVX2 and without AVX-512
-// (kernel_set.hpp).
+// plain C++ quantize_chunk) and FP4 (quantize_chunk_fp4), where kernel_set() says Avx2 or better
+// (on AVX-512 CPUs the AVX-512 kernels take these calls unless MICROSCALE_CPU_KERNELS=avx2).
 //
 // Why: on Zen 3 GCC's code for the plain chunks ran 6.0 (FP8) and 6.35 (FP4) instructions per
 // element (row + col of 4096 x 4096 bf16 at one thread: MXFP8 15.4 ms, 0.25x of memcpy; MXFP4
@@ -25,9 +25,8 @@
 
 #include <immintrin.h>
 
-#include <cstring>
-
 #include "core/element_codec.hpp"
+#include "cpu/avx2.hpp"  // lane_maxes, e2m1_codes, copy_row, prefetch_rows
 
 namespace microscale::cpu::mx16 {
 namespace {
@@ -83,19 +82,6 @@ MICROSCALE_AVX2_INLINE void store_codes(__m256i low, __m256i high, uint8_t* out)
                      _mm256_permute4x64_epi64(_mm256_packus_epi16(low, high), 0xD8));
 }
 
-// A chunk row's codes (`bytes`, a multiple of 32) from `line` to the output: streamed (aligned
-// whole lines, Chunk::stream) or copied.
-MICROSCALE_AVX2_INLINE void write_row(const uint8_t* line, int bytes, bool stream, uint8_t* out) {
-  if (stream) {
-    for (int l = 0; l < bytes; l += 32) {
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(out + l),
-                          _mm256_load_si256(reinterpret_cast<const __m256i*>(line + l)));
-    }
-  } else {
-    std::memcpy(out, line, bytes);
-  }
-}
-
 MICROSCALE_AVX2_INLINE __m256i load16(const uint16_t* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
@@ -104,12 +90,7 @@ MICROSCALE_AVX2_INLINE __m256i load16(const uint16_t* p) {
 // (every slot defined, 0 past the chunk's blocks, as chunk_terms reads them all).
 MICROSCALE_AVX2_INLINE void maxes(const Chunk& c, uint16_t* col_max, uint16_t* row_max) {
   const int blocks = c.cols / kBlock;
-  if (c.prefetch_next) {  // the hardware prefetchers do not follow 32 rows read side by side
-    for (int i = 0; i < kBlock; ++i) {
-      const char* next = reinterpret_cast<const char*>(c.src + i * c.stride + kChunkCols);
-      for (int64_t l = 0; l < kPrefetchBytes; l += 64) _mm_prefetch(next + l, _MM_HINT_T0);
-    }
-  }
+  if (c.prefetch_next) prefetch_rows(c.src + kChunkCols, c.stride, kBlock, kPrefetchBytes);
   alignas(32) uint16_t by_block[kChunkBlocks][kBlock] = {};  // [block][row]
   const __m256i magnitude = _mm256_set1_epi16(0x7FFF);
   for (int b = 0; b < blocks; ++b) {
@@ -171,8 +152,8 @@ MICROSCALE_AVX2_INLINE void encode(const Chunk& c, const Terms& row, const Terms
       if constexpr (kRow) fix_outside<Codec, kIn, false>(x, blocks, row, i * kChunkBlocks, row_out);
       if constexpr (kCol) fix_outside<Codec, kIn, true>(x, blocks, col, /*first_block=*/0, col_out);
     }
-    if constexpr (kRow) write_row(row_out, c.cols, c.stream, c.row_data + i * c.data_stride);
-    if constexpr (kCol) write_row(col_out, c.cols, c.stream, c.col_data + i * c.data_stride);
+    if constexpr (kRow) copy_row(row_out, c.cols, c.stream, c.row_data + i * c.data_stride);
+    if constexpr (kCol) copy_row(col_out, c.cols, c.stream, c.col_data + i * c.data_stride);
   }
 }
 
@@ -246,8 +227,8 @@ MICROSCALE_AVX2_INLINE void encode_fp4(const Chunk& c, const uint8_t* row_scale,
       if constexpr (kRow) store_packed_block(row_codes[0], row_codes[1], row_out + b * (kBlock / 2));
       if constexpr (kCol) store_packed_block(col_codes[0], col_codes[1], col_out + b * (kBlock / 2));
     }
-    if constexpr (kRow) write_row(row_out, c.cols / 2, c.stream, c.row_data + i * c.data_stride);
-    if constexpr (kCol) write_row(col_out, c.cols / 2, c.stream, c.col_data + i * c.data_stride);
+    if constexpr (kRow) copy_row(row_out, c.cols / 2, c.stream, c.row_data + i * c.data_stride);
+    if constexpr (kCol) copy_row(col_out, c.cols / 2, c.stream, c.col_data + i * c.data_stride);
   }
 }
 

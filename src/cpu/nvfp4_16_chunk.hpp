@@ -43,9 +43,9 @@ struct Call {
   const E2m1Thresholds* row_thresholds;  // of the rowwise global scale
   const E2m1Thresholds* col_thresholds;
   const E2m1ThresholdPairs* row_threshold_pairs;  // row_thresholds widened (the AVX2 chunk only)
-  bool avx2;                                      // chunks by quantize_chunk_avx2
+  bool avx2;                                      // the AVX2 forms: chunks, RHT (kernel_set.hpp)
   bool row_stream, col_stream;                    // lines written by streaming stores (store_line)
-  const InputMatrix* x;                           // the input as a matrix (load_rows), for the RHT
+  const InputMatrix* x;                           // the input as a matrix (load_rows), for the plain RHT
   const RhtCoefficients* rht;                     // columnwise through the RHT (bf16 input); null without
   uint8_t* row_data;                              // (M, K/2)
   uint8_t* row_scale;                             // (M, K/16)
@@ -72,16 +72,6 @@ struct Chunk {
 // A block's E4M3 scale code from its amax (numerics-te.md §1.3).
 MICROSCALE_CPU_INLINE uint8_t block_scale_code(float amax, const Direction& d) {
   return E4M3Codec::encode_rn(min_nonnegative(amax * d.multiplier, FLT_MAX));  // amax >= 0
-}
-
-// Prefetches the columns of the chunk after `c` in its band, if one follows: the hardware
-// prefetchers do not follow 16 rows read side by side.
-MICROSCALE_CPU_INLINE void prefetch_next_chunk(const Call& call, const Chunk& c) {
-  if (!c.prefetch_next) return;
-  for (int i = 0; i < kBlock; ++i) {
-    const char* next = reinterpret_cast<const char*>(c.src + i * call.stride + kChunkCols);
-    for (int64_t l = 0; l < kPrefetchBytes; l += 64) __builtin_prefetch(next + l, 0, 3);
-  }
 }
 
 /// One chunk in AVX2 (nvfp4_chunk_avx2.cpp): the same bytes as quantize_nvfp4_16.cpp's

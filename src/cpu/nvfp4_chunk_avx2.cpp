@@ -20,7 +20,7 @@
 //              columns' 8 bytes of the band.
 // 5.7 instructions per element instead of 7.8; whole bands only (a rowwise-only call's last band
 // may be short: the plain chunk takes it).
-// Functions carry a target attribute (MICROSCALE_AVX2, nvfp4_16_chunk.hpp).
+// Functions carry a target attribute (MICROSCALE_AVX2, avx2.hpp).
 #include "cpu/nvfp4_16_chunk.hpp"
 
 #ifdef MICROSCALE_HAVE_AVX2_KERNELS
@@ -29,7 +29,7 @@
 
 #include <cstring>
 
-#include "cpu/avx2.hpp"  // lane_maxes, e2m1_codes
+#include "cpu/avx2.hpp"  // lane_maxes, e2m1_codes, copy_row, prefetch_rows
 #include "cpu/input16.hpp"
 
 namespace microscale::cpu::nvfp4_16 {
@@ -181,7 +181,7 @@ MICROSCALE_AVX2 void chunk_avx2(const Call& call, const Chunk& c, ColumnStage& s
   // 1. Maxes: col_max[j] for column j, row_max[b * 16 + i] for row i of block b.
   alignas(32) uint16_t col_max[kChunkCols];
   alignas(32) uint16_t row_max[kChunkBlocks * kBlock];
-  prefetch_next_chunk(call, c);
+  if (c.prefetch_next) prefetch_rows(c.src + kChunkCols, stride, kBlock, kPrefetchBytes);
   for (int b = 0; b < blocks; ++b) {
     const uint16_t* block = c.src + b * kBlock;
     __m256i m[kBlock];
@@ -285,14 +285,8 @@ MICROSCALE_AVX2 void chunk_avx2(const Call& call, const Chunk& c, ColumnStage& s
   if constexpr (kRows) {
     for (int i = 0; i < kBlock; ++i) {
       uint8_t* out = call.row_data + (c.first_row + i) * (call.k / 2) + c.col0 / 2;
-      if (call.row_stream && blocks == kChunkBlocks) {  // two whole, aligned lines (streamable)
-        for (int h = 0; h < 4; ++h) {
-          _mm256_stream_si256(reinterpret_cast<__m256i*>(out) + h,
-                              _mm256_load_si256(reinterpret_cast<const __m256i*>(row_lines[i]) + h));
-        }
-      } else {
-        std::memcpy(out, row_lines[i], blocks * (kBlock / 2));
-      }
+      // Streamed: two whole, aligned lines (streamable).
+      copy_row(row_lines[i], blocks * (kBlock / 2), call.row_stream && blocks == kChunkBlocks, out);
     }
   }
 }

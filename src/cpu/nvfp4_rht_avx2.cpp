@@ -1,6 +1,7 @@
 // The NVFP4 16-bit kernel's RHT (bf16 input, columnwise with --rht) in AVX2: the same bytes as
-// its plain C++ form (quantize_nvfp4_16.cpp: rht_band, rht_band_max_abs, encode_rht_columns), for
-// CPUs with AVX2 and without AVX-512 (kernel_set.hpp).
+// its plain C++ form (rht_band and rht_band_max_abs in rht_band.cpp, encode_rht_columns in
+// quantize_nvfp4_16.cpp), where kernel_set() says Avx2 or better (the AVX-512 kernels have their
+// own; this form runs there only when asked for, MICROSCALE_CPU_KERNELS=avx2).
 //
 // Why: on Zen 3, NVFP4 row + col with the RHT of 4096 x 4096 bf16 took 71.5 ms at one thread
 // (0.04x of memcpy). 43 % of it was rht_band: the band widened to fp32 in memory, then GCC's code
@@ -23,6 +24,7 @@
 #include <algorithm>
 #include <bit>
 
+#include "cpu/avx2.hpp"      // prefetch_rows
 #include "cpu/rht_band.hpp"  // rht_column_exact
 #include "microscale/half.hpp"
 
@@ -76,7 +78,7 @@ MICROSCALE_AVX2_INLINE void transform_half(const uint16_t* src, int64_t stride, 
 #pragma GCC unroll 16
   for (int i = 0; i < kBlock; ++i) {
     const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i * stride));
-    if (!kOdd) range->add(x);
+    if constexpr (!kOdd) range->add(x);
     const __m256i wide = kOdd ? _mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)))
                               : _mm256_slli_epi32(x, 16);
     z[i] = _mm256_mul_ps(_mm256_castsi256_ps(wide), _mm256_set1_ps(signs.s[i]));
@@ -136,7 +138,7 @@ MICROSCALE_AVX2_INLINE void rht_16_columns(const uint16_t* src, int64_t stride, 
 }
 
 MICROSCALE_AVX2 void rht_chunk(const Call& call, const Chunk& c, ColumnStage& stage) {
-  prefetch_next_chunk(call, c);
+  if (c.prefetch_next) prefetch_rows(c.src + kChunkCols, call.stride, kBlock, kPrefetchBytes);
   const InputSigns signs(*call.rht);
   alignas(32) uint16_t y[kBlock][kChunkCols];  // the chunk's transform: [output j][column]
   for (int c0 = 0; c0 < c.cols; c0 += kColumns)
@@ -145,6 +147,7 @@ MICROSCALE_AVX2 void rht_chunk(const Call& call, const Chunk& c, ColumnStage& st
   Call transformed = call;
   transformed.src = &y[0][0];
   transformed.stride = kChunkCols;
+  transformed.tile_2d = false;  // the RHT's blocks are 1 x 16 (encode_rht_columns)
   Chunk chunk = c;
   chunk.src = &y[0][0];
   chunk.prefetch_next = false;

@@ -236,11 +236,11 @@ void quantize_chunk_avx2_or_plain(const Chunk& c) {
 #endif
 
 // The chunk kernel of a codec, input type and scale rule: MXFP4 by thresholds, FP8 by the 16-bit
-// form; in AVX2 where kernel_set() says Avx2 or better.
+// form; in AVX2 when `avx2` (kernel_set() says Avx2 or better).
 template <typename Codec, DType kIn, MxScaleRule kRule>
-auto kernel_of() -> void (*)(const Chunk&) {
+auto kernel_of(bool avx2) -> void (*)(const Chunk&) {
 #ifdef MICROSCALE_HAVE_AVX2_KERNELS
-  if (kernel_set() >= KernelSet::Avx2) return &quantize_chunk_avx2_or_plain<Codec, kIn, kRule>;
+  if (avx2) return &quantize_chunk_avx2_or_plain<Codec, kIn, kRule>;
 #endif
   if constexpr (std::is_same_v<Codec, E2M1Codec>) {
     return &quantize_chunk_fp4<kIn, kRule>;
@@ -256,16 +256,18 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, const MxParam
   constexpr bool kFp4 = std::is_same_v<Codec, E2M1Codec>;
   const int64_t m = x.rows, k = x.cols;
   const int64_t data_cols = kFp4 ? k / 2 : k;  // bytes of an output row
+  // The kernel set, once per call (the chunk kernel and the FP4 table it reads must agree).
+  const bool avx2 = kernel_set() >= KernelSet::Avx2;
   void (*chunk)(const Chunk&) = nullptr;
   switch (p.rule) {
-    case MxScaleRule::Floor: chunk = kernel_of<Codec, kIn, MxScaleRule::Floor>(); break;
-    case MxScaleRule::Ceil: chunk = kernel_of<Codec, kIn, MxScaleRule::Ceil>(); break;
-    case MxScaleRule::Even: chunk = kernel_of<Codec, kIn, MxScaleRule::Even>(); break;
-    case MxScaleRule::RCeil: chunk = kernel_of<Codec, kIn, MxScaleRule::RCeil>(); break;
+    case MxScaleRule::Floor: chunk = kernel_of<Codec, kIn, MxScaleRule::Floor>(avx2); break;
+    case MxScaleRule::Ceil: chunk = kernel_of<Codec, kIn, MxScaleRule::Ceil>(avx2); break;
+    case MxScaleRule::Even: chunk = kernel_of<Codec, kIn, MxScaleRule::Even>(avx2); break;
+    case MxScaleRule::RCeil: chunk = kernel_of<Codec, kIn, MxScaleRule::RCeil>(avx2); break;
   }
   const MxE2m1Thresholds* thresholds = kFp4 ? &mx_e2m1_thresholds(kIn) : nullptr;
   std::optional<E2m1ThresholdPairTable<256>> threshold_pairs;  // the AVX2 FP4 chunk's
-  if (kFp4 && kernel_set() >= KernelSet::Avx2) threshold_pairs.emplace(*thresholds);
+  if (kFp4 && avx2) threshold_pairs.emplace(*thresholds);
   mx16::TermTable terms{};
   if constexpr (!kFp4) terms = mx16::term_table<Codec, kIn>();
   const int64_t bands = (m + kBlock - 1) / kBlock;  // columnwise: M % 32 == 0 is checked
