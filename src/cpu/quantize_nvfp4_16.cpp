@@ -329,7 +329,7 @@ void quantize_groups(const Call& call, int threads) {
           bool avx2 = false;
 #ifdef MICROSCALE_HAVE_AVX2_KERNELS
           avx2 = call.avx2 && c.rows == kBlock;  // whole bands (a rowwise-only call's last may not be)
-          if constexpr (kRht) {  // columnwise: every band is whole
+          if constexpr (kRht) {                  // columnwise: every band is whole
             if (call.avx2) nvfp4_16::quantize_rht_chunk_avx2(call, c, stage);
           }
           if constexpr (kRows || !kRht) {
