@@ -19,6 +19,9 @@
 // for AVX2); they run only after kernel_set() has seen AVX2 on the CPU.
 #define MICROSCALE_AVX2 __attribute__((target("avx2,f16c")))
 #define MICROSCALE_AVX2_INLINE MICROSCALE_AVX2 __attribute__((always_inline)) inline
+// On a lambda inside an AVX2 function (after its parameters): lambdas do not take the enclosing
+// function's target.
+#define MICROSCALE_AVX2_LAMBDA MICROSCALE_AVX2 __attribute__((always_inline))
 
 namespace microscale::cpu {
 

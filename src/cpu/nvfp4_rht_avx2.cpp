@@ -68,22 +68,69 @@ struct MagnitudeRange {
   }
 };
 
-// One half of the transform of the 16 columns at `src` (16 rows, row stride `stride`): z[j] lane
-// l = output j (before rounding) of column 2l (kOdd false) or 2l + 1 (kOdd true), in fp32. Every
-// product is exact; the sums are where MagnitudeRange::inexact passes the column. The even half
-// also gives the columns' range, from the same loads.
-template <bool kOdd>
-MICROSCALE_AVX2_INLINE void transform_half(const uint16_t* src, int64_t stride, const InputSigns& signs,
-                                           __m256 (&z)[kBlock], MagnitudeRange* range = nullptr) {
-#pragma GCC unroll 16
-  for (int i = 0; i < kBlock; ++i) {
-    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i * stride));
-    if constexpr (!kOdd) range->add(x);
-    const __m256i wide = kOdd ? _mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)))
-                              : _mm256_slli_epi32(x, 16);
-    z[i] = _mm256_mul_ps(_mm256_castsi256_ps(wide), _mm256_set1_ps(signs.s[i]));
+// The transform of 16 columns in fp32, in two halves: the even columns (x << 16) and the odd
+// ones (x & 0xFFFF0000), 8 lanes each. The FWHT's four butterfly steps run in two stages of two:
+// mix_within_groups (steps 1 and 2: rows 4g .. 4g + 3) and mix_across_groups (steps 4 and 8:
+// rows r, r + 4, r + 8, r + 12), with the 32 intermediate registers in L1 in between.
+// NOTE: in registers, the 16 rows of a half plus a temporary did not fit AVX2's 16 registers,
+// and GCC's spills ran the whole transform at ~1.3 instructions per cycle (docs/perf.md,
+// twenty-eighth session). The operations are fwht16's, in its order within each step: the same
+// sums, which are exact where MagnitudeRange::inexact passes the column.
+struct Halves {
+  __m256 even[kBlock];  // lane l: column 2l of the 16
+  __m256 odd[kBlock];   // lane l: column 2l + 1
+};
+
+// Steps (0, 1), (2, 3) then (0, 2), (1, 3) of a butterfly: the FWHT's two steps on 4 values.
+MICROSCALE_AVX2_INLINE void butterfly4(__m256 (&v)[4]) {
+  const __m256 s01 = _mm256_add_ps(v[0], v[1]), d01 = _mm256_sub_ps(v[0], v[1]);
+  const __m256 s23 = _mm256_add_ps(v[2], v[3]), d23 = _mm256_sub_ps(v[2], v[3]);
+  v[0] = _mm256_add_ps(s01, s23);
+  v[2] = _mm256_sub_ps(s01, s23);
+  v[1] = _mm256_add_ps(d01, d23);
+  v[3] = _mm256_sub_ps(d01, d23);
+}
+
+// Stage 1: the 16 rows at `src` (row stride `stride`) times s_i / 4 (every product exact), each
+// group of 4 rows through steps 1 and 2, to h. With `range`, the columns' range from the same
+// loads.
+MICROSCALE_AVX2_INLINE void mix_within_groups(const uint16_t* src, int64_t stride, const InputSigns& signs,
+                                              Halves& h, MagnitudeRange* range) {
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+#pragma GCC unroll 4
+  for (int g = 0; g < kBlock; g += 4) {
+    __m256 even[4], odd[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + (g + r) * stride));
+      if (range != nullptr) range->add(x);
+      const __m256 s = _mm256_set1_ps(signs.s[g + r]);
+      even[r] = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(x, 16)), s);
+      odd[r] = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(x, high)), s);
+    }
+    butterfly4(even);
+    butterfly4(odd);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      h.even[g + r] = even[r];
+      h.odd[g + r] = odd[r];
+    }
   }
-  fwht16(z);
+}
+
+// Stage 2: steps 4 and 8 across the groups; output(j, even, odd) takes output j of the 16
+// columns (before rounding).
+template <typename Output>
+MICROSCALE_AVX2_INLINE void mix_across_groups(const Halves& h, Output output) {
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r) {
+    __m256 even[4] = {h.even[r], h.even[r + 4], h.even[r + 8], h.even[r + 12]};
+    __m256 odd[4] = {h.odd[r], h.odd[r + 4], h.odd[r + 8], h.odd[r + 12]};
+    butterfly4(even);
+    butterfly4(odd);
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q) output(r + 4 * q, even[q], odd[q]);
+  }
 }
 
 // fp32 lanes (finite) rounded to bf16, to nearest even: the pattern in each lane's high 16 bits
@@ -115,22 +162,16 @@ MICROSCALE_AVX2_INLINE uint32_t column_bits(__m256i inexact) {
 // rounded as rht_band rounds.
 MICROSCALE_AVX2_INLINE void rht_16_columns(const uint16_t* src, int64_t stride, const RhtCoefficients& t,
                                            const InputSigns& signs, uint16_t* y, int64_t y_stride) {
-  __m256 z[kBlock];
+  Halves h;
   MagnitudeRange range;
-  transform_half<false>(src, stride, signs, z, &range);  // even columns: patterns to the low halves
-#pragma GCC unroll 16
-  for (int j = 0; j < kBlock; ++j) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + j * y_stride),
-                        _mm256_srli_epi32(round_to_bf16_high(z[j]), 16));
-  }
-  transform_half<true>(src, stride, signs, z);  // odd columns: to the high halves
+  mix_within_groups(src, stride, signs, h, &range);
   const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
-#pragma GCC unroll 16
-  for (int j = 0; j < kBlock; ++j) {
-    auto* row = reinterpret_cast<__m256i*>(y + j * y_stride);
-    _mm256_storeu_si256(
-        row, _mm256_or_si256(_mm256_loadu_si256(row), _mm256_and_si256(round_to_bf16_high(z[j]), high)));
-  }
+  // The even columns' patterns to the low halves of their 32-bit lanes, the odd ones' to the high.
+  mix_across_groups(h, [&](int j, __m256 even, __m256 odd) MICROSCALE_AVX2_LAMBDA {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + j * y_stride),
+                        _mm256_or_si256(_mm256_srli_epi32(round_to_bf16_high(even), 16),
+                                        _mm256_and_si256(round_to_bf16_high(odd), high)));
+  });
   for (uint32_t rest = column_bits(range.inexact()); rest != 0; rest &= rest - 1) {
     const int c = std::countr_zero(rest);
     exact_column(src + c, stride, t, y + c, y_stride);
@@ -192,21 +233,18 @@ MICROSCALE_AVX2 float band_max_abs(const uint16_t* src, int64_t stride, int64_t 
   for (int64_t c0 = 0; c0 < k; c0 += kColumns) {
     const uint16_t* columns = src + c0;
     if (below_limit(columns, stride, limit)) continue;
-    __m256 z[kBlock];
+    Halves h;
     MagnitudeRange range;
-    transform_half<false>(columns, stride, signs, z, &range);
+    mix_within_groups(columns, stride, signs, h, &range);
+    __m256i even_max = _mm256_setzero_si256(), odd_max = _mm256_setzero_si256();  // of the |sums|
+    mix_across_groups(h, [&](int, __m256 even, __m256 odd) MICROSCALE_AVX2_LAMBDA {
+      even_max = _mm256_max_epi32(even_max, _mm256_and_si256(_mm256_castps_si256(even), magnitude));
+      odd_max = _mm256_max_epi32(odd_max, _mm256_and_si256(_mm256_castps_si256(odd), magnitude));
+    });
+    // A column's lane is the same for its 16 outputs: its mask can wait until after the max.
     const __m256i inexact = range.inexact();
-#pragma GCC unroll 16
-    for (int j = 0; j < kBlock; ++j) {
-      const __m256i a = _mm256_and_si256(_mm256_castps_si256(z[j]), magnitude);
-      max_bits = _mm256_max_epi32(max_bits, without_inexact<false>(a, inexact));
-    }
-    transform_half<true>(columns, stride, signs, z);
-#pragma GCC unroll 16
-    for (int j = 0; j < kBlock; ++j) {
-      const __m256i a = _mm256_and_si256(_mm256_castps_si256(z[j]), magnitude);
-      max_bits = _mm256_max_epi32(max_bits, without_inexact<true>(a, inexact));
-    }
+    max_bits = _mm256_max_epi32(max_bits, without_inexact<false>(even_max, inexact));
+    max_bits = _mm256_max_epi32(max_bits, without_inexact<true>(odd_max, inexact));
     for (uint32_t rest = column_bits(inexact); rest != 0; rest &= rest - 1) {
       uint16_t y[kBlock];
       exact_column(columns + std::countr_zero(rest), stride, t, y, 1);
