@@ -63,9 +63,16 @@ struct E2m1ThresholdPairTable {
   }
 };
 
+/// How a table's thresholds are searched for; both give the same table.
+enum class ThresholdSearch {
+  Windowed,  // in a few patterns around a guess, checked; over all patterns where the check fails
+  Full,      // over all patterns (what a failed check falls back to: the tests compare the two)
+};
+
 /// The thresholds of one NVFP4 direction of a call: the encode scale of code c is
 /// nvfp4_block_encode_scale(e4m3_code_value(c), s_dec). `input` is BF16 or F16.
-void build_e2m1_thresholds(DType input, float s_dec, E2m1Thresholds& out);
+void build_e2m1_thresholds(DType input, float s_dec, E2m1Thresholds& out,
+                           ThresholdSearch search = ThresholdSearch::Windowed);
 
 /// The MXFP4 thresholds of `input` (BF16 or F16), built on first use (thread-safe) and kept.
 const MxE2m1Thresholds& mx_e2m1_thresholds(DType input);

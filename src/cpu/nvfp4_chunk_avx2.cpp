@@ -231,7 +231,7 @@ MICROSCALE_AVX2 void chunk_avx2(const Call& call, const Chunk& c, ColumnStage& s
       _mm_store_si128(reinterpret_cast<__m128i*>(col_codes + b * kBlock),
                       block_scale_codes<kIn>(col_max + b * kBlock, call.col));
     }
-    uint8_t* __restrict scale = stage.scale.data() + c.col0 * kGroupBands + c.band_in_group;
+    uint8_t* __restrict scale = stage.scale.get() + c.col0 * kGroupBands + c.band_in_group;
     for (int j = 0; j < blocks * kBlock; ++j) scale[j * kGroupBands] = col_codes[j];
     if constexpr (!kSameCodes) {
       for (int j = 0; j < blocks * kBlock; j += 8)
@@ -280,7 +280,7 @@ MICROSCALE_AVX2 void chunk_avx2(const Call& call, const Chunk& c, ColumnStage& s
       }
     }
     if constexpr (kCols)
-      store_column_words(acc, stage.data.data() + (c.col0 + b * kBlock) * kGroupBands + c.band_in_group);
+      store_column_words(acc, stage.data.get() + (c.col0 + b * kBlock) * kGroupBands + c.band_in_group);
   }
   if constexpr (kRows) {
     for (int i = 0; i < kBlock; ++i) {

@@ -66,6 +66,25 @@ TEST(E2m1Thresholds, F16CodesEqualReferenceEncoder) {
   for (float amax : kAmaxes) expect_thresholds_equal_reference(DType::F16, amax);
 }
 
+// The windowed search (what the kernels use) and the full one (its fallback where a guess's
+// window fails, which no table above needs) give the same NVFP4 tables.
+TEST(E2m1Thresholds, WindowedSearchEqualsFullSearch) {
+  for (DType input : {DType::BF16, DType::F16}) {
+    for (float amax : kAmaxes) {
+      const float s_dec = 1.0f / nvfp4_global_encode_scale(amax);
+      cpu::E2m1Thresholds windowed, full;
+      cpu::build_e2m1_thresholds(input, s_dec, windowed, cpu::ThresholdSearch::Windowed);
+      cpu::build_e2m1_thresholds(input, s_dec, full, cpu::ThresholdSearch::Full);
+      for (int code = 0; code < 127; ++code) {
+        for (int k = 0; k < 8; ++k) {
+          ASSERT_EQ(windowed.below[code][k], full.below[code][k])
+              << dtype_name(input) << " amax " << amax << " scale code " << code << " step " << k;
+        }
+      }
+    }
+  }
+}
+
 // The MXFP4 table of `input` against the reference kernel's code (quantize_mx_ref.cpp).
 void expect_mx_thresholds_equal_reference(DType input) {
   const cpu::MxE2m1Thresholds& t = cpu::mx_e2m1_thresholds(input);
