@@ -113,7 +113,7 @@ std::map<std::string, float> calibration_amaxes(const std::string& path) {
       } catch (const Error& err) {
         throw Error("calibration tensor '" + e.name + "' of '" + path + "': " + err.reason());
       }
-      for (int64_t i = 0; i < x.numel(); ++i) value = std::fmax(value, std::fabs(x.data_as<float>()[i]));
+      for (int64_t i = 0; i < x.numel(); ++i) value = max_abs_skipping_nan(value, x.data_as<float>()[i]);
     } else {
       continue;
     }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cfloat>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -47,6 +48,12 @@ MICROSCALE_HOST_DEVICE float e4m3_code_value(uint32_t code) {
   const uint32_t mask = 0u - static_cast<uint32_t>(e == 0u);
   return bits_to_float((subnormal & mask) | (normal & ~mask));
 }
+
+/// max(m, |v|) with v skipped when it is a NaN, quiet or signalling (m is not NaN): the amax of
+/// TE's kernels, whose fmaxf returns the other operand for either kind. NOTE: not std::fmax alone:
+/// glibc's returns NaN for a signalling NaN operand (IEEE 754-2008 maxNum; seen with glibc 2.36),
+/// and bf16 and f16 signalling NaNs widen to fp32 ones. Host only (std::isnan).
+inline float max_abs_skipping_nan(float m, float v) { return std::isnan(v) ? m : std::fmax(m, std::fabs(v)); }
 
 /// Block encode scale from the decoded E4M3 block scale: min(1 / RN(scale * S_dec), FLT_MAX).
 /// A zero scale gives FLT_MAX, so the block's nonzero elements saturate (as TE does).

@@ -41,12 +41,13 @@ struct Lanes {
   __m256i sign;  // 8 where x's sign is set and x is not a NaN (e2m1_code_by_thresholds' sign)
 };
 
+// As int16, the patterns of negative non-NaN values (-0 .. -Inf) are exactly those below that of
+// the negative NaN nearest -Inf: one compare gives the sign's lanes.
 template <DType kIn>
 MICROSCALE_AVX2_INLINE Lanes lanes_of(__m256i x) {
-  const __m256i a = _mm256_and_si256(x, _mm256_set1_epi16(0x7FFF));
-  const __m256i nan = _mm256_cmpgt_epi16(a, _mm256_set1_epi16(static_cast<int16_t>(kInf16Bits<kIn>)));
-  const __m256i sign = _mm256_and_si256(_mm256_srli_epi16(x, 12), _mm256_set1_epi16(8));
-  return {a, _mm256_andnot_si256(nan, sign)};
+  const auto first_negative_nan = static_cast<int16_t>(0x8000u | (kInf16Bits<kIn> + 1u));
+  const __m256i negative = _mm256_cmpgt_epi16(_mm256_set1_epi16(first_negative_nan), x);
+  return {_mm256_and_si256(x, _mm256_set1_epi16(0x7FFF)), _mm256_and_si256(negative, _mm256_set1_epi16(8))};
 }
 
 // |x| patterns with NaN as 0 (magnitude_bits of the plain chunk: a NaN is never an amax).

@@ -21,7 +21,7 @@ float quantize_direction(const std::vector<float>& src, int64_t rows, int64_t co
                          const QuantizeOptions& options, std::optional<float> amax_override,
                          uint64_t sr_first_block, uint8_t* data, uint8_t* scale) {
   float amax = 0.0f;
-  for (float v : src) amax = std::fmax(amax, std::fabs(v));  // fmax skips NaN, as TE's kernels do
+  for (float v : src) amax = max_abs_skipping_nan(amax, v);
   if (amax_override) amax = *amax_override;
 
   const float s_enc = nvfp4_global_encode_scale(amax);
@@ -37,7 +37,7 @@ float quantize_direction(const std::vector<float>& src, int64_t rows, int64_t co
       float block_amax = 0.0f;
       for (int64_t rr = r0; rr < r1; ++rr) {
         for (int i = 0; i < kBlock; ++i) {
-          block_amax = std::fmax(block_amax, std::fabs(src[rr * cols + b * kBlock + i]));
+          block_amax = max_abs_skipping_nan(block_amax, src[rr * cols + b * kBlock + i]);
         }
       }
       const float scale_f32 = std::fmin(block_amax * multiplier, FLT_MAX);
