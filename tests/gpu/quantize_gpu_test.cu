@@ -180,14 +180,11 @@ DeviceQuantized run_device(const TensorView& input, const QuantizeOptions& o) {
   return q;
 }
 
-// Quantizes `values` (stored as dtype, viewed with `strides` over a buffer of `storage` elements)
-// on both backends and compares every output byte; optionally dequantize too. False when the CPU
-// rejects the case (then nothing is compared).
-bool compare_case(const std::vector<float>& storage_values, const std::vector<int64_t>& shape,
-                  const std::vector<int64_t>& strides, DType dtype, const QuantizeOptions& o,
-                  bool check_dequant) {
+// compare_case on input bytes (`host`: the storage in dtype) rather than values.
+bool compare_stored(const std::vector<uint8_t>& host, const std::vector<int64_t>& shape,
+                    const std::vector<int64_t>& strides, DType dtype, const QuantizeOptions& o,
+                    bool check_dequant) {
   const std::string what = describe(o, shape, dtype, strides.empty() ? "" : "strided");
-  const std::vector<uint8_t> host = encode_input(storage_values, dtype);
   TensorView cpu_in;
   cpu_in.data = const_cast<uint8_t*>(host.data());
   cpu_in.dtype = dtype;
@@ -279,6 +276,15 @@ bool compare_case(const std::vector<float>& storage_values, const std::vector<in
     }
   }
   return true;
+}
+
+// Quantizes `values` (stored as dtype, viewed with `strides` over a buffer of `storage` elements)
+// on both backends and compares every output byte; optionally dequantize too. False when the CPU
+// rejects the case (then nothing is compared).
+bool compare_case(const std::vector<float>& storage_values, const std::vector<int64_t>& shape,
+                  const std::vector<int64_t>& strides, DType dtype, const QuantizeOptions& o,
+                  bool check_dequant) {
+  return compare_stored(encode_input(storage_values, dtype), shape, strides, dtype, o, check_dequant);
 }
 
 void random_suite(bool quick) {
@@ -491,6 +497,57 @@ void e2m1_edge_suite() {
   std::printf("e2m1 edge suite: %d cases\n", cases);
 }
 
+// NaN patterns of both signs and kinds between Gaussian values, with +-Inf: every one of bf16 and
+// f16, the edges of fp32's (least and largest signalling and quiet payloads). The kernels tell
+// NaN, Inf and the sign apart by pattern ranges, and an amax must skip a signalling NaN as it
+// skips a quiet one (the CPU's max_abs_skipping_nan, CUDA's fmaxf). Every case must be compared.
+void nan_pattern_suite() {
+  std::mt19937_64 rng(99);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  int cases = 0;
+  for (DType dtype : {DType::BF16, DType::F32, DType::F16}) {
+    std::vector<uint32_t> specials;
+    for (uint32_t sign : {0x0u, 0x80000000u}) {
+      if (dtype == DType::F32) {
+        for (uint32_t a :
+             {0x7F800000u, 0x7F800001u, 0x7F800002u, 0x7FBFFFFFu, 0x7FC00000u, 0x7FC00001u, 0x7FFFFFFFu})
+          specials.push_back(sign | a);
+      } else {
+        const uint32_t inf = dtype == DType::BF16 ? 0x7F80u : 0x7C00u;
+        for (uint32_t a = inf; a <= 0x7FFFu; ++a) specials.push_back((sign >> 16) | a);
+      }
+    }
+    const int64_t cols = 128;
+    const int64_t rows = (static_cast<int64_t>(2 * specials.size()) / cols / 64 + 1) * 64;
+    std::vector<float> values(static_cast<size_t>(rows * cols));
+    for (float& v : values) v = normal(rng);
+    std::vector<uint8_t> host = encode_input(values, dtype);
+    const size_t es = dtype_size(dtype);
+    for (size_t i = 0; i < specials.size(); ++i)
+      std::memcpy(&host[(2 * i + 1) * es], &specials[i], es);  // little-endian
+    for (int variant = 0; variant < 8; ++variant) {
+      QuantizeOptions o;
+      o.rowwise = o.columnwise = true;
+      if (variant < 3) {
+        o.scheme = Scheme::NVFP4;
+        o.tile = variant == 1 ? Tile::k16x16 : Tile::k1x16;
+        o.rht = variant == 2;
+        if (o.rht && dtype != DType::BF16) continue;
+      } else {
+        const Scheme mx[] = {Scheme::MXFP8_E4M3, Scheme::MXFP8_E5M2, Scheme::MXFP6_E2M3, Scheme::MXFP6_E3M2,
+                             Scheme::MXFP4};
+        o.scheme = mx[variant - 3];
+      }
+      if (!compare_stored(host, {rows, cols}, {}, dtype, o, variant == 0)) {
+        std::printf("FAIL NaN pattern suite: a case was not compared\n");
+        ++g_failures;
+      }
+      ++cases;
+    }
+  }
+  std::printf("NaN pattern suite: %d cases\n", cases);
+}
+
 void swizzle_suite() {
   std::mt19937_64 rng(7);
   for (auto [r, c] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {130, 7}, {256, 8}, {33, 300}}) {
@@ -647,6 +704,7 @@ int main(int argc, char** argv) {
     swizzle_suite();
     rht_exactness_suite();
     e2m1_edge_suite();
+    nan_pattern_suite();
     random_suite(quick);
     if (!golden.empty()) golden_suite(golden);
   } catch (const std::exception& e) {
