@@ -20,11 +20,10 @@ constexpr double kStepProduct[8] = {0x1p-150, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 
 // nearest kStepProduct[k] / multiplier. The threshold is the first pattern whose product rounds
 // past kStepProduct[k], and a product's rounding error is far below a pattern's step, so it is
 // the guess or a neighbour. Where it is not, the window check catches it and the full bisection
-// runs; none of the tables the tests build (every E4M3 code under 7 global scales, every MX byte,
-// bf16 and f16) needs it.
+// runs (the tests compare it with ThresholdSearch::Full, which always takes the full bisection).
 constexpr uint32_t kWindow = 1;
 constexpr int kWindowSteps = 1;  // halvings that take a window of 2 x kWindow to one pattern
-static_assert((2 * kWindow) >> kWindowSteps == 1);
+static_assert((1u << kWindowSteps) >= 2 * kWindow);  // each halving keeps the larger half
 
 // The bisection over [0, Inf pattern], under 2^15 wide: 15 halvings (of the larger half) leave it
 // one wide; one more is a no-op kept for margin.
@@ -39,7 +38,7 @@ MICROSCALE_CPU_INLINE uint32_t nearest_pattern(double v) {
   return bits < kInf16Bits<kIn> ? bits : kInf16Bits<kIn>;
 }
 
-// below[s][k] for steps k = first_step..7 of the `count` block scales whose element is
+// below[s][k] for steps k = first_step..7 of the kScales block scales whose element is
 // x * multiplier[s], with the codes of `Scaled`: scaled(x, multiplier) -> the product the
 // reference encodes. Step 0 is the first nonzero product.
 // Each threshold is the smallest pattern at which the step is reached: a bisection on the
@@ -56,7 +55,7 @@ MICROSCALE_CPU_INLINE void bisect(const float* multiplier, int first_step, Scale
   for (int k = first_step; k < 8; ++k) {
     // Whether pattern p reaches step k in block scale s. Invariant: the step is not reached at 0
     // (|x| = 0 gives code 0 and a zero product) and is at the Inf pattern (an Inf product, code 7).
-    const auto reached = [k, multiplier, scaled](uint32_t p, int s) {
+    const auto reached = [ k, multiplier, scaled ](uint32_t p, int s) __attribute__((always_inline)) {
       const float product = scaled(widen16<kIn>(static_cast<uint16_t>(p)), multiplier[s]);
       const uint32_t magnitude = E2M1Codec::encode_rn(product) & 7u;
       // A magnitude code >= 1 implies a nonzero product: one expression, no branch, for every k.

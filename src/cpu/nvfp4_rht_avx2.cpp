@@ -11,7 +11,8 @@
 //
 // Here 16 columns of the band are one register of bf16 per row. The transform runs in two fp32
 // halves, the even columns (x << 16) and the odd ones (x & 0xFFFF0000), so that each half's bf16
-// outputs go back to their lanes with a shift or a mask: no lane shuffles. Its exactness test is
+// outputs go back to their lanes with a shift or a mask: no lane shuffles; its butterfly runs in
+// two stages that each fit AVX2's 16 registers (Halves). Its exactness test is
 // rht_band's, on the 16-bit |x| patterns (MagnitudeRange); the few columns that fail it take
 // rht_column_exact. A chunk's transform (16 x 256 bf16, in L1) is then a band like any other:
 // its columnwise blocks are its columns, which the AVX2 chunk (nvfp4_chunk_avx2.cpp) encodes.
@@ -92,10 +93,9 @@ MICROSCALE_AVX2_INLINE void butterfly4(__m256 (&v)[4]) {
 }
 
 // Stage 1: the 16 rows at `src` (row stride `stride`) times s_i / 4 (every product exact), each
-// group of 4 rows through steps 1 and 2, to h. With `range`, the columns' range from the same
-// loads.
+// group of 4 rows through steps 1 and 2, to h; and the columns' range from the same loads.
 MICROSCALE_AVX2_INLINE void mix_within_groups(const uint16_t* src, int64_t stride, const InputSigns& signs,
-                                              Halves& h, MagnitudeRange* range) {
+                                              Halves& h, MagnitudeRange& range) {
   const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
 #pragma GCC unroll 4
   for (int g = 0; g < kBlock; g += 4) {
@@ -103,7 +103,7 @@ MICROSCALE_AVX2_INLINE void mix_within_groups(const uint16_t* src, int64_t strid
 #pragma GCC unroll 4
     for (int r = 0; r < 4; ++r) {
       const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + (g + r) * stride));
-      if (range != nullptr) range->add(x);
+      range.add(x);
       const __m256 s = _mm256_set1_ps(signs.s[g + r]);
       even[r] = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(x, 16)), s);
       odd[r] = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(x, high)), s);
@@ -164,7 +164,7 @@ MICROSCALE_AVX2_INLINE void rht_16_columns(const uint16_t* src, int64_t stride, 
                                            const InputSigns& signs, uint16_t* y, int64_t y_stride) {
   Halves h;
   MagnitudeRange range;
-  mix_within_groups(src, stride, signs, h, &range);
+  mix_within_groups(src, stride, signs, h, range);
   const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   // The even columns' patterns to the low halves of their 32-bit lanes, the odd ones' to the high.
   mix_across_groups(h, [&](int j, __m256 even, __m256 odd) MICROSCALE_AVX2_LAMBDA {
@@ -235,7 +235,7 @@ MICROSCALE_AVX2 float band_max_abs(const uint16_t* src, int64_t stride, int64_t 
     if (below_limit(columns, stride, limit)) continue;
     Halves h;
     MagnitudeRange range;
-    mix_within_groups(columns, stride, signs, h, &range);
+    mix_within_groups(columns, stride, signs, h, range);
     __m256i even_max = _mm256_setzero_si256(), odd_max = _mm256_setzero_si256();  // of the |sums|
     mix_across_groups(h, [&](int, __m256 even, __m256 odd) MICROSCALE_AVX2_LAMBDA {
       even_max = _mm256_max_epi32(even_max, _mm256_and_si256(_mm256_castps_si256(even), magnitude));

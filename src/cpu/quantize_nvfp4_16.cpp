@@ -311,8 +311,8 @@ void quantize_groups(const Call& call, int threads) {
     const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
     ColumnStage stage;
     if (kCols) {
-      stage.data = std::make_unique_for_overwrite<uint64_t[]>(static_cast<size_t>(call.k * kGroupBands));
-      stage.scale = std::make_unique_for_overwrite<uint8_t[]>(static_cast<size_t>(call.k * kGroupBands));
+      stage.data.reset(new uint64_t[static_cast<size_t>(call.k * kGroupBands)]);  // left uninitialised
+      stage.scale.reset(new uint8_t[static_cast<size_t>(call.k * kGroupBands)]);
     }
     RhtScratch rht(kRht && !call.avx2 ? call.k : 0);
 #pragma omp for schedule(static)

@@ -44,41 +44,53 @@ void expect_fast_equals_ref(const TensorView& x, const QuantizeOptions& o, const
 const Scheme kAllSchemes[] = {Scheme::NVFP4,      Scheme::MXFP8_E4M3, Scheme::MXFP8_E5M2,
                               Scheme::MXFP6_E2M3, Scheme::MXFP6_E3M2, Scheme::MXFP4};
 
-// NaN patterns of both signs and kinds between Gaussian values, with +-Inf: every one of bf16 and
-// f16, the edges of fp32's (the least and largest signalling and quiet payloads). The 16-bit
-// kernels tell NaN, Inf and the sign apart by pattern ranges, whose edges the fills' canonical
-// NaNs do not reach; and a signalling NaN is where std::fmax stops skipping NaN
-// (max_abs_skipping_nan, scale_math.hpp).
+// NaN patterns of both signs and kinds between Gaussian values: every one of bf16 and f16, the
+// edges of fp32's (the least and largest signalling and quiet payloads); with +-0 and +-max
+// finite, and once with +-Inf (the NVFP4 amaxes then Inf), once without. The 16-bit kernels tell
+// NaN, Inf and the sign apart by pattern ranges, whose edges the fills' canonical NaNs do not
+// reach; and a signalling NaN is where std::fmax stops skipping NaN (max_abs_skipping_nan,
+// scale_math.hpp).
 TEST(Quantize, FastEqualsReferenceNanPatterns) {
   for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
-    std::vector<uint32_t> specials;
-    for (uint32_t sign : {0x0u, 0x80000000u}) {
+    for (bool with_inf : {true, false}) {
+      const uint32_t inf = dtype == DType::F32 ? 0x7F800000u : dtype == DType::BF16 ? 0x7F80u : 0x7C00u;
+      const uint32_t sign_bit = dtype == DType::F32 ? 0x80000000u : 0x8000u;
+      std::vector<uint32_t> magnitudes = {0u, inf - 1};  // 0, max finite
+      if (with_inf) magnitudes.push_back(inf);
       if (dtype == DType::F32) {
-        for (uint32_t a :
-             {0x7F800000u, 0x7F800001u, 0x7F800002u, 0x7FBFFFFFu, 0x7FC00000u, 0x7FC00001u, 0x7FFFFFFFu})
-          specials.push_back(sign | a);
+        for (uint32_t a : {0x7F800001u, 0x7F800002u, 0x7FBFFFFFu, 0x7FC00000u, 0x7FC00001u, 0x7FFFFFFFu})
+          magnitudes.push_back(a);
       } else {
-        const uint32_t inf = dtype == DType::BF16 ? 0x7F80u : 0x7C00u;
-        for (uint32_t a = inf; a <= 0x7FFFu; ++a) specials.push_back((sign >> 16) | a);
+        for (uint32_t a = inf + 1; a <= 0x7FFFu; ++a) magnitudes.push_back(a);
       }
-    }
-    const int64_t cols = 128;
-    const auto rows = (static_cast<int64_t>(2 * specials.size()) / cols / 32 + 1) * 32;
-    Tensor x = random_tensor(dtype, {rows, cols}, Fill::Normal, 31);
-    for (size_t i = 0; i < specials.size(); ++i) {  // every other element
-      if (dtype == DType::F32) {
-        x.data_as<uint32_t>()[2 * i + 1] = specials[i];
-      } else {
-        x.data_as<uint16_t>()[2 * i + 1] = static_cast<uint16_t>(specials[i]);
+      std::vector<uint32_t> specials;
+      for (uint32_t sign : {0u, sign_bit}) {
+        for (uint32_t a : magnitudes) specials.push_back(sign | a);
       }
-    }
-    for (Scheme scheme : kAllSchemes) {
-      QuantizeOptions o;
-      o.scheme = scheme;
-      o.rowwise = o.columnwise = true;
-      expect_fast_equals_ref(
-          x.view(), o,
-          std::string(scheme_name(scheme)) + " " + std::string(dtype_name(dtype)) + " NaN patterns");
+      const int64_t cols = 128;
+      const auto rows = (static_cast<int64_t>(2 * specials.size()) / cols / 32 + 1) * 32;
+      Tensor x = random_tensor(dtype, {rows, cols}, Fill::Normal, 31);
+      for (size_t i = 0; i < specials.size(); ++i) {  // every other element
+        if (dtype == DType::F32) {
+          x.data_as<uint32_t>()[2 * i + 1] = specials[i];
+        } else {
+          x.data_as<uint16_t>()[2 * i + 1] = static_cast<uint16_t>(specials[i]);
+        }
+      }
+      for (Scheme scheme : kAllSchemes) {
+        for (int variant = 0; variant < (scheme == Scheme::NVFP4 ? 3 : 1); ++variant) {
+          QuantizeOptions o;
+          o.scheme = scheme;
+          o.rowwise = o.columnwise = true;
+          o.tile = variant == 1 ? Tile::k16x16 : Tile::k1x16;
+          o.rht = variant == 2;
+          if (o.rht && dtype != DType::BF16) continue;
+          expect_fast_equals_ref(x.view(), o,
+                                 std::string(scheme_name(scheme)) + " " + std::string(dtype_name(dtype)) +
+                                     (o.rht ? " rht" : "") + (variant == 1 ? " 16x16" : "") +
+                                     (with_inf ? " NaN and Inf patterns" : " NaN patterns"));
+        }
+      }
     }
   }
 }

@@ -4,7 +4,8 @@
 // CPU oracle microscale::quantize_ref, on random shapes (ragged, tiny, strided), every scheme,
 // scale mode, tile, RHT, SR, layout and input dtype; then dequantize and the standalone swizzle
 // against their CPU twins; then the golden set's quantizer cases byte for byte (its NaN/Inf-block
-// cases are left to the random suite, whose inputs hold NaN and Inf, against the CPU). Outputs are
+// cases are left to the random suite, whose inputs hold NaN and Inf, against the CPU; the NaN
+// pattern suite adds every bf16/f16 NaN pattern, signalling ones included). Outputs are
 // poisoned before each run so an unwritten byte shows. Exit status = number of failures (capped).
 //
 // Usage: quantize_gpu_test [--quick] [GOLDEN_DIR]
