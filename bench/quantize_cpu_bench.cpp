@@ -8,6 +8,9 @@
 // threads, its portable kernels and the reference path on 1.
 // The baseline is memcpy of the input (read 32 MiB + write 32 MiB) on the same thread counts.
 // The table printed last gives each figure as a ratio to memcpy and to the reference path.
+// A second table: NVFP4 row+col of small inputs (16 x 4096 to 1024 x 1024 bf16) on one thread,
+// where a call's fixed costs (its threshold tables, its buffers) show, beside memcpy of the same
+// input.
 //
 // Run: build/release/bench/bench_quantize_cpu [--benchmark_format=json]  (takes about a minute)
 #include <benchmark/benchmark.h>
@@ -103,6 +106,49 @@ void BM_memcpy(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(2 * bytes));
 }
 
+// Small calls: NVFP4 row+col of these bf16 shapes (Gaussian), one thread.
+const std::vector<std::pair<int64_t, int64_t>> kSmallShapes = {
+    {16, 4096}, {128, 128}, {128, 4096}, {1024, 1024}};
+
+const Tensor& small_input(int64_t rows, int64_t cols) {
+  static std::map<std::pair<int64_t, int64_t>, Tensor> inputs;
+  auto [it, added] = inputs.try_emplace({rows, cols}, DType::BF16, std::vector<int64_t>{rows, cols});
+  if (added) {
+    std::mt19937 rng(1);
+    std::normal_distribution<float> normal;
+    for (int64_t i = 0; i < it->second.numel(); ++i)
+      it->second.data_as<uint16_t>()[i] = float_to_bf16(normal(rng));
+  }
+  return it->second;
+}
+
+std::string small_name(const char* what, int64_t rows, int64_t cols) {
+  return std::string(what) + "/" + std::to_string(rows) + "x" + std::to_string(cols);
+}
+
+void BM_small_memcpy(benchmark::State& state, int64_t rows, int64_t cols) {
+  const Tensor& x = small_input(rows, cols);
+  std::vector<std::byte> dst(x.nbytes());
+  for (auto _ : state) {
+    std::memcpy(dst.data(), x.data(), x.nbytes());
+    benchmark::DoNotOptimize(dst.data());
+    benchmark::ClobberMemory();
+  }
+}
+
+void BM_small_quantize(benchmark::State& state, int64_t rows, int64_t cols) {
+  const Tensor& x = small_input(rows, cols);
+  QuantizeOptions o;
+  o.rowwise = o.columnwise = true;
+  o.num_threads = 1;
+  QuantizedTensor q;
+  quantize_into(x.view(), o, q);
+  for (auto _ : state) {
+    quantize_into(x.view(), o, q);
+    benchmark::DoNotOptimize(q.rowwise_data.data());
+  }
+}
+
 enum class Path { Fast, Portable, Reference };
 
 void BM_quantize(benchmark::State& state, Case c, Path path) {
@@ -144,6 +190,13 @@ class TableReporter : public benchmark::ConsoleReporter {
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const Run& r : runs) {
+      // Seconds per iteration, for the small calls (which report no bytes).
+      const double per_iteration = r.GetAdjustedRealTime() / benchmark::GetTimeUnitMultiplier(r.time_unit);
+      if (r.run_type == Run::RT_Aggregate && r.aggregate_name == "median") {
+        seconds[r.run_name.str()] = per_iteration;
+      } else if (r.run_type == Run::RT_Iteration && !medians.count(r.run_name.str())) {
+        seconds[r.run_name.str()] = per_iteration;
+      }
       if (!r.counters.count("bytes_per_second")) continue;
       const double rate = r.counters.at("bytes_per_second").value;
       if (r.run_type == Run::RT_Aggregate && r.aggregate_name == "median") {
@@ -154,7 +207,7 @@ class TableReporter : public benchmark::ConsoleReporter {
       }
     }
   }
-  std::map<std::string, double> rates;
+  std::map<std::string, double> rates, seconds;
   std::set<std::string> medians;
 };
 
@@ -166,6 +219,7 @@ int main(int argc, char** argv) {
   // that case a single iteration per repetition.
   input(DType::BF16);
   input(DType::F16);
+  for (const auto& [rows, cols] : kSmallShapes) small_input(rows, cols);
   const int all = omp_get_max_threads();
   for (int threads : {1, all}) {
     benchmark::RegisterBenchmark("memcpy", BM_memcpy)
@@ -189,6 +243,15 @@ int main(int argc, char** argv) {
         ->Iterations(1)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
+  }
+  for (const auto& [rows, cols] : kSmallShapes) {
+    benchmark::RegisterBenchmark(small_name("small/memcpy", rows, cols).c_str(), BM_small_memcpy, rows, cols)
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(small_name("small/nvfp4_row_col", rows, cols).c_str(), BM_small_quantize,
+                                 rows, cols)
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
   }
   // Defaults, before the caller's flags (which win): 5 repetitions in random interleaved order, so
   // that each figure and its memcpy baseline are medians over the same stretch of a noisy machine.
@@ -225,6 +288,17 @@ int main(int argc, char** argv) {
                   portable > 0 ? fast / portable : 0.0);
     }
     std::printf("%-20s %8d %10.2f   (portable kernels)\n", c.name, 1, portable / 1e9);
+  }
+  std::printf("\nsmall calls: NVFP4 row+col, bf16, 1 thread, fast path; medians\n");
+  std::printf("%-20s %12s %14s %12s\n", "shape", "us per call", "memcpy (us)", "vs memcpy");
+  for (const auto& [rows, cols] : kSmallShapes) {
+    const auto time = [&](const char* what) {
+      auto it = reporter.seconds.find(small_name(what, rows, cols) + "/real_time");
+      return it == reporter.seconds.end() ? 0.0 : it->second;
+    };
+    const double call = time("small/nvfp4_row_col"), copy = time("small/memcpy");
+    std::printf("%-20s %12.1f %14.2f %11.1fx\n", (std::to_string(rows) + "x" + std::to_string(cols)).c_str(),
+                call * 1e6, copy * 1e6, copy > 0 ? call / copy : 0.0);
   }
   const double copy_one = rate("memcpy/1/real_time"),
                copy_all = rate("memcpy/" + std::to_string(all) + "/real_time");
