@@ -54,9 +54,9 @@ struct Call {
 };
 
 // A thread's columnwise outputs of its current group, [column][band of the group]: k x 8 each.
-// Left uninitialised (new T[n]): a group's chunks write every entry that
-// flush_columns reads. NOTE: zeroing them (std::vector) took ~0.3 M instructions per thread per
-// call at k = 4096, a third of a 16 x 4096 call.
+// Left uninitialised (new T[n]): a group's chunks write every entry that flush_columns reads.
+// NOTE: zeroing them (std::vector) took ~0.3 M instructions per thread per call at k = 4096, a
+// third of a 16 x 4096 call.
 struct ColumnStage {
   std::unique_ptr<uint64_t[]> data;  // a column's 8 bytes of a band
   std::unique_ptr<uint8_t[]> scale;
