@@ -1,15 +1,14 @@
 // CPU quantize throughput beside memcpy, in one run.
 //
 // Effective bandwidth = (bytes read + bytes written) / time, for a 4096x4096 bf16 input (32 MiB):
-// NVFP4 rowwise+columnwise with and without RHT, NVFP4 16x16 (both directions), MXFP8 E4M3, MXFP4
-// and MXFP6 E2M3 rowwise+columnwise, and NVFP4 and MXFP8 rowwise+columnwise of the same values as
-// f16 (32 MiB too); the fast path (the best kernel set the CPU has: AVX-512, AVX2 or portable;
-// MICROSCALE_CPU_KERNELS=avx2 picks the AVX2 set on an AVX-512 CPU) on 1 thread and on all
-// threads, its portable kernels and the reference path on 1.
-// The baseline is memcpy of the input (read 32 MiB + write 32 MiB) on the same thread counts.
-// The table printed last gives each figure as a ratio to memcpy and to the reference path.
-// A second table: NVFP4 row+col of small inputs (16 x 4096 to 1024 x 1024 bf16) on one thread,
-// where a call's fixed costs (its threshold tables, its buffers) show, beside memcpy of the same
+// NVFP4 rowwise+columnwise with and without RHT, NVFP4 16x16 (both directions), MXFP8 E4M3, MXFP4,
+// MXFP6 E2M3 and E3M2 rowwise+columnwise, and NVFP4, MXFP8 and MXFP6 E2M3 rowwise+columnwise of
+// the same values as f16 (32 MiB too); the fast path (the best kernel set the CPU has: AVX-512, AVX2 or
+// portable; MICROSCALE_CPU_KERNELS=avx2 picks the AVX2 set on an AVX-512 CPU) on 1 thread and on all threads,
+// its portable kernels and the reference path on 1. The baseline is memcpy of the input (read 32 MiB + write
+// 32 MiB) on the same thread counts. The table printed last gives each figure as a ratio to memcpy and to the
+// reference path. A second table: NVFP4 row+col of small inputs (16 x 4096 to 1024 x 1024 bf16) on one
+// thread, where a call's fixed costs (its threshold tables, its buffers) show, beside memcpy of the same
 // input.
 //
 // Run: build/release/bench/bench_quantize_cpu [--benchmark_format=json]  (takes about a minute)
@@ -79,14 +78,18 @@ std::vector<Case> cases() {
   mxfp4.scheme = Scheme::MXFP4;
   QuantizeOptions mxfp6 = nvfp4;
   mxfp6.scheme = Scheme::MXFP6_E2M3;
+  QuantizeOptions mxfp6_e3m2 = nvfp4;
+  mxfp6_e3m2.scheme = Scheme::MXFP6_E3M2;
   return {{"nvfp4_row_col", nvfp4},
           {"nvfp4_row_col_rht", nvfp4_rht},
           {"nvfp4_16x16", nvfp4_2d},
           {"mxfp8_row_col", mxfp8},
           {"mxfp4_row_col", mxfp4},
           {"mxfp6_e2m3_row_col", mxfp6},
+          {"mxfp6_e3m2_row_col", mxfp6_e3m2},
           {"nvfp4_row_col_f16", nvfp4, DType::F16},
-          {"mxfp8_row_col_f16", mxfp8, DType::F16}};
+          {"mxfp8_row_col_f16", mxfp8, DType::F16},
+          {"mxfp6_e2m3_row_col_f16", mxfp6, DType::F16}};
 }
 
 void BM_memcpy(benchmark::State& state) {
@@ -272,7 +275,7 @@ int main(int argc, char** argv) {
       "\n4096x4096 bf16 (f16 where the case says so), effective GB/s = (bytes read + written) / time, "
       "medians; %d hardware threads\n",
       all);
-  std::printf("%-20s %8s %10s %12s %12s %16s\n", "case", "threads", "GB/s", "vs memcpy", "vs ref(1t)",
+  std::printf("%-24s %8s %10s %12s %12s %16s\n", "case", "threads", "GB/s", "vs memcpy", "vs ref(1t)",
               "vs portable(1t)");
   for (const Case& c : cases()) {
     const double ref = rate(std::string("ref/") + c.name + "/1/iterations:1/real_time");
@@ -283,27 +286,27 @@ int main(int argc, char** argv) {
       suffix += "/real_time";
       const double fast = rate(std::string("fast/") + c.name + suffix);
       const double copy = rate("memcpy" + suffix);
-      std::printf("%-20s %8d %10.2f %11.2fx %11.1fx %15.1fx\n", c.name, threads, fast / 1e9,
+      std::printf("%-24s %8d %10.2f %11.2fx %11.1fx %15.1fx\n", c.name, threads, fast / 1e9,
                   copy > 0 ? fast / copy : 0.0, ref > 0 ? fast / ref : 0.0,
                   portable > 0 ? fast / portable : 0.0);
     }
-    std::printf("%-20s %8d %10.2f   (portable kernels)\n", c.name, 1, portable / 1e9);
+    std::printf("%-24s %8d %10.2f   (portable kernels)\n", c.name, 1, portable / 1e9);
   }
   std::printf("\nsmall calls: NVFP4 row+col, bf16, 1 thread, fast path; medians\n");
-  std::printf("%-20s %12s %14s %12s\n", "shape", "us per call", "memcpy (us)", "vs memcpy");
+  std::printf("%-24s %12s %14s %12s\n", "shape", "us per call", "memcpy (us)", "vs memcpy");
   for (const auto& [rows, cols] : kSmallShapes) {
     const auto time = [&](const char* what) {
       auto it = reporter.seconds.find(small_name(what, rows, cols) + "/real_time");
       return it == reporter.seconds.end() ? 0.0 : it->second;
     };
     const double call = time("small/nvfp4_row_col"), copy = time("small/memcpy");
-    std::printf("%-20s %12.1f %14.2f %11.1fx\n", (std::to_string(rows) + "x" + std::to_string(cols)).c_str(),
+    std::printf("%-24s %12.1f %14.2f %11.1fx\n", (std::to_string(rows) + "x" + std::to_string(cols)).c_str(),
                 call * 1e6, copy * 1e6, copy > 0 ? call / copy : 0.0);
   }
   const double copy_one = rate("memcpy/1/real_time"),
                copy_all = rate("memcpy/" + std::to_string(all) + "/real_time");
-  std::printf("%-20s %8d %10.2f\n", "memcpy", 1, copy_one / 1e9);
-  std::printf("%-20s %8d %10.2f\n", "memcpy", all, copy_all / 1e9);
+  std::printf("%-24s %8d %10.2f\n", "memcpy", 1, copy_one / 1e9);
+  std::printf("%-24s %8d %10.2f\n", "memcpy", all, copy_all / 1e9);
   // On a shared VM another tenant can take the other CPUs for a while: the copy on all threads
   // then runs no faster than on one, and every all-threads ratio of this run is against a wrong
   // baseline (seen on the 2-vCPU development VM, docs/perf.md).

@@ -1,6 +1,6 @@
-// The chunks of the MX 16-bit kernel (quantize_mx16.cpp) in AVX2: FP8 (the same bytes as its
-// plain C++ quantize_chunk) and FP4 (quantize_chunk_fp4), where kernel_set() says Avx2 or better
-// (on AVX-512 CPUs the AVX-512 kernels take these calls unless MICROSCALE_CPU_KERNELS=avx2).
+// The chunks of the MX 16-bit kernel (quantize_mx16.cpp) in AVX2: FP8 and FP6 (the same bytes as
+// its plain C++ quantize_chunk) and FP4 (quantize_chunk_fp4), where kernel_set() says Avx2 or
+// better (on AVX-512 CPUs the AVX-512 kernels take these calls unless MICROSCALE_CPU_KERNELS=avx2).
 //
 // Why: on Zen 3 GCC's code for the plain chunks ran 6.0 (FP8) and 6.35 (FP4) instructions per
 // element (row + col of 4096 x 4096 bf16 at one thread: MXFP8 15.4 ms, 0.25x of memcpy; MXFP4
@@ -15,6 +15,11 @@
 //              - FP8 by the 16-bit form (mx16_form.hpp: a saturating subtract, a shift and a min)
 //                and its lanes outside the form, ORed over the row; a row with such a lane takes
 //                the plain chunk's fix_outside, as there;
+//              - FP6 likewise, but its lanes outside the normal form (format subnormals: most
+//                E2M3 block rows have some) take the subnormal form (mx16_form.hpp) in vector:
+//                |x| widened to fp32, a multiply, a conversion to integer, a blend. Chunks with a
+//                scale byte where that form does not hold (Inf, NaN, amaxes below ~2^-124) take
+//                the FP8 way;
 //              - FP4 by thresholds (e2m1_codes, avx2.hpp): the block's rowwise ones broadcast,
 //                the columnwise ones per lane; two codes per byte by a multiply-add and packs.
 //              A row's codes go to lines in L1, then to the outputs (streamed when large).
@@ -54,9 +59,9 @@ MICROSCALE_AVX2_INLINE Lanes lanes_of(__m256i x) {
   return l;
 }
 
-// mx16_code_normal on 16 lanes, each with its `lower`: 16-bit codes.
+// mx16_code_normal on 16 lanes, each with its `lower`, without the sign: 16-bit code magnitudes.
 template <typename Codec, DType kIn>
-MICROSCALE_AVX2_INLINE __m256i codes(const Lanes& l, __m256i lower) {
+MICROSCALE_AVX2_INLINE __m256i magnitudes(const Lanes& l, __m256i lower) {
   using F = Mx16Format<Codec, kIn>;
   __m256i rebased;
   if constexpr (kIn == DType::BF16) {
@@ -65,14 +70,96 @@ MICROSCALE_AVX2_INLINE __m256i codes(const Lanes& l, __m256i lower) {
     rebased = _mm256_andnot_si256(_mm256_cmpeq_epi16(l.abs, _mm256_setzero_si256()),
                                   _mm256_sub_epi16(l.abs_plus_lsb, lower));
   }
-  const __m256i magnitude = _mm256_min_epu16(_mm256_srli_epi16(rebased, F::kDrop),
-                                             _mm256_set1_epi16(static_cast<int16_t>(Codec::kMaxCode)));
-  return _mm256_or_si256(magnitude, l.sign);
+  return _mm256_min_epu16(_mm256_srli_epi16(rebased, F::kDrop),
+                          _mm256_set1_epi16(static_cast<int16_t>(Codec::kMaxCode)));
+}
+
+// mx16_code_normal on 16 lanes, each with its `lower`: 16-bit codes.
+template <typename Codec, DType kIn>
+MICROSCALE_AVX2_INLINE __m256i codes(const Lanes& l, __m256i lower) {
+  return _mm256_or_si256(magnitudes<Codec, kIn>(l, lower), l.sign);
 }
 
 // mx16_outside on 16 lanes: all ones where |x| - 1 <= limit (unsigned).
 MICROSCALE_AVX2_INLINE __m256i outside(const Lanes& l, __m256i limit) {
   return _mm256_cmpeq_epi16(_mm256_min_epu16(l.abs_less_one, limit), l.abs_less_one);
+}
+
+// ---- FP6: the subnormal form (mx16_form.hpp) in fp32 lanes ----
+//
+// 16 lanes' |x| widened to fp32 in the order _mm256_unpack*_epi16 leaves them: `low` holds lanes
+// 0-3 and 8-11, `high` lanes 4-7 and 12-15. _mm256_packs_epi32 of the two puts 16-bit results
+// back in lane order, so the subnormal codes cost no permutation; the columnwise multipliers are
+// stored in this order (subnormal_multipliers).
+struct Widened {
+  __m256 low, high;
+};
+
+template <DType kIn>
+MICROSCALE_AVX2_INLINE Widened widen(__m256i abs) {
+  if constexpr (kIn == DType::BF16) {
+    const __m256i zero = _mm256_setzero_si256();  // a bf16 pattern is the high half of its fp32's
+    return {_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, abs)),
+            _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, abs))};
+  } else {
+    const __m256i grouped = _mm256_permute4x64_epi64(abs, 0xD8);  // lanes 0-3, 8-11 | 4-7, 12-15
+    return {_mm256_cvtph_ps(_mm256_castsi256_si128(grouped)),
+            _mm256_cvtph_ps(_mm256_extracti128_si256(grouped, 1))};
+  }
+}
+
+// mx16_code_subnormal on 16 lanes (lane order): `multiplier` per lane in the Widened order.
+MICROSCALE_AVX2_INLINE __m256i subnormal_magnitudes(const Widened& w, __m256 multiplier_low,
+                                                    __m256 multiplier_high) {
+  // NOTE: _mm256_cvtps_epi32 rounds in the current rounding mode, as encode_rn's fp32 add onto
+  // the grid does. Lanes in the normal form may overflow here (0x80000000); the blend drops them.
+  return _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(w.low, multiplier_low)),
+                            _mm256_cvtps_epi32(_mm256_mul_ps(w.high, multiplier_high)));
+}
+
+// FP6 codes of 16 lanes with their normal form's `lower` and `limit`: the normal form's, and the
+// subnormal form's where a lane is outside the normal form.
+template <typename Codec, DType kIn>
+MICROSCALE_AVX2_INLINE __m256i fp6_codes(const Lanes& l, const Widened& w, __m256i lower, __m256i limit,
+                                         __m256 multiplier_low, __m256 multiplier_high) {
+  const __m256i magnitude =
+      _mm256_blendv_epi8(magnitudes<Codec, kIn>(l, lower),
+                         subnormal_magnitudes(w, multiplier_low, multiplier_high), outside(l, limit));
+  return _mm256_or_si256(magnitude, l.sign);
+}
+
+// Whether every block of the chunk takes the subnormal form: scale bytes from
+// Mx16Subnormals::kMinScale to 0xFE. Other chunks (an Inf or NaN, or amaxes below ~2^-124) take
+// the normal form and fix_outside, as FP8 chunks do.
+template <typename Codec, DType kIn>
+MICROSCALE_AVX2_INLINE bool subnormal_form_holds(const Chunk& c, const Terms& row, const Terms& col) {
+  constexpr auto kLeast = static_cast<uint8_t>(Mx16Subnormals<Codec, kIn>::kMinScale);
+  const auto outside_range = [](uint8_t s) MICROSCALE_AVX2_LAMBDA {
+    return static_cast<uint8_t>(s < kLeast || s == 0xFF);
+  };
+  uint8_t any = 0;
+  if (c.col_data != nullptr) {
+    for (int j = 0; j < c.cols; ++j) any |= outside_range(col.scale[j]);
+  }
+  if (c.row_data != nullptr) {
+    for (int i = 0; i < c.rows; ++i) {
+      for (int b = 0; b < c.cols / kBlock; ++b) any |= outside_range(row.scale[i * kChunkBlocks + b]);
+    }
+  }
+  return any == 0;
+}
+
+// The columnwise blocks' multipliers (Mx16Subnormals::multiplier) per lane, in the Widened order:
+// per 16 lanes, those of lanes 0-3, 8-11, then 4-7, 12-15.
+template <typename Codec, DType kIn>
+MICROSCALE_AVX2_INLINE void subnormal_multipliers(const Terms& col, int cols, float* out) {
+  const __m256 factor = _mm256_set1_ps(Mx16Subnormals<Codec, kIn>::multiplier(1.0f));
+  for (int j = 0; j < cols; j += kLanes) {
+    const __m256 first = _mm256_mul_ps(_mm256_load_ps(col.inverse + j), factor);
+    const __m256 second = _mm256_mul_ps(_mm256_load_ps(col.inverse + j + 8), factor);
+    _mm256_store_ps(out + j, _mm256_permute2f128_ps(first, second, 0x20));
+    _mm256_store_ps(out + j + 8, _mm256_permute2f128_ps(first, second, 0x31));
+  }
 }
 
 // 32 codes of 16 bits (< 256) from two registers to 32 bytes in lane order.
@@ -119,30 +206,49 @@ MICROSCALE_AVX2_INLINE void maxes(const Chunk& c, uint16_t* col_max, uint16_t* r
 }
 
 // Step 3 for the requested directions (kRow, kCol). A row's codes go to lines in L1 first, where
-// fix_outside mends them, then to the outputs.
-template <typename Codec, DType kIn, bool kRow, bool kCol>
+// fix_outside mends them, then to the outputs. With kSubnormalForm (FP6 chunks where
+// subnormal_form_holds) the lanes outside the normal form take the subnormal form instead, and
+// nothing is mended.
+template <typename Codec, DType kIn, bool kRow, bool kCol, bool kSubnormalForm>
 MICROSCALE_AVX2_INLINE void encode(const Chunk& c, const Terms& row, const Terms& col) {
   const int blocks = c.cols / kBlock;
   alignas(32) uint8_t row_out[kChunkCols], col_out[kChunkCols];
+  alignas(32) float col_multiplier[kSubnormalForm && kCol ? kChunkCols : 1];  // the Widened order
+  if constexpr (kSubnormalForm && kCol) subnormal_multipliers<Codec, kIn>(col, c.cols, col_multiplier);
   for (int i = 0; i < kBlock; ++i) {
     const uint16_t* x = c.src + i * c.stride;
     __m256i any_outside = _mm256_setzero_si256();
     for (int b = 0; b < blocks; ++b) {
       const int first = b * kBlock;
-      const __m256i row_lower = _mm256_set1_epi16(static_cast<int16_t>(row.lower[i * kChunkBlocks + b]));
-      const __m256i row_limit = _mm256_set1_epi16(static_cast<int16_t>(row.limit[i * kChunkBlocks + b]));
+      const int q = i * kChunkBlocks + b;
+      const __m256i row_lower = _mm256_set1_epi16(static_cast<int16_t>(row.lower[q]));
+      const __m256i row_limit = _mm256_set1_epi16(static_cast<int16_t>(row.limit[q]));
+      [[maybe_unused]] __m256 row_multiplier;
+      if constexpr (kSubnormalForm && kRow)
+        row_multiplier = _mm256_set1_ps(Mx16Subnormals<Codec, kIn>::multiplier(row.inverse[q]));
       __m256i row_codes[2], col_codes[2];
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
         const int lane = first + h * kLanes;
         const Lanes l = lanes_of<Codec, kIn>(load16(x + lane));
-        if constexpr (kRow) {
-          row_codes[h] = codes<Codec, kIn>(l, row_lower);
-          any_outside = _mm256_or_si256(any_outside, outside(l, row_limit));
-        }
-        if constexpr (kCol) {
-          col_codes[h] = codes<Codec, kIn>(l, load16(col.lower + lane));
-          any_outside = _mm256_or_si256(any_outside, outside(l, load16(col.limit + lane)));
+        if constexpr (kSubnormalForm) {
+          const Widened w = widen<kIn>(l.abs);
+          if constexpr (kRow)
+            row_codes[h] = fp6_codes<Codec, kIn>(l, w, row_lower, row_limit, row_multiplier, row_multiplier);
+          if constexpr (kCol) {
+            col_codes[h] = fp6_codes<Codec, kIn>(l, w, load16(col.lower + lane), load16(col.limit + lane),
+                                                 _mm256_load_ps(col_multiplier + lane),
+                                                 _mm256_load_ps(col_multiplier + lane + 8));
+          }
+        } else {
+          if constexpr (kRow) {
+            row_codes[h] = codes<Codec, kIn>(l, row_lower);
+            any_outside = _mm256_or_si256(any_outside, outside(l, row_limit));
+          }
+          if constexpr (kCol) {
+            col_codes[h] = codes<Codec, kIn>(l, load16(col.lower + lane));
+            any_outside = _mm256_or_si256(any_outside, outside(l, load16(col.limit + lane)));
+          }
         }
       }
       if constexpr (kRow) store_codes(row_codes[0], row_codes[1], row_out + first);
@@ -157,6 +263,19 @@ MICROSCALE_AVX2_INLINE void encode(const Chunk& c, const Terms& row, const Terms
   }
 }
 
+// Step 3 in the requested directions, with or without the subnormal form.
+template <typename Codec, DType kIn, bool kSubnormalForm>
+MICROSCALE_AVX2_INLINE void encode_directions(const Chunk& c, const Terms& row, const Terms& col) {
+  const bool rowwise = c.row_data != nullptr, columnwise = c.col_data != nullptr;
+  if (rowwise && columnwise) {
+    encode<Codec, kIn, true, true, kSubnormalForm>(c, row, col);
+  } else if (rowwise) {
+    encode<Codec, kIn, true, false, kSubnormalForm>(c, row, col);
+  } else {
+    encode<Codec, kIn, false, true, kSubnormalForm>(c, row, col);
+  }
+}
+
 template <typename Codec, DType kIn, MxScaleRule kRule>
 MICROSCALE_AVX2 void chunk_avx2(const Chunk& c) {
   alignas(32) uint16_t col_max[kChunkCols];
@@ -164,14 +283,13 @@ MICROSCALE_AVX2 void chunk_avx2(const Chunk& c) {
   maxes(c, col_max, row_max);
   Terms col, row;
   chunk_terms<kIn, kRule>(c, col_max, row_max, col, row);
-  const bool rowwise = c.row_data != nullptr, columnwise = c.col_data != nullptr;
-  if (rowwise && columnwise) {
-    encode<Codec, kIn, true, true>(c, row, col);
-  } else if (rowwise) {
-    encode<Codec, kIn, true, false>(c, row, col);
-  } else {
-    encode<Codec, kIn, false, true>(c, row, col);
+  // FP6 puts many lanes in the format's subnormals (E2M3: most blocks have some), which the
+  // subnormal form encodes in vector; FP8 has few, which fix_outside mends.
+  if constexpr (Codec::kWidth == 6) {
+    if (subnormal_form_holds<Codec, kIn>(c, row, col))
+      return encode_directions<Codec, kIn, true>(c, row, col);
   }
+  encode_directions<Codec, kIn, false>(c, row, col);
 }
 
 // ---- MXFP4: codes by thresholds ----
@@ -268,6 +386,10 @@ MICROSCALE_MX16_CHUNK_AVX2(E4M3Codec, DType::BF16)
 MICROSCALE_MX16_CHUNK_AVX2(E4M3Codec, DType::F16)
 MICROSCALE_MX16_CHUNK_AVX2(E5M2Codec, DType::BF16)
 MICROSCALE_MX16_CHUNK_AVX2(E5M2Codec, DType::F16)
+MICROSCALE_MX16_CHUNK_AVX2(E2M3Codec, DType::BF16)
+MICROSCALE_MX16_CHUNK_AVX2(E2M3Codec, DType::F16)
+MICROSCALE_MX16_CHUNK_AVX2(E3M2Codec, DType::BF16)
+MICROSCALE_MX16_CHUNK_AVX2(E3M2Codec, DType::F16)
 #undef MICROSCALE_MX16_CHUNK_AVX2
 
 template <DType kIn, MxScaleRule kRule>

@@ -17,8 +17,10 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
+#include "cpu/input16.hpp"
 #include "microscale/tensor.hpp"  // DType
 
 namespace microscale::cpu {
@@ -94,6 +96,34 @@ constexpr uint8_t mx16_code_normal(uint16_t x, uint16_t lower) {
   const auto magnitude =
       std::min(static_cast<uint16_t>(rebased >> F::kDrop), static_cast<uint16_t>(Codec::kMaxCode));
   return static_cast<uint8_t>(magnitude | ((x >> F::kSignShift) & Codec::kSignBit));
+}
+
+/// The subnormal form (FP6 in AVX2, mx16_chunk_avx2.cpp): where a block's d = S - kScaleBase is
+/// at least 1, the lanes outside the normal form (mx16_outside) are exactly the nonzero ones with
+/// e <= 0, i.e. |y| < 2^emin: the format's subnormals, input subnormals among them. Their code
+/// magnitude is |y| in steps of the format's smallest subnormal, 2^(emin - m), rounded to an
+/// integer (ties to even; a carry to 2^m is the code of 2^emin, the smallest normal): |x| times
+/// 2^(127 - S + m - emin), exact where it matters (a power of two; only products below 2^-126,
+/// whose codes are 0, round), then rounded to an integer, as encode_rn's fp32 add onto the grid
+/// rounds it (under the same rounding mode). The multiplier is finite from kMinScale on.
+template <typename Codec, DType kIn>
+struct Mx16Subnormals {
+  using F = Mx16Format<Codec, kIn>;
+  static constexpr int kGridShift = F::kMantissaBits - Codec::kEmin;  // log2 of 1 / the step
+  /// The least scale byte of the form: d >= 1, and 2^(127 - S + kGridShift) below fp32's Inf.
+  static constexpr int kMinScale = std::max(F::kScaleBase + 1, kGridShift);
+  /// The multiplier of a block from its mx_inverse_scale, 2^(127 - S) (exact for S >= kMinScale:
+  /// from 2^-127 up, a power of two times a power of two).
+  static constexpr float multiplier(float inverse) { return inverse * static_cast<float>(1 << kGridShift); }
+};
+
+/// The code magnitude of a lane in the subnormal form (mx16_outside in a block with scale byte
+/// S >= Mx16Subnormals::kMinScale, S < 0xFF): `multiplier` = Mx16Subnormals::multiplier of the
+/// block. std::nearbyint rounds as the AVX2 kernel's _mm256_cvtps_epi32 does (the current rounding
+/// mode: to nearest, ties to even, unless a caller changed it).
+template <typename Codec, DType kIn>
+inline uint8_t mx16_code_subnormal(uint16_t x, float multiplier) {
+  return static_cast<uint8_t>(std::nearbyint(widen16<kIn>(static_cast<uint16_t>(x & 0x7FFF)) * multiplier));
 }
 
 }  // namespace microscale::cpu

@@ -5,7 +5,7 @@
 // (bands of 32 rows): per column, the block amax over the band, then every row of the band encoded
 // with its column's scale (still row-major, so the stores stay contiguous). MXFP8 and MXFP4 of
 // bf16 and f16 inputs with contiguous rows take quantize_mx16.cpp instead (16-bit lanes, no
-// widening).
+// widening), and so does MXFP6 where the CPU has AVX2 (see mx16_applies).
 #include <algorithm>
 #include <cmath>
 #include <vector>

@@ -1,6 +1,6 @@
-// Portable MXFP8 and MXFP4 kernel for bf16 and f16 inputs: plain C++ loops over 16-bit patterns,
-// which GCC vectorises (AVX2: 16 lanes per operation; the clones of cpu_dispatch.hpp). FP8 codes
-// by the 16-bit form of mx16_form.hpp, FP4 codes by thresholds (e2m1_thresholds.hpp; see
+// Portable MXFP8 and MXFP4 kernel (MXFP6 too where the CPU has AVX2) for bf16 and f16 inputs: plain C++ loops
+// over 16-bit patterns, which GCC vectorises (AVX2: 16 lanes per operation; the clones of cpu_dispatch.hpp).
+// FP8 codes by the 16-bit form of mx16_form.hpp, FP4 codes by thresholds (e2m1_thresholds.hpp; see
 // quantize_chunk_fp4). Equal bit for bit to quantize_mx_ref.cpp (tests/cpp/quantize_test.cpp runs
 // the portable kernels on random, special and boundary inputs; mx16_form_test.cpp and
 // e2m1_thresholds_test.cpp check the per-lane forms exhaustively).
@@ -330,13 +330,16 @@ void quantize_with_input(const InputMatrix& x, const QuantizeOptions& o, const M
 }  // namespace
 
 bool mx16_applies(const InputMatrix& x, Scheme scheme) {
-  // FP8 by the 16-bit form; FP4 by thresholds. FP6 E2M3 puts a large share of a Gaussian block in
-  // the format's subnormals, outside the 16-bit form, and there this kernel measured slower than
-  // the fp32 one (docs/perf.md, fifteenth session); FP6 E3M2 about as fast. Both stay fp32.
-  // Chunks are whole rowwise blocks: a columnwise-only call may have any last dim (K % 32 != 0),
-  // which the fp32 kernel takes.
+  // FP8 by the 16-bit form; FP4 by thresholds. FP6 only with AVX2: E2M3 puts a large share of a
+  // Gaussian block in the format's subnormals, outside the 16-bit form, which the AVX2 chunk
+  // encodes in vector (the subnormal form, mx16_chunk_avx2.cpp); the plain chunk mends them lane
+  // group by lane group and measured slower than the fp32 kernel (docs/perf.md, fifteenth
+  // session). Chunks are whole rowwise blocks: a columnwise-only call may have any last dim
+  // (K % 32 != 0), which the fp32 kernel takes.
+  const bool fp6 = scheme == Scheme::MXFP6_E2M3 || scheme == Scheme::MXFP6_E3M2;
   return (x.dtype == DType::BF16 || x.dtype == DType::F16) && x.col_stride == 1 && x.cols % kBlock == 0 &&
-         (scheme == Scheme::MXFP8_E4M3 || scheme == Scheme::MXFP8_E5M2 || scheme == Scheme::MXFP4);
+         (scheme == Scheme::MXFP8_E4M3 || scheme == Scheme::MXFP8_E5M2 || scheme == Scheme::MXFP4 ||
+          (fp6 && kernel_set() >= KernelSet::Avx2));
 }
 
 void quantize_mx16(const InputMatrix& x, const QuantizeOptions& o, const MxParams& p, QuantizedTensor& out) {
@@ -344,6 +347,8 @@ void quantize_mx16(const InputMatrix& x, const QuantizeOptions& o, const MxParam
     case Scheme::MXFP8_E4M3: return quantize_with_input<E4M3Codec>(x, o, p, out);
     case Scheme::MXFP8_E5M2: return quantize_with_input<E5M2Codec>(x, o, p, out);
     case Scheme::MXFP4: return quantize_with_input<E2M1Codec>(x, o, p, out);
+    case Scheme::MXFP6_E2M3: return quantize_with_input<E2M3Codec>(x, o, p, out);
+    case Scheme::MXFP6_E3M2: return quantize_with_input<E3M2Codec>(x, o, p, out);
     default: break;  // not mx16_applies
   }
 }

@@ -71,6 +71,53 @@ TEST(Mx16Form, F16NormalFormEqualsScalarCodec) {
   expect_normal_form<E5M2Codec, DType::F16>(Format::E5M2);
 }
 
+// The subnormal form (FP6 in AVX2): wherever a lane is outside the normal form of a block with a
+// scale byte from Mx16Subnormals::kMinScale on, mx16_code_subnormal with the input's sign equals
+// encode_rn(mx_scaled_element(x, mx_inverse_scale(S))). Scale bytes as in expect_normal_form.
+// Also: the multiplier is exact, and the form took many lanes, codes above 0 among them.
+template <typename Codec, DType kIn>
+void expect_subnormal_form(Format format) {
+  using Subnormals = cpu::Mx16Subnormals<Codec, kIn>;
+  const FormatInfo& f = format_info(format);
+  const bool bf16 = kIn == DType::BF16;
+  const int last = bf16 ? 254 : 127 + 16 - f.emax + 2;
+  int failures = 0;
+  int64_t subnormal_lanes = 0, nonzero_codes = 0;
+  for (int scale = Subnormals::kMinScale; scale <= last && failures < 10; ++scale) {
+    const Mx16Terms t = cpu::mx16_terms<Codec, kIn>(static_cast<uint8_t>(scale));
+    const float inverse = mx_inverse_scale(static_cast<uint8_t>(scale));
+    const float multiplier = Subnormals::multiplier(inverse);
+    ASSERT_EQ(multiplier, std::ldexp(1.0f, 127 - scale + f.mantissa_bits - (1 - f.bias)))
+        << f.name << " " << scale;
+    for (uint32_t h = 0; h < 0x10000 && failures < 10; ++h) {
+      const auto x = static_cast<uint16_t>(h);
+      const bool finite = bf16 ? ((h >> 7) & 0xFF) != 0xFF : ((h >> 10) & 0x1F) != 0x1F;
+      if (!finite || !cpu::mx16_outside(x, t.limit)) continue;
+      const float v = bf16 ? bits_to_float(uint32_t{x} << 16) : half_to_float(x);
+      const auto expected = static_cast<uint8_t>(Codec::encode_rn(mx_scaled_element(v, inverse)));
+      const uint8_t magnitude = cpu::mx16_code_subnormal<Codec, kIn>(x, multiplier);
+      const auto got = static_cast<uint8_t>(
+          magnitude | ((x >> cpu::Mx16Format<Codec, kIn>::kSignShift) & Codec::kSignBit));
+      ++subnormal_lanes;
+      nonzero_codes += magnitude != 0;
+      if (got != expected) {
+        ++failures;
+        ADD_FAILURE() << f.name << (bf16 ? " bf16" : " f16") << " S=" << scale << " x=0x" << std::hex << h
+                      << " want 0x" << int{expected} << " got 0x" << int{got};
+      }
+    }
+  }
+  EXPECT_GT(subnormal_lanes, 100000) << f.name;
+  EXPECT_GT(nonzero_codes, 1000) << f.name;
+}
+
+TEST(Mx16Form, SubnormalFormEqualsScalarCodec) {
+  expect_subnormal_form<E2M3Codec, DType::BF16>(Format::E2M3);
+  expect_subnormal_form<E3M2Codec, DType::BF16>(Format::E3M2);
+  expect_subnormal_form<E2M3Codec, DType::F16>(Format::E2M3);
+  expect_subnormal_form<E3M2Codec, DType::F16>(Format::E3M2);
+}
+
 // Every bf16 and f16 value (the amaxes the kernel has), fp32 patterns around every binade's ends
 // and random ones, under every rule and element format: the same byte as mx_scale_byte.
 template <MxScaleRule kRule>

@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <string>
 
 #include "kernel_sets.hpp"
 #include "microscale/error.hpp"
@@ -124,6 +126,71 @@ TEST(Quantize, FastEqualsReferenceMx) {
   }
 }
 
+// FP6 in blocks whose amax is 2^e: every 16-bit pattern below it, of both signs, in the other
+// lanes. Each 32 x 32 tile has the amax on its diagonal, so every rowwise and columnwise block
+// holds it. The exponents put the least scale byte of the AVX2 chunk's subnormal form
+// (Mx16Subnormals::kMinScale: there input subnormals get codes above 0), the byte below it (the
+// chunk then takes fix_outside), and typical ones under the floor rule; the other rules move
+// them by one.
+TEST(Quantize, FastEqualsReferenceMxFp6EveryPatternBelowAmax) {
+  for (Scheme scheme : {Scheme::MXFP6_E2M3, Scheme::MXFP6_E3M2}) {
+    const int emax = scheme == Scheme::MXFP6_E2M3 ? 2 : 4;
+    const int grid_shift = scheme == Scheme::MXFP6_E2M3 ? 3 : 4;  // m - emin
+    const int bias = scheme == Scheme::MXFP6_E2M3 ? 1 : 3;
+    for (DType dtype : {DType::BF16, DType::F16}) {
+      const bool bf16 = dtype == DType::BF16;
+      const int least_scale = std::max(bf16 ? bias + 1 : bias + 113, grid_shift);
+      for (int e : {least_scale - 127 + emax, least_scale - 128 + emax, -3, 0, bf16 ? 100 : 15}) {
+        const float amax = std::ldexp(1.0f, e);
+        const uint16_t amax_bits = bf16 ? float_to_bf16(amax) : float_to_half(amax);
+        const int64_t cols = 256;
+        const int64_t per_row = cols - cols / 32;  // lanes off the diagonal
+        const int64_t rows = (2 * amax_bits / per_row / 32 + 1) * 32;
+        Tensor x(dtype, {rows, cols});
+        auto* bits = x.data_as<uint16_t>();
+        uint32_t next = 0;
+        for (int64_t i = 0; i < rows; ++i) {
+          for (int64_t j = 0; j < cols; ++j) {
+            const bool diagonal = i % 32 == j % 32;
+            bits[i * cols + j] =
+                diagonal ? static_cast<uint16_t>(amax_bits | (i % 2 != 0 ? 0x8000 : 0))
+                         : static_cast<uint16_t>((next % amax_bits) | (next / amax_bits % 2) << 15);
+            next += diagonal ? 0 : 1;
+          }
+        }
+        for (ScaleMode mode : {ScaleMode::Floor, ScaleMode::Ceil, ScaleMode::Even, ScaleMode::RCeil}) {
+          QuantizeOptions o;
+          o.scheme = scheme;
+          o.scale_mode = mode;
+          o.rowwise = o.columnwise = true;
+          expect_fast_equals_ref(x.view(), o,
+                                 std::string(scheme_name(scheme)) + " " + std::string(dtype_name(dtype)) +
+                                     " amax 2^" + std::to_string(e) + " " +
+                                     std::string(scale_mode_name(mode)));
+        }
+      }
+      // One rowwise block per row below the subnormal form's least scale byte (a different block
+      // in each row, never the first alone), among Gaussian ones: its columnwise blocks are not.
+      Tensor x = random_tensor(dtype, {64, 512}, Fill::Normal, 901);
+      auto* bits = x.data_as<uint16_t>();
+      for (int64_t i = 0; i < 64; ++i) {
+        const int64_t block = 1 + i % 15;
+        for (int64_t j = block * 32; j < block * 32 + 32; ++j) {
+          const float v = (bf16 ? bf16_to_float(bits[i * 512 + j]) : half_to_float(bits[i * 512 + j])) *
+                          std::ldexp(1.0f, bf16 ? -126 : -13);
+          bits[i * 512 + j] = bf16 ? float_to_bf16(v) : float_to_half(v);
+        }
+      }
+      QuantizeOptions o;
+      o.scheme = scheme;
+      o.rowwise = o.columnwise = true;
+      expect_fast_equals_ref(x.view(), o,
+                             std::string(scheme_name(scheme)) + " " + std::string(dtype_name(dtype)) +
+                                 " a tiny rowwise block per row");
+    }
+  }
+}
+
 TEST(Quantize, FastEqualsReferenceMxStreamedOutputs) {
   // Outputs of kStreamBytes (8 MiB) and more are written by streaming stores (the AVX2 chunks),
   // after a row's codes are mended in cache: 8 MiB of codes per direction.
@@ -141,7 +208,8 @@ TEST(Quantize, FastEqualsReferenceMxStreamedOutputs) {
 // One direction at a time: the 16-bit MX kernels encode both directions from one pass over a chunk.
 TEST(Quantize, FastEqualsReferenceMxOneDirection) {
   uint32_t seed = 700;
-  for (Scheme scheme : {Scheme::MXFP8_E4M3, Scheme::MXFP8_E5M2, Scheme::MXFP6_E3M2, Scheme::MXFP4}) {
+  for (Scheme scheme :
+       {Scheme::MXFP8_E4M3, Scheme::MXFP8_E5M2, Scheme::MXFP6_E2M3, Scheme::MXFP6_E3M2, Scheme::MXFP4}) {
     for (DType dtype : {DType::BF16, DType::F16}) {
       for (Fill fill : {Fill::Normal, Fill::Heavy, Fill::Extreme, Fill::Sparse, Fill::Tiny}) {
         for (bool rowwise : {false, true}) {
