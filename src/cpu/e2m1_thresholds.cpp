@@ -3,6 +3,8 @@
 // vectorised across the block scales.
 #include "cpu/e2m1_thresholds.hpp"
 
+#include <algorithm>
+
 #include "core/fp_environment.hpp"
 #include "core/scale_math.hpp"
 #include "cpu/encode_fast.hpp"
@@ -29,13 +31,31 @@ static_assert((1u << kWindowSteps) >= 2 * kWindow);  // each halving keeps the l
 // one wide; one more is a no-op kept for margin.
 constexpr int kBisectionSteps = 16;
 
-// The pattern of kIn nearest to v >= 0 (or NaN, then 0), saturating to the Inf pattern.
+// A guess of the pattern of kIn nearest to v (0 for NaN or v <= 0, the Inf pattern for v at or
+// above it): nearest but for ties and f16's subnormal range (a guess needs to be within the search
+// window, not exact). Branch-free, so the loop over block scales vectorises.
+// NOTE: with float_to_bf16 and float_to_half (their branches) the loop stayed scalar, and the
+// guesses were the largest part of a small call's tables (docs/perf.md, twenty-ninth session).
 template <DType kIn>
-MICROSCALE_CPU_INLINE uint32_t nearest_pattern(double v) {
-  if (!(v >= 0.0)) return 0;
-  const auto f = static_cast<float>(v);  // may round to Inf
-  const uint32_t bits = kIn == DType::BF16 ? float_to_bf16(f) : float_to_half(f);
-  return bits < kInf16Bits<kIn> ? bits : kInf16Bits<kIn>;
+MICROSCALE_CPU_INLINE uint32_t guess_pattern(double v) {
+  const float f = static_cast<float>(v);  // may round to Inf or 0
+  const uint32_t u = float_bits(f);
+  uint32_t pattern;
+  if constexpr (kIn == DType::BF16) {
+    pattern = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;  // Inf stays Inf (0x7F800000 + 0x7FFF: 0x7F80)
+  } else {
+    // Normal f16: the fp32 pattern rebased by 112 binades, rounded at 13 bits; below 2^-14
+    // (f16 subnormals, where that rebasing wraps) the value in steps of 2^-24.
+    const uint32_t normal = (u - (112u << 23) + 0xFFFu + ((u >> 13) & 1u)) >> 13;
+    const bool below_normal = (f > 0.0f) & (f < 0x1p-14f);
+    // In [0, 2^-14), so its conversion cannot overflow; chosen on the bits (a float `?:` stayed a
+    // branch in GCC 12), and converted through int32 (AVX2 converts floats to signed integers only).
+    const float small = bits_to_float(select(below_normal, u, 0u));
+    const auto subnormal = static_cast<uint32_t>(static_cast<int32_t>(small * 0x1p24f + 0.5f));
+    pattern = select(below_normal, subnormal, normal);
+  }
+  pattern = std::min(pattern, uint32_t{kInf16Bits<kIn>});
+  return select(f > 0.0f, pattern, 0u);  // NaN: 0
 }
 
 // below[s][k] for steps k = first_step..7 of the kScales block scales whose element is
@@ -62,17 +82,19 @@ MICROSCALE_CPU_INLINE void bisect(const float* multiplier, int first_step, Scale
       return (product != 0.0f) & (magnitude >= static_cast<uint32_t>(k));
     };
     uint32_t lo[kScales], hi[kScales];
-    for (int s = 0; s < kScales; ++s) {  // not vectorised (the pattern conversions branch)
-      const uint32_t guess = nearest_pattern<kIn>(kStepProduct[k] / static_cast<double>(multiplier[s]));
+    for (int s = 0; s < kScales; ++s) {
+      const uint32_t guess = guess_pattern<kIn>(kStepProduct[k] / static_cast<double>(multiplier[s]));
       lo[s] = guess > kWindow ? guess - kWindow : 0;
       hi[s] = guess + kWindow < kInf16Bits<kIn> ? guess + kWindow : kInf16Bits<kIn>;
     }
     // NOTE: & and |, not && and ||: without branches the loop vectorises.
     const bool windowed = search == ThresholdSearch::Windowed;
     bool in_window[kScales];
+    uint32_t any_outside = 0;  // the fallback is rare (no tested table takes it): tested once
     for (int s = 0; s < kScales; ++s) {
       in_window[s] =
           windowed & ((lo[s] == 0) | !reached(lo[s], s)) & ((hi[s] == kInf16Bits<kIn>) | reached(hi[s], s));
+      any_outside |= static_cast<uint32_t>(!in_window[s]);
     }
     for (int step = 0; step < kWindowSteps; ++step) {
       for (int s = 0; s < kScales; ++s) {
@@ -82,21 +104,20 @@ MICROSCALE_CPU_INLINE void bisect(const float* multiplier, int first_step, Scale
         lo[s] = select(r, lo[s], mid);
       }
     }
-    for (int s = 0; s < kScales; ++s) {
-      if (!in_window[s]) {
-        lo[s] = 0;
-        hi[s] = kInf16Bits<kIn>;
-        for (int step = 0; step < kBisectionSteps; ++step) {
-          const uint32_t mid = (lo[s] + hi[s]) / 2;
-          if (reached(mid, s)) {
-            hi[s] = mid;
-          } else {
-            lo[s] = mid;
-          }
+    for (int s = 0; any_outside != 0 && s < kScales; ++s) {
+      if (in_window[s]) continue;
+      lo[s] = 0;
+      hi[s] = kInf16Bits<kIn>;
+      for (int step = 0; step < kBisectionSteps; ++step) {
+        const uint32_t mid = (lo[s] + hi[s]) / 2;
+        if (reached(mid, s)) {
+          hi[s] = mid;
+        } else {
+          lo[s] = mid;
         }
       }
-      out.below[s][k] = static_cast<int16_t>(hi[s] - 1);
     }
+    for (int s = 0; s < kScales; ++s) out.below[s][k] = static_cast<int16_t>(hi[s] - 1);
   }
 }
 

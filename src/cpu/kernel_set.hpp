@@ -3,8 +3,8 @@
 //   Avx512:   the hand-vectorised AVX-512 kernels (quantize_*_avx512.cpp), on CPUs with AVX-512
 //             F/BW/DQ/VL;
 //   Avx2:     the portable fast path, with parts of the 16-bit kernels in AVX2 (NVFP4's chunks,
-//             nvfp4_chunk_avx2.cpp, and RHT, nvfp4_rht_avx2.cpp; MXFP8's and MXFP4's chunks,
-//             mx16_chunk_avx2.cpp), on CPUs with AVX2 (AMD Zen 2/3, Intel client parts);
+//             nvfp4_chunk_avx2.cpp, and RHT, nvfp4_rht_avx2.cpp; MXFP8's, MXFP6's and MXFP4's
+//             chunks, mx16_chunk_avx2.cpp), on CPUs with AVX2 (AMD Zen 2/3, Intel client parts);
 //   Portable: the portable fast path as plain C++ (quantize_nvfp4.cpp, quantize_nvfp4_16.cpp,
 //             quantize_mx.cpp, quantize_mx16.cpp), compiled for x86-64-v4/-v3/baseline
 //             (cpu_dispatch.hpp) or any other target.

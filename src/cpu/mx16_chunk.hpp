@@ -1,5 +1,6 @@
 // The unit of work of the MX 16-bit kernel (quantize_mx16.cpp) and the steps its two forms of a
-// chunk (FP8 and FP4) share: plain C++ (quantize_mx16.cpp) and AVX2 (mx16_chunk_avx2.cpp).
+// chunk (FP8 and FP6 by the 16-bit form, FP4 by thresholds) share: plain C++ (quantize_mx16.cpp) and AVX2
+// (mx16_chunk_avx2.cpp).
 #pragma once
 
 #include <algorithm>
@@ -60,7 +61,7 @@ struct Chunk {
   MxParams p;
   const MxE2m1Thresholds* fp4_thresholds;                  // MXFP4 (quantize_chunk_fp4)
   const E2m1ThresholdPairTable<256>* fp4_threshold_pairs;  // fp4_thresholds widened (the AVX2 chunk)
-  const TermTable* terms;                                  // FP8 (the 16-bit form)
+  const TermTable* terms;                                  // FP8, FP6 (the 16-bit form)
   // Rowwise: chunk row i at row_data + i * data_stride, its block bytes at row_scale + i * row_scale_stride.
   uint8_t* row_data;
   uint8_t* row_scale;
@@ -164,7 +165,7 @@ MICROSCALE_CPU_INLINE void fp4_scales(const Chunk& c, const uint16_t* __restrict
   }
 }
 
-/// One FP8 chunk in AVX2 (mx16_chunk_avx2.cpp): the same bytes as quantize_mx16.cpp's
+/// One FP8 or FP6 chunk in AVX2 (mx16_chunk_avx2.cpp): the same bytes as quantize_mx16.cpp's
 /// quantize_chunk. Only where the CPU has AVX2.
 template <typename Codec, DType kIn, MxScaleRule kRule>
 void quantize_chunk_avx2(const Chunk& c);

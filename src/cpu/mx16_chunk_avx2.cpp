@@ -18,8 +18,8 @@
 //              - FP6 likewise, but its lanes outside the normal form (format subnormals: most
 //                E2M3 block rows have some) take the subnormal form (mx16_form.hpp) in vector:
 //                |x| widened to fp32, a multiply, a conversion to integer, a blend. Chunks with a
-//                scale byte where that form does not hold (Inf, NaN, amaxes below ~2^-124) take
-//                the FP8 way;
+//                scale byte where that form does not hold (Inf, NaN, tiny amaxes) take the FP8
+//                way;
 //              - FP4 by thresholds (e2m1_codes, avx2.hpp): the block's rowwise ones broadcast,
 //                the columnwise ones per lane; two codes per byte by a multiply-add and packs.
 //              A row's codes go to lines in L1, then to the outputs (streamed when large).
@@ -129,21 +129,26 @@ MICROSCALE_AVX2_INLINE __m256i fp6_codes(const Lanes& l, const Widened& w, __m25
 }
 
 // Whether every block of the chunk takes the subnormal form: scale bytes from
-// Mx16Subnormals::kMinScale to 0xFE. Other chunks (an Inf or NaN, or amaxes below ~2^-124) take
-// the normal form and fix_outside, as FP8 chunks do.
+// Mx16Subnormals::kMinScale to 0xFE, or blocks of zeros (max pattern 0: zero padding; their codes
+// are 0 under the capped multiplier). Other chunks (an Inf or NaN; bf16 amaxes below 2^-122 for
+// E2M3, 2^-119 for E3M2) take the normal form and fix_outside, as FP8 chunks do.
 template <typename Codec, DType kIn>
-MICROSCALE_AVX2_INLINE bool subnormal_form_holds(const Chunk& c, const Terms& row, const Terms& col) {
+MICROSCALE_AVX2_INLINE bool subnormal_form_holds(const Chunk& c, const Terms& row, const Terms& col,
+                                                 const uint16_t* col_max, const uint16_t* row_max) {
   constexpr auto kLeast = static_cast<uint8_t>(Mx16Subnormals<Codec, kIn>::kMinScale);
-  const auto outside_range = [](uint8_t s) MICROSCALE_AVX2_LAMBDA {
-    return static_cast<uint8_t>(s < kLeast || s == 0xFF);
+  const auto outside_range = [](uint8_t s, uint16_t max) MICROSCALE_AVX2_LAMBDA {
+    return static_cast<uint8_t>((s < kLeast || s == 0xFF) && max != 0);
   };
   uint8_t any = 0;
   if (c.col_data != nullptr) {
-    for (int j = 0; j < c.cols; ++j) any |= outside_range(col.scale[j]);
+    for (int j = 0; j < c.cols; ++j) any |= outside_range(col.scale[j], col_max[j]);
   }
   if (c.row_data != nullptr) {
     for (int i = 0; i < c.rows; ++i) {
-      for (int b = 0; b < c.cols / kBlock; ++b) any |= outside_range(row.scale[i * kChunkBlocks + b]);
+      for (int b = 0; b < c.cols / kBlock; ++b) {
+        const int q = i * kChunkBlocks + b;
+        any |= outside_range(row.scale[q], row_max[q]);
+      }
     }
   }
   return any == 0;
@@ -153,10 +158,12 @@ MICROSCALE_AVX2_INLINE bool subnormal_form_holds(const Chunk& c, const Terms& ro
 // per 16 lanes, those of lanes 0-3, 8-11, then 4-7, 12-15.
 template <typename Codec, DType kIn>
 MICROSCALE_AVX2_INLINE void subnormal_multipliers(const Terms& col, int cols, float* out) {
-  const __m256 factor = _mm256_set1_ps(Mx16Subnormals<Codec, kIn>::multiplier(1.0f));
+  using Subnormals = Mx16Subnormals<Codec, kIn>;
+  const __m256 factor = _mm256_set1_ps(Subnormals::multiplier(1.0f));  // as multiplier(), in vector
+  const __m256 cap = _mm256_set1_ps(Subnormals::kMaxInverse);
   for (int j = 0; j < cols; j += kLanes) {
-    const __m256 first = _mm256_mul_ps(_mm256_load_ps(col.inverse + j), factor);
-    const __m256 second = _mm256_mul_ps(_mm256_load_ps(col.inverse + j + 8), factor);
+    const __m256 first = _mm256_mul_ps(_mm256_min_ps(_mm256_load_ps(col.inverse + j), cap), factor);
+    const __m256 second = _mm256_mul_ps(_mm256_min_ps(_mm256_load_ps(col.inverse + j + 8), cap), factor);
     _mm256_store_ps(out + j, _mm256_permute2f128_ps(first, second, 0x20));
     _mm256_store_ps(out + j + 8, _mm256_permute2f128_ps(first, second, 0x31));
   }
@@ -286,7 +293,7 @@ MICROSCALE_AVX2 void chunk_avx2(const Chunk& c) {
   // FP6 puts many lanes in the format's subnormals (E2M3: most blocks have some), which the
   // subnormal form encodes in vector; FP8 has few, which fix_outside mends.
   if constexpr (Codec::kWidth == 6) {
-    if (subnormal_form_holds<Codec, kIn>(c, row, col))
+    if (subnormal_form_holds<Codec, kIn>(c, row, col, col_max, row_max))
       return encode_directions<Codec, kIn, true>(c, row, col);
   }
   encode_directions<Codec, kIn, false>(c, row, col);

@@ -9,7 +9,8 @@
 // is x's 15-bit |x| pattern with the exponent field moved by d and the input's mantissa bits
 // rounded to m, ties to even: one subtract and one shift (the carry of the rounding moves into the
 // exponent, as in encode_rn). Elsewhere (format subnormals, input subnormals, blocks whose scale
-// is NaN) the kernels encode the lane as the fp32 path does. Each code equals
+// is NaN) the kernels encode the lane as the fp32 path does, or (FP6 in AVX2) by the subnormal
+// form below. Each code equals
 // encode_rn(mx_scaled_element(x, mx_inverse_scale(S))) for finite x and S < 0xFF whenever
 // |y| < 2^(emax + 1), which every MX scale rule guarantees for the block's elements
 // (tests/cpp/mx16_form_test.cpp and avx512_codec_test.cpp check every bf16 and f16 pattern against
@@ -17,6 +18,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 
@@ -112,15 +114,20 @@ struct Mx16Subnormals {
   static constexpr int kGridShift = F::kMantissaBits - Codec::kEmin;  // log2 of 1 / the step
   /// The least scale byte of the form: d >= 1, and 2^(127 - S + kGridShift) below fp32's Inf.
   static constexpr int kMinScale = std::max(F::kScaleBase + 1, kGridShift);
+  /// The inverse scale 2^(127 - kMinScale), the largest the form takes.
+  static constexpr float kMaxInverse = std::bit_cast<float>(static_cast<uint32_t>(254 - kMinScale) << 23);
   /// The multiplier of a block from its mx_inverse_scale, 2^(127 - S) (exact for S >= kMinScale:
-  /// from 2^-127 up, a power of two times a power of two).
-  static constexpr float multiplier(float inverse) { return inverse * static_cast<float>(1 << kGridShift); }
+  /// from 2^-127 up, a power of two times a power of two). Capped at kMinScale's: a block of
+  /// zeros (amax 0) has a lower byte, and its codes are 0 under any finite multiplier.
+  static constexpr float multiplier(float inverse) {
+    return std::min(inverse, kMaxInverse) * static_cast<float>(1 << kGridShift);
+  }
 };
 
 /// The code magnitude of a lane in the subnormal form (mx16_outside in a block with scale byte
-/// S >= Mx16Subnormals::kMinScale, S < 0xFF): `multiplier` = Mx16Subnormals::multiplier of the
-/// block. std::nearbyint rounds as the AVX2 kernel's _mm256_cvtps_epi32 does (the current rounding
-/// mode: to nearest, ties to even, unless a caller changed it).
+/// S >= Mx16Subnormals::kMinScale, S < 0xFF; or any lane of a block of zeros): `multiplier` =
+/// Mx16Subnormals::multiplier of the block. std::nearbyint rounds as the AVX2 kernel's _mm256_cvtps_epi32
+/// does (the current rounding mode: to nearest, ties to even, unless a caller changed it).
 template <typename Codec, DType kIn>
 inline uint8_t mx16_code_subnormal(uint16_t x, float multiplier) {
   return static_cast<uint8_t>(std::nearbyint(widen16<kIn>(static_cast<uint16_t>(x & 0x7FFF)) * multiplier));

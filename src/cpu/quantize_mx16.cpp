@@ -16,8 +16,9 @@
 //   2. scales:  each block's E8M0 byte (mx_scale_byte_branch_free on the widened amax: a loop
 //               over blocks that vectorises) and its terms, looked up by the byte (TermTable:
 //               mx16_terms; blocks with a NaN scale have every lane outside the normal form);
-//   3. encode:  (FP8) row by row, both directions' codes by mx16_code_normal; in a row with a lane
-//               outside the normal form (format or input subnormals, Inf/NaN blocks: rare for FP8)
+//   3. encode:  (FP8, FP6) row by row, both directions' codes by mx16_code_normal; in a row with a
+//               lane outside the normal form (format or input subnormals, Inf/NaN blocks: rare for
+//               FP8; the AVX2 chunk encodes FP6's in vector)
 //               each block holding one is encoded again as the fp32 path does
 //               (mx16_code_general, in fp32 lanes) and those lanes taken from it.
 // On CPUs with AVX2 (kernel_set() Avx2 or better) whole bands' chunks run in AVX2 instead
@@ -235,8 +236,8 @@ void quantize_chunk_avx2_or_plain(const Chunk& c) {
 }
 #endif
 
-// The chunk kernel of a codec, input type and scale rule: MXFP4 by thresholds, FP8 by the 16-bit
-// form; in AVX2 when `avx2` (kernel_set() says Avx2 or better).
+// The chunk kernel of a codec, input type and scale rule: MXFP4 by thresholds, FP8 and FP6 by the
+// 16-bit form; in AVX2 when `avx2` (kernel_set() says Avx2 or better).
 template <typename Codec, DType kIn, MxScaleRule kRule>
 auto kernel_of(bool avx2) -> void (*)(const Chunk&) {
 #ifdef MICROSCALE_HAVE_AVX2_KERNELS

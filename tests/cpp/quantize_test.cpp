@@ -105,8 +105,8 @@ TEST(Quantize, FastEqualsReferenceMx) {
       for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
         for (Fill fill : {Fill::Normal, Fill::Heavy, Fill::Specials, Fill::SpecialsNoNan, Fill::Extreme,
                           Fill::Sparse, Fill::Tiny}) {
-          // Last dims of 1, 2, 3, 5 and 13 blocks: the 16-bit kernels' chunks are 64 or 128 columns,
-          // with narrower ones (64, 32) at the end of a band.
+          // Last dims of 1, 2, 3, 5 and 13 blocks: the 16-bit kernels' chunks are 64 (AVX-512) or 256
+          // columns, with narrower ones at the end of a band.
           for (auto shape :
                {std::vector<int64_t>{32, 64}, {96, 160}, {2, 3, 32, 32}, {64, 32}, {64, 416}, {64, 96}}) {
             const Tensor x = random_tensor(dtype, shape, fill, seed++);
@@ -169,24 +169,42 @@ TEST(Quantize, FastEqualsReferenceMxFp6EveryPatternBelowAmax) {
                                      std::string(scale_mode_name(mode)));
         }
       }
-      // One rowwise block per row below the subnormal form's least scale byte (a different block
-      // in each row, never the first alone), among Gaussian ones: its columnwise blocks are not.
-      Tensor x = random_tensor(dtype, {64, 512}, Fill::Normal, 901);
-      auto* bits = x.data_as<uint16_t>();
-      for (int64_t i = 0; i < 64; ++i) {
-        const int64_t block = 1 + i % 15;
-        for (int64_t j = block * 32; j < block * 32 + 32; ++j) {
-          const float v = (bf16 ? bf16_to_float(bits[i * 512 + j]) : half_to_float(bits[i * 512 + j])) *
-                          std::ldexp(1.0f, bf16 ? -126 : -13);
-          bits[i * 512 + j] = bf16 ? float_to_bf16(v) : float_to_half(v);
+      // Blocks below the subnormal form's least scale byte among Gaussian ones (the chunk then
+      // takes fix_outside): (0) one rowwise block per row, a different one in each row, never the
+      // first alone; (1) in the first band, column 32g + 7 of every 32, so that only columnwise
+      // blocks are; and (2) blocks of +-0 (amax 0, whose low byte the form takes): those of (0)
+      // in every fourth row, and those of (1).
+      for (int variant = 0; variant < 3; ++variant) {
+        Tensor x = random_tensor(dtype, {64, 512}, Fill::Normal, 901 + variant);
+        auto* bits = x.data_as<uint16_t>();
+        for (int64_t i = 0; i < 64; ++i) {
+          for (int64_t j = 0; j < 512; ++j) {
+            const bool row_block = j / 32 == 1 + i % 15 && (variant == 0 || (variant == 2 && i % 4 == 0));
+            const bool column_block = variant > 0 && i < 32 && j % 32 == 7;
+            if (!row_block && !column_block) continue;
+            uint16_t& b = bits[i * 512 + j];
+            if (variant == 2) {
+              b = static_cast<uint16_t>(b & 0x8000);  // +-0
+            } else {
+              const float v =
+                  (bf16 ? bf16_to_float(b) : half_to_float(b)) * std::ldexp(1.0f, bf16 ? -126 : -13);
+              b = bf16 ? float_to_bf16(v) : float_to_half(v);
+            }
+          }
+        }
+        for (int directions = 0; directions < 3; ++directions) {  // both, rowwise, columnwise
+          QuantizeOptions o;
+          o.scheme = scheme;
+          o.rowwise = directions != 2;
+          o.columnwise = directions != 1;
+          const char* kVariants[] = {" a tiny rowwise block per row", " tiny columnwise blocks",
+                                     " zero blocks"};
+          const char* kDirections[] = {" row+col", " rowwise", " columnwise"};
+          expect_fast_equals_ref(x.view(), o,
+                                 std::string(scheme_name(scheme)) + " " + std::string(dtype_name(dtype)) +
+                                     kVariants[variant] + kDirections[directions]);
         }
       }
-      QuantizeOptions o;
-      o.scheme = scheme;
-      o.rowwise = o.columnwise = true;
-      expect_fast_equals_ref(x.view(), o,
-                             std::string(scheme_name(scheme)) + " " + std::string(dtype_name(dtype)) +
-                                 " a tiny rowwise block per row");
     }
   }
 }
