@@ -1,6 +1,6 @@
 // The unit of work of the MX 16-bit kernel (quantize_mx16.cpp) and the steps its two forms of a
-// chunk (FP8 and FP6 by the 16-bit form, FP4 by thresholds) share: plain C++ (quantize_mx16.cpp) and AVX2
-// (mx16_chunk_avx2.cpp).
+// chunk (FP8 and FP6 by the 16-bit form, FP4 by thresholds or the two-step form) share: plain C++
+// (quantize_mx16.cpp) and AVX2 (mx16_chunk_avx2.cpp).
 #pragma once
 
 #include <algorithm>
@@ -145,17 +145,14 @@ MICROSCALE_CPU_INLINE void chunk_terms(const Chunk& c, const uint16_t* __restric
   }
 }
 
-// Step 2 of an MXFP4 chunk: the blocks' scale bytes (to the outputs), and the columnwise blocks'
-// thresholds per lane (col_below[k][j]).
+// Step 2 of an MXFP4 chunk: the blocks' scale bytes (also to the outputs).
 template <DType kIn, MxScaleRule kRule>
-MICROSCALE_CPU_INLINE void fp4_scales(const Chunk& c, const uint16_t* __restrict col_max,
-                                      const uint16_t* __restrict row_max, uint8_t* __restrict col_scale,
-                                      uint8_t* __restrict row_scale, int16_t (*col_below)[kChunkCols]) {
+MICROSCALE_CPU_INLINE void fp4_scale_bytes(const Chunk& c, const uint16_t* __restrict col_max,
+                                           const uint16_t* __restrict row_max, uint8_t* __restrict col_scale,
+                                           uint8_t* __restrict row_scale) {
   if (c.col_data != nullptr) {
     for (int j = 0; j < c.cols; ++j) col_scale[j] = block_scale_byte<kIn, kRule>(col_max[j], c.p);
     std::copy_n(col_scale, c.cols, c.col_scale);
-    for (int j = 0; j < c.cols; j += 8)
-      transpose_thresholds<kChunkCols>(c.fp4_thresholds->below, col_scale + j, col_below, j);
   }
   if (c.row_data != nullptr) {
     for (int q = 0; q < c.rows * kChunkBlocks; ++q)
@@ -163,6 +160,13 @@ MICROSCALE_CPU_INLINE void fp4_scales(const Chunk& c, const uint16_t* __restrict
     for (int i = 0; i < c.rows; ++i)
       std::copy_n(row_scale + i * kChunkBlocks, c.cols / kBlock, c.row_scale + i * c.row_scale_stride);
   }
+}
+
+// The columnwise blocks' thresholds per lane (col_below[k][j]) of an MXFP4 chunk's scale bytes.
+MICROSCALE_CPU_INLINE void fp4_column_thresholds(const Chunk& c, const uint8_t* col_scale,
+                                                 int16_t (*col_below)[kChunkCols]) {
+  for (int j = 0; j < c.cols; j += 8)
+    transpose_thresholds<kChunkCols>(c.fp4_thresholds->below, col_scale + j, col_below, j);
 }
 
 /// One FP8 or FP6 chunk in AVX2 (mx16_chunk_avx2.cpp): the same bytes as quantize_mx16.cpp's

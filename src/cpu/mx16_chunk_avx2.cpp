@@ -20,8 +20,11 @@
 //                |x| widened to fp32, a multiply, a conversion to integer, a blend. Chunks with a
 //                scale byte where that form does not hold (Inf, NaN, tiny amaxes) take the FP8
 //                way;
-//              - FP4 by thresholds (e2m1_codes, avx2.hpp): the block's rowwise ones broadcast,
-//                the columnwise ones per lane; two codes per byte by a multiply-add and packs.
+//              - FP4 in the two-step form (mx16_form.hpp: the normal form's code or the count
+//                of the block's two lowest thresholds, whichever is larger; no lane is outside)
+//                or, in chunks where it does not hold (Inf, NaN, tiny amaxes), by thresholds
+//                (e2m1_codes, avx2.hpp); the block's rowwise terms broadcast, the columnwise
+//                ones per lane; two codes per byte by a multiply-add and packs.
 //              A row's codes go to lines in L1, then to the outputs (streamed when large).
 // Whole bands only (a rowwise-only call's last band may be short: the plain chunks take it).
 #include "cpu/mx16_chunk.hpp"
@@ -29,6 +32,9 @@
 #ifdef MICROSCALE_HAVE_AVX2_KERNELS
 
 #include <immintrin.h>
+
+#include <array>
+#include <type_traits>
 
 #include "core/element_codec.hpp"
 #include "cpu/avx2.hpp"  // lane_maxes, e2m1_codes, copy_row, prefetch_rows
@@ -128,30 +134,42 @@ MICROSCALE_AVX2_INLINE __m256i fp6_codes(const Lanes& l, const Widened& w, __m25
   return _mm256_or_si256(magnitude, l.sign);
 }
 
-// Whether every block of the chunk takes the subnormal form: scale bytes from
-// Mx16Subnormals::kMinScale to 0xFE, or blocks of zeros (max pattern 0: zero padding; their codes
-// are 0 under the capped multiplier). Other chunks (an Inf or NaN; bf16 amaxes below 2^-122 for
-// E2M3, 2^-119 for E3M2) take the normal form and fix_outside, as FP8 chunks do.
-template <typename Codec, DType kIn>
-MICROSCALE_AVX2_INLINE bool subnormal_form_holds(const Chunk& c, const Terms& row, const Terms& col,
-                                                 const uint16_t* col_max, const uint16_t* row_max) {
-  constexpr auto kLeast = static_cast<uint8_t>(Mx16Subnormals<Codec, kIn>::kMinScale);
-  const auto outside_range = [](uint8_t s, uint16_t max) MICROSCALE_AVX2_LAMBDA {
-    return static_cast<uint8_t>((s < kLeast || s == 0xFF) && max != 0);
-  };
-  uint8_t any = 0;
-  if (c.col_data != nullptr) {
-    for (int j = 0; j < c.cols; ++j) any |= outside_range(col.scale[j], col_max[j]);
-  }
-  if (c.row_data != nullptr) {
-    for (int i = 0; i < c.rows; ++i) {
-      for (int b = 0; b < c.cols / kBlock; ++b) {
-        const int q = i * kChunkBlocks + b;
-        any |= outside_range(row.scale[q], row_max[q]);
-      }
+MICROSCALE_AVX2_INLINE __m256i load16(const uint16_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+// Whether every block of the chunk has a scale byte from `least` to 0xFE, or is a block of zeros
+// (max pattern 0: zero padding), whose codes every form but that of 0xFF gets right: where the
+// subnormal form (FP6, least Mx16Subnormals::kMinScale: the multiplier is capped) and the FP4
+// two-step form (least Mx16Fp4TwoStep::kMinScale) hold. Other chunks (an Inf or NaN; bf16 amaxes
+// below 2^-122 for E2M3, 2^-119 for E3M2, 2^-122 for E2M1, under FLOOR) take the FP8 way (FP6) or
+// thresholds (FP4). Scale bytes as in Terms: col_scale[j], row_scale[i * kChunkBlocks + b] (every
+// slot defined: a narrow chunk's unused rowwise slots have max 0).
+// NOTE: in vector: a plain loop over the bytes took a tenth of an MXFP4 chunk's instructions.
+MICROSCALE_AVX2_INLINE bool every_block_from(uint8_t least, const Chunk& c, const uint8_t* col_scale,
+                                             const uint8_t* row_scale, const uint16_t* col_max,
+                                             const uint16_t* row_max) {
+  // s - least (mod 256) is at least 0xFF - least exactly for s < least and s = 0xFF.
+  const __m256i least_bytes = _mm256_set1_epi8(static_cast<char>(least));
+  const __m256i first_outside = _mm256_set1_epi8(static_cast<char>(0xFF - least));
+  const __m256i zero = _mm256_setzero_si256();
+  __m256i any = zero;
+  const auto add_blocks = [&](const uint8_t* scale, const uint16_t* max, int n) MICROSCALE_AVX2_LAMBDA {
+    for (int q = 0; q < n; q += 32) {
+      const __m256i rebased =
+          _mm256_sub_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scale + q)), least_bytes);
+      const __m256i outside = _mm256_cmpeq_epi8(_mm256_max_epu8(rebased, first_outside), rebased);
+      // Zero maxes as bytes in lane order (the pack works per 128-bit half).
+      const __m256i zero_max =
+          _mm256_permute4x64_epi64(_mm256_packs_epi16(_mm256_cmpeq_epi16(load16(max + q), zero),
+                                                      _mm256_cmpeq_epi16(load16(max + q + 16), zero)),
+                                   0xD8);
+      any = _mm256_or_si256(any, _mm256_andnot_si256(zero_max, outside));
     }
-  }
-  return any == 0;
+  };
+  if (c.col_data != nullptr) add_blocks(col_scale, col_max, c.cols);  // cols: a multiple of 32
+  if (c.row_data != nullptr) add_blocks(row_scale, row_max, c.rows * kChunkBlocks);
+  return _mm256_testz_si256(any, any);
 }
 
 // The columnwise blocks' multipliers (Mx16Subnormals::multiplier) per lane, in the Widened order:
@@ -174,10 +192,6 @@ MICROSCALE_AVX2_INLINE void store_codes(__m256i low, __m256i high, uint8_t* out)
   // The pack works per 128-bit half: the 64-bit groups are put back in order after it.
   _mm256_store_si256(reinterpret_cast<__m256i*>(out),
                      _mm256_permute4x64_epi64(_mm256_packus_epi16(low, high), 0xD8));
-}
-
-MICROSCALE_AVX2_INLINE __m256i load16(const uint16_t* p) {
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
 
 // Step 1: col_max[j] over the band's 32 rows, row_max[i * kChunkBlocks + b] for row i's block b
@@ -213,9 +227,9 @@ MICROSCALE_AVX2_INLINE void maxes(const Chunk& c, uint16_t* col_max, uint16_t* r
 }
 
 // Step 3 for the requested directions (kRow, kCol). A row's codes go to lines in L1 first, where
-// fix_outside mends them, then to the outputs. With kSubnormalForm (FP6 chunks where
-// subnormal_form_holds) the lanes outside the normal form take the subnormal form instead, and
-// nothing is mended.
+// fix_outside mends them, then to the outputs. With kSubnormalForm (FP6 chunks whose blocks are
+// every_block_from Mx16Subnormals::kMinScale) the lanes outside the normal form take the
+// subnormal form instead, and nothing is mended.
 template <typename Codec, DType kIn, bool kRow, bool kCol, bool kSubnormalForm>
 MICROSCALE_AVX2_INLINE void encode(const Chunk& c, const Terms& row, const Terms& col) {
   const int blocks = c.cols / kBlock;
@@ -293,13 +307,84 @@ MICROSCALE_AVX2 void chunk_avx2(const Chunk& c) {
   // FP6 puts many lanes in the format's subnormals (E2M3: most blocks have some), which the
   // subnormal form encodes in vector; FP8 has few, which fix_outside mends.
   if constexpr (Codec::kWidth == 6) {
-    if (subnormal_form_holds<Codec, kIn>(c, row, col, col_max, row_max))
+    constexpr auto kLeast = static_cast<uint8_t>(Mx16Subnormals<Codec, kIn>::kMinScale);
+    if (every_block_from(kLeast, c, col.scale, row.scale, col_max, row_max))
       return encode_directions<Codec, kIn, true>(c, row, col);
   }
   encode_directions<Codec, kIn, false>(c, row, col);
 }
 
-// ---- MXFP4: codes by thresholds ----
+// ---- MXFP4: codes in the two-step form, or by thresholds ----
+
+// The columnwise terms of an MXFP4 chunk's step 3, per lane: its block's thresholds (below[k][j]),
+// or its block's two-step terms (Mx16Fp4TwoStep::terms).
+struct Fp4ThresholdColumns {
+  alignas(64) int16_t below[8][kChunkCols];
+};
+struct Fp4TwoStepColumns {
+  alignas(64) int16_t lower[kChunkCols];
+  alignas(64) int16_t step1[kChunkCols];
+  alignas(64) int16_t step2[kChunkCols];
+};
+
+// The two-step form's terms of every scale byte (Mx16Fp4TwoStep::terms), each as a 32-bit word
+// holding the 16-bit term twice (as E2m1ThresholdPairTable: a broadcast from memory is a load):
+// the rowwise blocks'.
+struct Fp4TwoStepPairs {
+  int32_t lower, step1, step2, unused;
+};
+
+template <DType kIn>
+constexpr std::array<Fp4TwoStepPairs, 256> fp4_two_step_pairs() {
+  const auto pair = [](int v) {
+    const auto half = static_cast<uint16_t>(v);
+    return static_cast<int32_t>(half | (uint32_t{half} << 16));
+  };
+  std::array<Fp4TwoStepPairs, 256> table{};
+  for (int s = 0; s < 256; ++s) {
+    const auto t = Mx16Fp4TwoStep<kIn>::terms(static_cast<uint8_t>(s));
+    table[s] = {pair(t.lower), pair(t.step1), pair(t.step2), 0};
+  }
+  return table;
+}
+
+template <DType kIn>
+alignas(64) constexpr std::array<Fp4TwoStepPairs, 256> kFp4TwoStepPairs = fp4_two_step_pairs<kIn>();
+
+// The two-step form's terms of each column's scale byte (Mx16Fp4TwoStep::terms, in vector: the
+// byte, clamped to [kMinScale, kMaxScale], shifted, less each term's offset; 16-bit arithmetic
+// wraps as the terms' does).
+template <DType kIn>
+MICROSCALE_AVX2_INLINE void two_step_columns(const uint8_t* col_scale, int cols, Fp4TwoStepColumns& out) {
+  using TwoStep = Mx16Fp4TwoStep<kIn>;
+  const __m256i least = _mm256_set1_epi16(TwoStep::kMinScale), most = _mm256_set1_epi16(TwoStep::kMaxScale);
+  for (int j = 0; j < cols; j += kLanes) {
+    const __m256i bytes =
+        _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col_scale + j)));
+    const __m256i base =
+        _mm256_slli_epi16(_mm256_min_epu16(_mm256_max_epu16(bytes, least), most), TwoStep::kMantissaBits);
+    const auto store = [&](int16_t* to, int offset) MICROSCALE_AVX2_LAMBDA {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(to + j),
+                         _mm256_sub_epi16(base, _mm256_set1_epi16(static_cast<int16_t>(offset))));
+    };
+    store(out.lower, TwoStep::kLowerOffset);
+    store(out.step1, TwoStep::kStep1Offset);
+    store(out.step2, TwoStep::kStep2Offset);
+  }
+}
+
+// mx16_fp4_code on 16 lanes without the sign: `a` the |x| patterns, `a_plus_lsb` |x| plus the
+// rounding bit of the kept mantissa bit; a block's lower, step1 and step2 per lane.
+template <DType kIn>
+MICROSCALE_AVX2_INLINE __m256i two_step_magnitudes(__m256i a, __m256i a_plus_lsb, __m256i lower,
+                                                   __m256i step1, __m256i step2) {
+  using F = Mx16Format<E2M1Codec, kIn>;
+  const __m256i normal = _mm256_min_epu16(_mm256_srli_epi16(_mm256_subs_epu16(a_plus_lsb, lower), F::kDrop),
+                                          _mm256_set1_epi16(static_cast<int16_t>(E2M1Codec::kMaxCode)));
+  // A true compare is -1: the steps passed, negated.
+  const __m256i steps = _mm256_add_epi16(_mm256_cmpgt_epi16(a, step1), _mm256_cmpgt_epi16(a, step2));
+  return _mm256_max_epi16(normal, _mm256_abs_epi16(steps));
+}
 
 // 32 E2M1 codes (16-bit, < 16) of one block row, two per byte (the even column in the low
 // nibble), to 16 bytes at `out`.
@@ -315,23 +400,32 @@ MICROSCALE_AVX2_INLINE void store_packed_block(__m256i low, __m256i high, uint8_
   _mm_store_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(in_order));
 }
 
-// Step 3 of an MXFP4 chunk for the requested directions (kRow, kCol): each half block row's |x|
-// and sign once, its codes against the block's rowwise thresholds (broadcast from the widened
-// table) and the columnwise ones per lane. A row's bytes go to lines in L1, then to the outputs.
-template <bool kRow, bool kCol>
-MICROSCALE_AVX2_INLINE void encode_fp4(const Chunk& c, const uint8_t* row_scale,
-                                       const int16_t (*col_below)[kChunkCols]) {
+// Step 3 of an MXFP4 chunk for the requested directions (kRow, kCol), in the two-step form
+// (Columns = Fp4TwoStepColumns: the rowwise terms broadcast from the table) or by thresholds
+// (Fp4ThresholdColumns: the rowwise ones broadcast from the widened table). Each half block row's |x|
+// and sign once. A row's bytes go to lines in L1, then to the outputs.
+template <DType kIn, bool kRow, bool kCol, typename Columns>
+MICROSCALE_AVX2_INLINE void encode_fp4(const Chunk& c, const uint8_t* row_scale, const Columns& col) {
+  constexpr bool kTwoStep = std::is_same_v<Columns, Fp4TwoStepColumns>;
+  using F = Mx16Format<E2M1Codec, kIn>;
   const int blocks = c.cols / kBlock;
-  const E2m1ThresholdPairTable<256>& pairs = *c.fp4_threshold_pairs;
   alignas(32) uint8_t row_out[kChunkCols / 2], col_out[kChunkCols / 2];
   for (int i = 0; i < kBlock; ++i) {
     const uint16_t* x = c.src + i * c.stride;
     for (int b = 0; b < blocks; ++b) {
-      __m256i row_t[8];
+      [[maybe_unused]] __m256i row_t[8];  // thresholds; the two-step form's lower, step1, step2 in 0-2
       if constexpr (kRow) {
-        const int32_t* t = pairs.pairs[row_scale[i * kChunkBlocks + b]];
+        const int s = row_scale[i * kChunkBlocks + b];
+        if constexpr (kTwoStep) {
+          const Fp4TwoStepPairs& t = kFp4TwoStepPairs<kIn>[s];
+          row_t[0] = _mm256_set1_epi32(t.lower);
+          row_t[1] = _mm256_set1_epi32(t.step1);
+          row_t[2] = _mm256_set1_epi32(t.step2);
+        } else {
+          const int32_t* t = c.fp4_threshold_pairs->pairs[s];
 #pragma GCC unroll 8
-        for (int k = 0; k < 8; ++k) row_t[k] = _mm256_set1_epi32(t[k]);
+          for (int k = 0; k < 8; ++k) row_t[k] = _mm256_set1_epi32(t[k]);
+        }
       }
       __m256i row_codes[2], col_codes[2];
 #pragma GCC unroll 2
@@ -340,13 +434,28 @@ MICROSCALE_AVX2_INLINE void encode_fp4(const Chunk& c, const uint8_t* row_scale,
         const __m256i v = load16(x + lane);
         const __m256i a = _mm256_and_si256(v, _mm256_set1_epi16(0x7FFF));
         const __m256i sign = _mm256_and_si256(_mm256_srli_epi16(v, 12), _mm256_set1_epi16(8));
-        if constexpr (kRow) row_codes[h] = e2m1_codes(a, sign, row_t);
-        if constexpr (kCol) {
-          __m256i col_t[8];
+        if constexpr (kTwoStep) {
+          const __m256i a_plus_lsb =
+              _mm256_add_epi16(a, _mm256_and_si256(_mm256_srli_epi16(a, F::kDrop), _mm256_set1_epi16(1)));
+          if constexpr (kRow)
+            row_codes[h] =
+                _mm256_or_si256(two_step_magnitudes<kIn>(a, a_plus_lsb, row_t[0], row_t[1], row_t[2]), sign);
+          if constexpr (kCol) {
+            const auto at = [lane](const int16_t* p) MICROSCALE_AVX2_LAMBDA {
+              return _mm256_load_si256(reinterpret_cast<const __m256i*>(p + lane));
+            };
+            col_codes[h] = _mm256_or_si256(
+                two_step_magnitudes<kIn>(a, a_plus_lsb, at(col.lower), at(col.step1), at(col.step2)), sign);
+          }
+        } else {
+          if constexpr (kRow) row_codes[h] = e2m1_codes(a, sign, row_t);
+          if constexpr (kCol) {
+            __m256i col_t[8];
 #pragma GCC unroll 8
-          for (int k = 0; k < 8; ++k)
-            col_t[k] = _mm256_load_si256(reinterpret_cast<const __m256i*>(&col_below[k][lane]));
-          col_codes[h] = e2m1_codes(a, sign, col_t);
+            for (int k = 0; k < 8; ++k)
+              col_t[k] = _mm256_load_si256(reinterpret_cast<const __m256i*>(&col.below[k][lane]));
+            col_codes[h] = e2m1_codes(a, sign, col_t);
+          }
         }
       }
       if constexpr (kRow) store_packed_block(row_codes[0], row_codes[1], row_out + b * (kBlock / 2));
@@ -357,22 +466,40 @@ MICROSCALE_AVX2_INLINE void encode_fp4(const Chunk& c, const uint8_t* row_scale,
   }
 }
 
+// Step 3 of an MXFP4 chunk in the requested directions.
+template <DType kIn, typename Columns>
+MICROSCALE_AVX2_INLINE void encode_fp4_directions(const Chunk& c, const uint8_t* row_scale,
+                                                  const Columns& col) {
+  const bool rowwise = c.row_data != nullptr, columnwise = c.col_data != nullptr;
+  if (rowwise && columnwise) {
+    encode_fp4<kIn, true, true>(c, row_scale, col);
+  } else if (rowwise) {
+    encode_fp4<kIn, true, false>(c, row_scale, col);
+  } else {
+    encode_fp4<kIn, false, true>(c, row_scale, col);
+  }
+}
+
 template <DType kIn, MxScaleRule kRule>
 MICROSCALE_AVX2 void chunk_fp4_avx2(const Chunk& c) {
   alignas(32) uint16_t col_max[kChunkCols];
   alignas(32) uint16_t row_max[kBlock * kChunkBlocks];  // [row][block]
   maxes(c, col_max, row_max);
   alignas(64) uint8_t col_scale[kChunkCols], row_scale[kBlock * kChunkBlocks];
-  alignas(64) int16_t col_below[8][kChunkCols];
-  fp4_scales<kIn, kRule>(c, col_max, row_max, col_scale, row_scale, col_below);
-  const bool rowwise = c.row_data != nullptr, columnwise = c.col_data != nullptr;
-  if (rowwise && columnwise) {
-    encode_fp4<true, true>(c, row_scale, col_below);
-  } else if (rowwise) {
-    encode_fp4<true, false>(c, row_scale, col_below);
-  } else {
-    encode_fp4<false, true>(c, row_scale, col_below);
+  fp4_scale_bytes<kIn, kRule>(c, col_max, row_max, col_scale, row_scale);
+  const bool columnwise = c.col_data != nullptr;
+  // The two-step form wherever it holds (every finite block with an amax from ~2^-123 for bf16,
+  // ~2^-11 for f16, or of zeros); thresholds (8 compares per lane, against 2 and the normal form's 3)
+  // elsewhere.
+  constexpr auto kLeast = static_cast<uint8_t>(Mx16Fp4TwoStep<kIn>::kMinScale);
+  if (every_block_from(kLeast, c, col_scale, row_scale, col_max, row_max)) {
+    Fp4TwoStepColumns col;
+    if (columnwise) two_step_columns<kIn>(col_scale, c.cols, col);
+    return encode_fp4_directions<kIn>(c, row_scale, col);
   }
+  Fp4ThresholdColumns col;
+  if (columnwise) fp4_column_thresholds(c, col_scale, col.below);
+  encode_fp4_directions<kIn>(c, row_scale, col);
 }
 
 }  // namespace

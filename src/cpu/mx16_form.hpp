@@ -1,7 +1,8 @@
 // The 16-bit form of MX encoding: bf16 and f16 inputs with byte-sized codes (FP8 E4M3/E5M2, FP6
-// E2M3/E3M2) encoded on their 16-bit patterns, without widening to fp32. The AVX-512 kernel runs
-// it on 32 lanes per register (avx512_codecs.hpp); the portable MXFP8 kernel (quantize_mx16.cpp)
-// runs the per-lane functions below in loops that GCC vectorises.
+// E2M3/E3M2; E2M1 by the two-step form at the end) encoded on their 16-bit patterns, without
+// widening to fp32. The AVX-512 kernel runs it on 32 lanes per register (avx512_codecs.hpp); the
+// portable MXFP8 kernel (quantize_mx16.cpp) runs the per-lane functions below in loops that GCC
+// vectorises; the AVX2 chunks (mx16_chunk_avx2.cpp) run them in AVX2.
 //
 // With the E8M0 block scale byte S the element is y = x * 2^(127 - S) (exact: a power of two),
 // whose biased exponent in the element format (bias B, m mantissa bits) is e = exp(x) - d,
@@ -22,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/element_codec.hpp"  // E2M1Codec
 #include "cpu/input16.hpp"
 #include "microscale/tensor.hpp"  // DType
 
@@ -131,6 +133,60 @@ struct Mx16Subnormals {
 template <typename Codec, DType kIn>
 inline uint8_t mx16_code_subnormal(uint16_t x, float multiplier) {
   return static_cast<uint8_t>(std::nearbyint(widen16<kIn>(static_cast<uint16_t>(x & 0x7FFF)) * multiplier));
+}
+
+/// The two-step form of E2M1 (MXFP4 in AVX2, mx16_chunk_avx2.cpp): below 2^emin (y < 1) E2M1
+/// has one subnormal, 0.5, so a lane there has code 0, 1 or 2 (the carry to 1.0): the count of
+/// the block's two lowest steps its |x| pattern is above, y > 0.25 and y >= 0.75 (ties to even:
+/// 0.25 to 0, 0.75 to 1.0). Where the block's d = S - kScaleBase is at least 1, the normal form's
+/// magnitude, with the subtract saturating at 0, is the code for lanes with y >= 1 (which pass
+/// both steps: 2, at most their code) and at most the code for lanes with y < 1 (0 below 0.5; in
+/// [0.5, 1) the rounded one-bit mantissa of that binade: at most 1 below 0.75, where the code is
+/// 1, at most 2 from 0.75, where it is 2). So the code magnitude is the larger of the two, without
+/// a mask of the lanes outside the normal form.
+///
+/// Each of a block's three terms is its scale byte shifted to the input's exponent field, less a
+/// constant (y = x * 2^(127 - S) is exact): `lower` as mx16_terms; `step1` the pattern of
+/// x = 2^(S - 129) (y = 0.25: codes >= 1 above it); `step2` one below that of 1.5 * 2^(S - 128)
+/// (y = 0.75). Both are normal inputs from kMinScale to kMaxScale (f16: 143; no MX rule gives a
+/// block of f16 inputs a byte above 141). A block of zeros has codes 0 (and the sign) under any
+/// terms with steps >= 0: bytes outside that range take the terms of its nearer end.
+template <DType kIn>
+struct Mx16Fp4TwoStep {
+  using F = Mx16Format<E2M1Codec, kIn>;
+  static constexpr int kMantissaBits = F::kInputMantissaBits;
+  /// The least scale byte of the form: 2^(S - 129) a normal input (and d >= 1).
+  static constexpr int kMinScale = 130 - F::kInputBias;
+  /// The largest: 1.5 * 2^(S - 128) below the input's Inf (its largest exponent field is twice its bias).
+  static constexpr int kMaxScale = std::min(254, F::kInputBias + 128);
+  /// (S << kMantissaBits) less these: the terms.
+  static constexpr int kLowerOffset = (F::kScaleBase << kMantissaBits) + (1 << (F::kDrop - 1)) - 1;
+  static constexpr int kStep1Offset = (129 - F::kInputBias) << kMantissaBits;
+  static constexpr int kStep2Offset =
+      ((128 - F::kInputBias) << kMantissaBits) - (1 << (kMantissaBits - 1)) + 1;
+
+  struct Terms {
+    uint16_t lower;
+    int16_t step1, step2;
+  };
+  static constexpr Terms terms(uint8_t scale_byte) {
+    const int base = std::clamp(int{scale_byte}, kMinScale, kMaxScale) << kMantissaBits;
+    return {static_cast<uint16_t>(base - kLowerOffset), static_cast<int16_t>(base - kStep1Offset),
+            static_cast<int16_t>(base - kStep2Offset)};
+  }
+};
+
+/// The E2M1 code (sign in bit 3) of a 16-bit input `x` in the two-step form of a block with terms
+/// `t` (Mx16Fp4TwoStep::terms of its scale byte).
+template <DType kIn>
+constexpr uint8_t mx16_fp4_code(uint16_t x, typename Mx16Fp4TwoStep<kIn>::Terms t) {
+  using F = Mx16Format<E2M1Codec, kIn>;
+  const auto abs = static_cast<uint16_t>(x & 0x7FFF);
+  const auto abs_plus_lsb = static_cast<uint16_t>(abs + ((abs >> F::kDrop) & 1));
+  const auto rebased = static_cast<uint16_t>(std::max(abs_plus_lsb, t.lower) - t.lower);
+  const int normal = std::min(rebased >> F::kDrop, static_cast<int>(E2M1Codec::kMaxCode));
+  const int steps = int{static_cast<int16_t>(abs) > t.step1} + int{static_cast<int16_t>(abs) > t.step2};
+  return static_cast<uint8_t>(std::max(normal, steps) | ((x >> F::kSignShift) & E2M1Codec::kSignBit));
 }
 
 }  // namespace microscale::cpu

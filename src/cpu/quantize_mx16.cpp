@@ -1,9 +1,10 @@
 // Portable MXFP8 and MXFP4 kernel (MXFP6 too where the CPU has AVX2) for bf16 and f16 inputs: plain C++ loops
 // over 16-bit patterns, which GCC vectorises (AVX2: 16 lanes per operation; the clones of cpu_dispatch.hpp).
 // FP8 codes by the 16-bit form of mx16_form.hpp, FP4 codes by thresholds (e2m1_thresholds.hpp; see
-// quantize_chunk_fp4). Equal bit for bit to quantize_mx_ref.cpp (tests/cpp/quantize_test.cpp runs
-// the portable kernels on random, special and boundary inputs; mx16_form_test.cpp and
-// e2m1_thresholds_test.cpp check the per-lane forms exhaustively).
+// quantize_chunk_fp4; the AVX2 chunk takes mx16_form.hpp's two-step form where it holds). Equal
+// bit for bit to quantize_mx_ref.cpp (tests/cpp/quantize_test.cpp runs the portable kernels on
+// random, special and boundary inputs; mx16_form_test.cpp and e2m1_thresholds_test.cpp check the
+// per-lane forms exhaustively).
 //
 // Why: widened to fp32, each element costs a multiply and a 10-operation encoder per direction on
 // 8 lanes (AVX2); on its 16-bit pattern, a subtract and a shift on 16 lanes.
@@ -205,7 +206,8 @@ MICROSCALE_CPU_DISPATCH void quantize_chunk_fp4(const Chunk& c) {
   // 2. Scale bytes; the columnwise blocks' thresholds per lane (col_below[k][j]).
   alignas(64) uint8_t col_scale[kChunkCols], row_scale[kBlock * kChunkBlocks];
   alignas(64) int16_t col_below[8][kChunkCols];
-  mx16::fp4_scales<kIn, kRule>(c, col_max, row_max, col_scale, row_scale, col_below);
+  mx16::fp4_scale_bytes<kIn, kRule>(c, col_max, row_max, col_scale, row_scale);
+  if (columnwise) mx16::fp4_column_thresholds(c, col_scale, col_below);
 
   // 3. Codes, row by row.
   for (int i = 0; i < c.rows; ++i) {
@@ -236,8 +238,9 @@ void quantize_chunk_avx2_or_plain(const Chunk& c) {
 }
 #endif
 
-// The chunk kernel of a codec, input type and scale rule: MXFP4 by thresholds, FP8 and FP6 by the
-// 16-bit form; in AVX2 when `avx2` (kernel_set() says Avx2 or better).
+// The chunk kernel of a codec, input type and scale rule: MXFP4 by thresholds (in AVX2: the
+// two-step form where it holds), FP8 and FP6 by the 16-bit form; in AVX2 when `avx2` (kernel_set()
+// says Avx2 or better).
 template <typename Codec, DType kIn, MxScaleRule kRule>
 auto kernel_of(bool avx2) -> void (*)(const Chunk&) {
 #ifdef MICROSCALE_HAVE_AVX2_KERNELS

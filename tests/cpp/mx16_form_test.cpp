@@ -1,7 +1,7 @@
 // The per-lane 16-bit MX form (src/cpu/mx16_form.hpp), which the portable bf16/f16 kernel runs,
 // against the scalar codec: every finite bf16 and f16 pattern against every scale byte a block of
-// such inputs can have, for each byte-sized MX element format; and the branch-free scale byte it
-// uses against mx_scale_byte. Runs on every CPU.
+// such inputs can have, for each byte-sized MX element format and E2M1's two-step form; and the
+// branch-free scale byte it uses against mx_scale_byte. Runs on every CPU.
 #include "cpu/mx16_form.hpp"
 
 #include <gtest/gtest.h>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/scale_math.hpp"
+#include "cpu/e2m1_thresholds.hpp"
 #include "cpu/encode_fast.hpp"
 #include "microscale/format.hpp"
 #include "microscale/half.hpp"
@@ -116,6 +117,60 @@ TEST(Mx16Form, SubnormalFormEqualsScalarCodec) {
   expect_subnormal_form<E3M2Codec, DType::BF16>(Format::E3M2);
   expect_subnormal_form<E2M3Codec, DType::F16>(Format::E2M3);
   expect_subnormal_form<E3M2Codec, DType::F16>(Format::E3M2);
+}
+
+// The two-step form of E2M1 (MXFP4 in AVX2): wherever a block's scale byte is from
+// Mx16Fp4TwoStep::kMinScale on and a lane's scaled value is below 8 (2^(emax + 1)), mx16_fp4_code
+// with the byte's terms equals encode_rn(mx_scaled_element(x, mx_inverse_scale(S))); under every
+// byte but 0xFF (blocks of zeros have any), +-0 give the codes of +-0. Scale bytes as in
+// expect_normal_form. Also: the form took many lanes, each code among them, and its steps are the
+// thresholds of the MXFP4 kernels (e2m1_thresholds.hpp) wherever it holds.
+template <DType kIn>
+void expect_fp4_two_step_form() {
+  using TwoStep = cpu::Mx16Fp4TwoStep<kIn>;
+  const FormatInfo& f = format_info(Format::E2M1);
+  const bool bf16 = kIn == DType::BF16;
+  const int last = bf16 ? 254 : 127 + 16 - f.emax + 2;
+  for (int scale = 0; scale < 0xFF; ++scale) {
+    const auto t = TwoStep::terms(static_cast<uint8_t>(scale));
+    ASSERT_EQ(cpu::mx16_fp4_code<kIn>(0x0000, t), 0x0) << scale;
+    ASSERT_EQ(cpu::mx16_fp4_code<kIn>(0x8000, t), 0x8) << scale;
+  }
+  const cpu::MxE2m1Thresholds& thresholds = cpu::mx_e2m1_thresholds(kIn);
+  int failures = 0;
+  int64_t lanes = 0;
+  int64_t lanes_of_code[8] = {};
+  for (int scale = TwoStep::kMinScale; scale <= last && failures < 10; ++scale) {
+    const auto t = TwoStep::terms(static_cast<uint8_t>(scale));
+    const Mx16Terms normal = cpu::mx16_terms<E2M1Codec, kIn>(static_cast<uint8_t>(scale));
+    ASSERT_EQ(t.lower, normal.lower) << scale;
+    ASSERT_EQ(t.step1, thresholds.below[scale][1]) << scale;
+    ASSERT_EQ(t.step2, thresholds.below[scale][2]) << scale;
+    const float inverse = mx_inverse_scale(static_cast<uint8_t>(scale));
+    for (uint32_t h = 0; h < 0x10000 && failures < 10; ++h) {
+      const auto x = static_cast<uint16_t>(h);
+      const bool finite = bf16 ? ((h >> 7) & 0xFF) != 0xFF : ((h >> 10) & 0x1F) != 0x1F;
+      if (!finite) continue;
+      const float v = bf16 ? bits_to_float(uint32_t{x} << 16) : half_to_float(x);
+      if (std::ldexp(std::fabs(static_cast<double>(v)), 127 - scale) >= std::ldexp(1.0, f.emax + 1)) continue;
+      const auto expected = static_cast<uint8_t>(E2M1Codec::encode_rn(mx_scaled_element(v, inverse)));
+      const uint8_t got = cpu::mx16_fp4_code<kIn>(x, t);
+      ++lanes;
+      ++lanes_of_code[expected & 7];
+      if (got != expected) {
+        ++failures;
+        ADD_FAILURE() << "E2M1" << (bf16 ? " bf16" : " f16") << " S=" << scale << " x=0x" << std::hex << h
+                      << " want 0x" << int{expected} << " got 0x" << int{got};
+      }
+    }
+  }
+  EXPECT_GT(lanes, 100000);
+  for (int64_t n : lanes_of_code) EXPECT_GT(n, 1000);
+}
+
+TEST(Mx16Form, Fp4TwoStepFormEqualsScalarCodec) {
+  expect_fp4_two_step_form<DType::BF16>();
+  expect_fp4_two_step_form<DType::F16>();
 }
 
 // Every bf16 and f16 value (the amaxes the kernel has), fp32 patterns around every binade's ends

@@ -126,20 +126,23 @@ TEST(Quantize, FastEqualsReferenceMx) {
   }
 }
 
-// FP6 in blocks whose amax is 2^e: every 16-bit pattern below it, of both signs, in the other
-// lanes. Each 32 x 32 tile has the amax on its diagonal, so every rowwise and columnwise block
-// holds it. The exponents put the least scale byte of the AVX2 chunk's subnormal form
-// (Mx16Subnormals::kMinScale: there input subnormals get codes above 0), the byte below it (the
-// chunk then takes fix_outside), and typical ones under the floor rule; the other rules move
-// them by one.
-TEST(Quantize, FastEqualsReferenceMxFp6EveryPatternBelowAmax) {
-  for (Scheme scheme : {Scheme::MXFP6_E2M3, Scheme::MXFP6_E3M2}) {
-    const int emax = scheme == Scheme::MXFP6_E2M3 ? 2 : 4;
-    const int grid_shift = scheme == Scheme::MXFP6_E2M3 ? 3 : 4;  // m - emin
-    const int bias = scheme == Scheme::MXFP6_E2M3 ? 1 : 3;
+// FP6 and FP4 in blocks whose amax is 2^e: every 16-bit pattern below it, of both signs, in the
+// other lanes. Each 32 x 32 tile has the amax on its diagonal, so every rowwise and columnwise
+// block holds it. The exponents put the least scale byte of the AVX2 chunk's form (FP6: the
+// subnormal form's Mx16Subnormals::kMinScale, where input subnormals get codes above 0; FP4: the
+// two-step form's Mx16Fp4TwoStep::kMinScale, where its lowest step is the least normal input),
+// the byte below it (the chunk then takes fix_outside, or thresholds), and typical ones under the
+// floor rule; the other rules move them by one.
+TEST(Quantize, FastEqualsReferenceMxFp6Fp4EveryPatternBelowAmax) {
+  for (Scheme scheme : {Scheme::MXFP6_E2M3, Scheme::MXFP6_E3M2, Scheme::MXFP4}) {
+    const int emax = scheme == Scheme::MXFP6_E3M2 ? 4 : 2;
+    const int grid_shift = scheme == Scheme::MXFP6_E2M3 ? 3 : 4;  // FP6: m - emin
+    const int bias = scheme == Scheme::MXFP6_E3M2 ? 3 : 1;
     for (DType dtype : {DType::BF16, DType::F16}) {
       const bool bf16 = dtype == DType::BF16;
-      const int least_scale = std::max(bf16 ? bias + 1 : bias + 113, grid_shift);
+      // FP4: 2^(S - 129), the lowest step, a normal input.
+      const int least_scale =
+          scheme == Scheme::MXFP4 ? (bf16 ? 3 : 115) : std::max(bf16 ? bias + 1 : bias + 113, grid_shift);
       for (int e : {least_scale - 127 + emax, least_scale - 128 + emax, -3, 0, bf16 ? 100 : 15}) {
         const float amax = std::ldexp(1.0f, e);
         const uint16_t amax_bits = bf16 ? float_to_bf16(amax) : float_to_half(amax);
@@ -169,8 +172,8 @@ TEST(Quantize, FastEqualsReferenceMxFp6EveryPatternBelowAmax) {
                                      std::string(scale_mode_name(mode)));
         }
       }
-      // Blocks below the subnormal form's least scale byte among Gaussian ones (the chunk then
-      // takes fix_outside): (0) one rowwise block per row, a different one in each row, never the
+      // Blocks below the form's least scale byte among Gaussian ones (the chunk then takes
+      // fix_outside, or thresholds): (0) one rowwise block per row, a different one in each row, never the
       // first alone; (1) in the first band, column 32g + 7 of every 32, so that only columnwise
       // blocks are; and (2) blocks of +-0 (amax 0, whose low byte the form takes): those of (0)
       // in every fourth row, and those of (1).
@@ -212,7 +215,7 @@ TEST(Quantize, FastEqualsReferenceMxFp6EveryPatternBelowAmax) {
 TEST(Quantize, FastEqualsReferenceMxStreamedOutputs) {
   // Outputs of kStreamBytes (8 MiB) and more are written by streaming stores (the AVX2 chunks),
   // after a row's codes are mended in cache: 8 MiB of codes per direction.
-  for (Scheme scheme : {Scheme::MXFP8_E4M3, Scheme::MXFP4}) {
+  for (Scheme scheme : {Scheme::MXFP8_E4M3, Scheme::MXFP6_E2M3, Scheme::MXFP4}) {
     const std::vector<int64_t> shape{2048, scheme == Scheme::MXFP4 ? 8192 : 4096};
     const Tensor x = random_tensor(DType::BF16, shape, Fill::Heavy, 77);
     QuantizeOptions o;
