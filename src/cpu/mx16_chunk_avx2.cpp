@@ -488,8 +488,8 @@ MICROSCALE_AVX2 void chunk_fp4_avx2(const Chunk& c) {
   alignas(64) uint8_t col_scale[kChunkCols], row_scale[kBlock * kChunkBlocks];
   fp4_scale_bytes<kIn, kRule>(c, col_max, row_max, col_scale, row_scale);
   const bool columnwise = c.col_data != nullptr;
-  // The two-step form wherever it holds (every finite block with an amax from ~2^-123 for bf16,
-  // ~2^-11 for f16, or of zeros); thresholds (8 compares per lane, against 2 and the normal form's 3)
+  // The two-step form wherever it holds (every finite block with an amax from ~2^-122 for bf16,
+  // ~2^-10 for f16, or of zeros); thresholds (8 compares per lane, against 2 and the normal form's 3)
   // elsewhere.
   constexpr auto kLeast = static_cast<uint8_t>(Mx16Fp4TwoStep<kIn>::kMinScale);
   if (every_block_from(kLeast, c, col_scale, row_scale, col_max, row_max)) {
