@@ -134,42 +134,34 @@ MICROSCALE_AVX2_INLINE __m256i fp6_codes(const Lanes& l, const Widened& w, __m25
   return _mm256_or_si256(magnitude, l.sign);
 }
 
-MICROSCALE_AVX2_INLINE __m256i load16(const uint16_t* p) {
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+// Whether any of n blocks has a scale byte outside [least, 0xFE] and is not a block of zeros.
+// NOTE: branch-free in bytes so that it vectorises: a loop with `||` took a tenth of an AVX2
+// MXFP4 chunk's instructions.
+MICROSCALE_AVX2_INLINE bool any_block_outside(uint8_t least, const uint8_t* __restrict scale,
+                                              const uint16_t* __restrict max, int n) {
+  // s - least (mod 256) is at least 0xFF - least exactly for s < least and s = 0xFF.
+  const auto first_outside = static_cast<uint8_t>(0xFF - least);
+  uint8_t any = 0;
+  for (int q = 0; q < n; ++q) {
+    const auto rebased = static_cast<uint8_t>(scale[q] - least);
+    any |= static_cast<uint8_t>((rebased >= first_outside) & (max[q] != 0));
+  }
+  return any != 0;
 }
 
 // Whether every block of the chunk has a scale byte from `least` to 0xFE, or is a block of zeros
-// (max pattern 0: zero padding), whose codes every form but that of 0xFF gets right: where the
-// subnormal form (FP6, least Mx16Subnormals::kMinScale: the multiplier is capped) and the FP4
-// two-step form (least Mx16Fp4TwoStep::kMinScale) hold. Other chunks (an Inf or NaN; bf16 amaxes
-// below 2^-122 for E2M3, 2^-119 for E3M2, 2^-122 for E2M1, under FLOOR) take the FP8 way (FP6) or
-// thresholds (FP4). Scale bytes as in Terms: col_scale[j], row_scale[i * kChunkBlocks + b] (every
-// slot defined: a narrow chunk's unused rowwise slots have max 0).
-// NOTE: in vector: a plain loop over the bytes took a tenth of an MXFP4 chunk's instructions.
+// (max pattern 0: zero padding; every rule gives it byte 0), whose codes every form but that of
+// 0xFF gets right: where the FP6 subnormal form of the AVX2 chunk (least Mx16Subnormals::kMinScale:
+// the multiplier is capped) and the FP4 two-step form (least Mx16Fp4TwoStep::kMinScale) hold.
+// Under FLOOR those leave out blocks with amaxes below 2^-122 (E2M3, E2M1) or 2^-119 (E3M2) of
+// bf16 inputs, 2^-11 (E2M3), 2^-10 (E2M1) or 2^-7 (E3M2) of f16 inputs, and Inf or NaN. Scale
+// bytes and maxes as step 2 has them: col_scale[j], j < cols; row_scale[q], q < rows *
+// kChunkBlocks (every slot defined: a narrow chunk's unused ones have max 0).
 MICROSCALE_AVX2_INLINE bool every_block_from(uint8_t least, const Chunk& c, const uint8_t* col_scale,
                                              const uint8_t* row_scale, const uint16_t* col_max,
                                              const uint16_t* row_max) {
-  // s - least (mod 256) is at least 0xFF - least exactly for s < least and s = 0xFF.
-  const __m256i least_bytes = _mm256_set1_epi8(static_cast<char>(least));
-  const __m256i first_outside = _mm256_set1_epi8(static_cast<char>(0xFF - least));
-  const __m256i zero = _mm256_setzero_si256();
-  __m256i any = zero;
-  const auto add_blocks = [&](const uint8_t* scale, const uint16_t* max, int n) MICROSCALE_AVX2_LAMBDA {
-    for (int q = 0; q < n; q += 32) {
-      const __m256i rebased =
-          _mm256_sub_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scale + q)), least_bytes);
-      const __m256i outside = _mm256_cmpeq_epi8(_mm256_max_epu8(rebased, first_outside), rebased);
-      // Zero maxes as bytes in lane order (the pack works per 128-bit half).
-      const __m256i zero_max =
-          _mm256_permute4x64_epi64(_mm256_packs_epi16(_mm256_cmpeq_epi16(load16(max + q), zero),
-                                                      _mm256_cmpeq_epi16(load16(max + q + 16), zero)),
-                                   0xD8);
-      any = _mm256_or_si256(any, _mm256_andnot_si256(zero_max, outside));
-    }
-  };
-  if (c.col_data != nullptr) add_blocks(col_scale, col_max, c.cols);  // cols: a multiple of 32
-  if (c.row_data != nullptr) add_blocks(row_scale, row_max, c.rows * kChunkBlocks);
-  return _mm256_testz_si256(any, any);
+  return !(c.col_data != nullptr && any_block_outside(least, col_scale, col_max, c.cols)) &&
+         !(c.row_data != nullptr && any_block_outside(least, row_scale, row_max, c.rows * kChunkBlocks));
 }
 
 // The columnwise blocks' multipliers (Mx16Subnormals::multiplier) per lane, in the Widened order:
@@ -192,6 +184,10 @@ MICROSCALE_AVX2_INLINE void store_codes(__m256i low, __m256i high, uint8_t* out)
   // The pack works per 128-bit half: the 64-bit groups are put back in order after it.
   _mm256_store_si256(reinterpret_cast<__m256i*>(out),
                      _mm256_permute4x64_epi64(_mm256_packus_epi16(low, high), 0xD8));
+}
+
+MICROSCALE_AVX2_INLINE __m256i load16(const uint16_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
 
 // Step 1: col_max[j] over the band's 32 rows, row_max[i * kChunkBlocks + b] for row i's block b
@@ -316,16 +312,31 @@ MICROSCALE_AVX2 void chunk_avx2(const Chunk& c) {
 
 // ---- MXFP4: codes in the two-step form, or by thresholds ----
 
-// The columnwise terms of an MXFP4 chunk's step 3, per lane: its block's thresholds (below[k][j]),
-// or its block's two-step terms (Mx16Fp4TwoStep::terms).
+// The columnwise terms of an MXFP4 chunk's step 3 by thresholds, per lane: its block's
+// thresholds below[k][j].
 struct Fp4ThresholdColumns {
   alignas(64) int16_t below[8][kChunkCols];
 };
+
+// The columnwise terms of an MXFP4 chunk in the two-step form, per lane: its block's
+// Mx16Fp4TwoStep::terms.
 struct Fp4TwoStepColumns {
   alignas(64) int16_t lower[kChunkCols];
   alignas(64) int16_t step1[kChunkCols];
   alignas(64) int16_t step2[kChunkCols];
 };
+
+// Each column's terms, by a loop GCC vectorises (the byte clamped, shifted, less an offset).
+template <DType kIn>
+MICROSCALE_AVX2_INLINE void fp4_two_step_columns(const uint8_t* __restrict col_scale, int cols,
+                                                 Fp4TwoStepColumns& out) {
+  for (int j = 0; j < cols; ++j) {
+    const auto t = Mx16Fp4TwoStep<kIn>::terms(col_scale[j]);
+    out.lower[j] = static_cast<int16_t>(t.lower);
+    out.step1[j] = t.step1;
+    out.step2[j] = t.step2;
+  }
+}
 
 // The two-step form's terms of every scale byte (Mx16Fp4TwoStep::terms), each as a 32-bit word
 // holding the 16-bit term twice (as E2m1ThresholdPairTable: a broadcast from memory is a load):
@@ -350,28 +361,6 @@ constexpr std::array<Fp4TwoStepPairs, 256> fp4_two_step_pairs() {
 
 template <DType kIn>
 alignas(64) constexpr std::array<Fp4TwoStepPairs, 256> kFp4TwoStepPairs = fp4_two_step_pairs<kIn>();
-
-// The two-step form's terms of each column's scale byte (Mx16Fp4TwoStep::terms, in vector: the
-// byte, clamped to [kMinScale, kMaxScale], shifted, less each term's offset; 16-bit arithmetic
-// wraps as the terms' does).
-template <DType kIn>
-MICROSCALE_AVX2_INLINE void two_step_columns(const uint8_t* col_scale, int cols, Fp4TwoStepColumns& out) {
-  using TwoStep = Mx16Fp4TwoStep<kIn>;
-  const __m256i least = _mm256_set1_epi16(TwoStep::kMinScale), most = _mm256_set1_epi16(TwoStep::kMaxScale);
-  for (int j = 0; j < cols; j += kLanes) {
-    const __m256i bytes =
-        _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col_scale + j)));
-    const __m256i base =
-        _mm256_slli_epi16(_mm256_min_epu16(_mm256_max_epu16(bytes, least), most), TwoStep::kMantissaBits);
-    const auto store = [&](int16_t* to, int offset) MICROSCALE_AVX2_LAMBDA {
-      _mm256_store_si256(reinterpret_cast<__m256i*>(to + j),
-                         _mm256_sub_epi16(base, _mm256_set1_epi16(static_cast<int16_t>(offset))));
-    };
-    store(out.lower, TwoStep::kLowerOffset);
-    store(out.step1, TwoStep::kStep1Offset);
-    store(out.step2, TwoStep::kStep2Offset);
-  }
-}
 
 // mx16_fp4_code on 16 lanes without the sign: `a` the |x| patterns, `a_plus_lsb` |x| plus the
 // rounding bit of the kept mantissa bit; a block's lower, step1 and step2 per lane.
@@ -494,7 +483,7 @@ MICROSCALE_AVX2 void chunk_fp4_avx2(const Chunk& c) {
   constexpr auto kLeast = static_cast<uint8_t>(Mx16Fp4TwoStep<kIn>::kMinScale);
   if (every_block_from(kLeast, c, col_scale, row_scale, col_max, row_max)) {
     Fp4TwoStepColumns col;
-    if (columnwise) two_step_columns<kIn>(col_scale, c.cols, col);
+    if (columnwise) fp4_two_step_columns<kIn>(col_scale, c.cols, col);
     return encode_fp4_directions<kIn>(c, row_scale, col);
   }
   Fp4ThresholdColumns col;
