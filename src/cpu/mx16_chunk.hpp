@@ -59,9 +59,11 @@ struct Chunk {
   bool prefetch_next;  // a chunk follows in this band
   bool stream;         // the outputs' rows are whole aligned lines, streamed (the AVX2 chunks)
   MxParams p;
-  const MxE2m1Thresholds* fp4_thresholds;                  // MXFP4 (quantize_chunk_fp4)
-  const E2m1ThresholdPairTable<256>* fp4_threshold_pairs;  // fp4_thresholds widened (the AVX2 chunk)
-  const TermTable* terms;                                  // FP8, FP6 (the 16-bit form)
+  // MXFP4 by thresholds: quantize_chunk_fp4, and the AVX2 chunk's columns where the two-step form
+  // does not hold; widened, the AVX2 chunk's rows there.
+  const MxE2m1Thresholds* fp4_thresholds;
+  const E2m1ThresholdPairTable<256>* fp4_threshold_pairs;
+  const TermTable* terms;  // FP8, FP6 (the 16-bit form)
   // Rowwise: chunk row i at row_data + i * data_stride, its block bytes at row_scale + i * row_scale_stride.
   uint8_t* row_data;
   uint8_t* row_scale;

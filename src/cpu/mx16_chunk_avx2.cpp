@@ -10,7 +10,9 @@
 //   1. maxes:  per column, the max over the band's 32 rows; per row and block, the max of its two
 //              halves, then of the 16 lanes for 16 rows at once by the transposing tree
 //              (lane_maxes, avx2.hpp);
-//   2. scales: as the plain chunks (mx16_chunk.hpp), compiled here for AVX2;
+//   2. scales: as the plain chunks (mx16_chunk.hpp), compiled here for AVX2; then (FP6, FP4)
+//              whether the chunk's blocks take the fast form (every_block_from), and FP4's
+//              columnwise terms of the form taken;
 //   3. codes:  each half row's |x| and sign once, then each direction's codes:
 //              - FP8 by the 16-bit form (mx16_form.hpp: a saturating subtract, a shift and a min)
 //                and its lanes outside the form, ORed over the row; a row with such a lane takes
@@ -391,8 +393,8 @@ MICROSCALE_AVX2_INLINE void store_packed_block(__m256i low, __m256i high, uint8_
 
 // Step 3 of an MXFP4 chunk for the requested directions (kRow, kCol), in the two-step form
 // (Columns = Fp4TwoStepColumns: the rowwise terms broadcast from the table) or by thresholds
-// (Fp4ThresholdColumns: the rowwise ones broadcast from the widened table). Each half block row's |x|
-// and sign once. A row's bytes go to lines in L1, then to the outputs.
+// (Fp4ThresholdColumns: the rowwise ones broadcast from the widened table). Each half block
+// row's |x| and sign once. A row's bytes go to lines in L1, then to the outputs.
 template <DType kIn, bool kRow, bool kCol, typename Columns>
 MICROSCALE_AVX2_INLINE void encode_fp4(const Chunk& c, const uint8_t* row_scale, const Columns& col) {
   constexpr bool kTwoStep = std::is_same_v<Columns, Fp4TwoStepColumns>;

@@ -11,7 +11,7 @@
 // rounded to m, ties to even: one subtract and one shift (the carry of the rounding moves into the
 // exponent, as in encode_rn). Elsewhere (format subnormals, input subnormals, blocks whose scale
 // is NaN) the kernels encode the lane as the fp32 path does, or (FP6 in AVX2) by the subnormal
-// form below. Each code equals
+// form below; E2M1 in AVX2 takes the two-step form at the end. Each code equals
 // encode_rn(mx_scaled_element(x, mx_inverse_scale(S))) for finite x and S < 0xFF whenever
 // |y| < 2^(emax + 1), which every MX scale rule guarantees for the block's elements
 // (tests/cpp/mx16_form_test.cpp and avx512_codec_test.cpp check every bf16 and f16 pattern against

@@ -334,12 +334,12 @@ void quantize_with_input(const InputMatrix& x, const QuantizeOptions& o, const M
 }  // namespace
 
 bool mx16_applies(const InputMatrix& x, Scheme scheme) {
-  // FP8 by the 16-bit form; FP4 by thresholds. FP6 only with AVX2: E2M3 puts a large share of a
-  // Gaussian block in the format's subnormals, outside the 16-bit form, which the AVX2 chunk
-  // encodes in vector (the subnormal form, mx16_chunk_avx2.cpp); the plain chunk mends them lane
-  // group by lane group and measured slower than the fp32 kernel (docs/perf.md, fifteenth
-  // session). Chunks are whole rowwise blocks: a columnwise-only call may have any last dim
-  // (K % 32 != 0), which the fp32 kernel takes.
+  // FP8 by the 16-bit form; FP4 by thresholds (in AVX2 the two-step form where it holds). FP6
+  // only with AVX2: E2M3 puts a large share of a Gaussian block in the format's subnormals,
+  // outside the 16-bit form, which the AVX2 chunk encodes in vector (the subnormal form,
+  // mx16_chunk_avx2.cpp); the plain chunk mends them lane group by lane group and measured slower
+  // than the fp32 kernel (docs/perf.md, fifteenth session). Chunks are whole rowwise blocks: a
+  // columnwise-only call may have any last dim (K % 32 != 0), which the fp32 kernel takes.
   const bool fp6 = scheme == Scheme::MXFP6_E2M3 || scheme == Scheme::MXFP6_E3M2;
   return (x.dtype == DType::BF16 || x.dtype == DType::F16) && x.col_stride == 1 && x.cols % kBlock == 0 &&
          (scheme == Scheme::MXFP8_E4M3 || scheme == Scheme::MXFP8_E5M2 || scheme == Scheme::MXFP4 ||

@@ -167,10 +167,9 @@ TEST(Quantize, FastEqualsReferenceMxFp6Fp4EveryPatternBelowAmax) {
           o.scheme = scheme;
           o.scale_mode = mode;
           o.rowwise = o.columnwise = true;
-          expect_fast_equals_ref(x.view(), o,
-                                 std::string(scheme_name(scheme)) + " " + std::string(dtype_name(dtype)) +
-                                     " amax 2^" + std::to_string(e) + " " +
-                                     std::string(scale_mode_name(mode)));
+          const std::string what = std::string(scheme_name(scheme)) + " " + std::string(dtype_name(dtype)) +
+                                   " amax 2^" + std::to_string(e) + " " + std::string(scale_mode_name(mode));
+          expect_fast_equals_ref(x.view(), o, what);
         }
       }
       // Blocks below the form's least scale byte among Gaussian ones (the chunk then takes
