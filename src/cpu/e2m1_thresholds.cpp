@@ -167,4 +167,13 @@ const MxE2m1Thresholds& mx_e2m1_thresholds(DType input) {
   return f16;
 }
 
+const E2m1ThresholdPairTable<256>& mx_e2m1_threshold_pairs(DType input) {
+  if (input == DType::BF16) {
+    static const E2m1ThresholdPairTable<256> bf16(mx_e2m1_thresholds(DType::BF16));
+    return bf16;
+  }
+  static const E2m1ThresholdPairTable<256> f16(mx_e2m1_thresholds(DType::F16));
+  return f16;
+}
+
 }  // namespace microscale::cpu

@@ -46,6 +46,12 @@ using E2m1Thresholds = E2m1ThresholdTable<128>;
 /// MXFP4: one row per E8M0 scale byte. Zero step: every pattern (-1), none for the byte 0xFF.
 using MxE2m1Thresholds = E2m1ThresholdTable<256>;
 
+/// A 16-bit value twice in a 32-bit word: what a 32-bit broadcast from memory makes 16 lanes of.
+constexpr int32_t repeated_pair(int v) {
+  const auto half = static_cast<uint16_t>(v);
+  return static_cast<int32_t>(half | (uint32_t{half} << 16));
+}
+
 /// A table's thresholds as 32-bit words holding the 16-bit threshold twice: pairs[s][k] for row s,
 /// threshold k. A broadcast of a 32-bit word from memory is done by the load unit, where one of a
 /// 16-bit word also takes a shuffle (the AVX2 kernels' rowwise thresholds).
@@ -55,10 +61,7 @@ struct E2m1ThresholdPairTable {
 
   explicit E2m1ThresholdPairTable(const E2m1ThresholdTable<kScales>& table) {
     for (int s = 0; s < kScales; ++s) {
-      for (int k = 0; k < 8; ++k) {
-        const auto half = static_cast<uint16_t>(table.below[s][k]);
-        pairs[s][k] = static_cast<int32_t>(half | (uint32_t{half} << 16));
-      }
+      for (int k = 0; k < 8; ++k) pairs[s][k] = repeated_pair(table.below[s][k]);
     }
   }
 };
@@ -76,6 +79,9 @@ void build_e2m1_thresholds(DType input, float s_dec, E2m1Thresholds& out,
 
 /// The MXFP4 thresholds of `input` (BF16 or F16), built on first use (thread-safe) and kept.
 const MxE2m1Thresholds& mx_e2m1_thresholds(DType input);
+
+/// mx_e2m1_thresholds widened (E2m1ThresholdPairTable: the AVX2 MXFP4 chunk's), likewise kept.
+const E2m1ThresholdPairTable<256>& mx_e2m1_threshold_pairs(DType input);
 
 /// The code (sign in bit 3) of an element with |x| pattern `a` (NaN patterns included) and sign
 /// bit `sign` (8 or 0) against one block's row of thresholds `t`. NOTE: `a` and `t` are int16 so

@@ -349,14 +349,10 @@ struct Fp4TwoStepPairs {
 
 template <DType kIn>
 constexpr std::array<Fp4TwoStepPairs, 256> fp4_two_step_pairs() {
-  const auto pair = [](int v) {
-    const auto half = static_cast<uint16_t>(v);
-    return static_cast<int32_t>(half | (uint32_t{half} << 16));
-  };
   std::array<Fp4TwoStepPairs, 256> table{};
   for (int s = 0; s < 256; ++s) {
     const auto t = Mx16Fp4TwoStep<kIn>::terms(static_cast<uint8_t>(s));
-    table[s] = {pair(t.lower), pair(t.step1), pair(t.step2), 0};
+    table[s] = {repeated_pair(t.lower), repeated_pair(t.step1), repeated_pair(t.step2), 0};
   }
   return table;
 }

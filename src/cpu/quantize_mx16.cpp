@@ -27,7 +27,6 @@
 #include "cpu/quantize_mx16.hpp"
 
 #include <algorithm>
-#include <optional>
 #include <type_traits>
 
 #if defined(__SSE2__)
@@ -270,8 +269,7 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, const MxParam
     case MxScaleRule::RCeil: chunk = kernel_of<Codec, kIn, MxScaleRule::RCeil>(avx2); break;
   }
   const MxE2m1Thresholds* thresholds = kFp4 ? &mx_e2m1_thresholds(kIn) : nullptr;
-  std::optional<E2m1ThresholdPairTable<256>> threshold_pairs;  // the AVX2 FP4 chunk's
-  if (kFp4 && avx2) threshold_pairs.emplace(*thresholds);
+  const E2m1ThresholdPairTable<256>* threshold_pairs = kFp4 && avx2 ? &mx_e2m1_threshold_pairs(kIn) : nullptr;
   mx16::TermTable terms{};
   if constexpr (!kFp4) terms = mx16::term_table<Codec, kIn>();
   const int64_t bands = (m + kBlock - 1) / kBlock;  // columnwise: M % 32 == 0 is checked
@@ -291,7 +289,7 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, const MxParam
       c.rows = static_cast<int>(std::min<int64_t>(kBlock, m - first_row));
       c.p = p;
       c.fp4_thresholds = thresholds;
-      c.fp4_threshold_pairs = threshold_pairs ? &*threshold_pairs : nullptr;
+      c.fp4_threshold_pairs = threshold_pairs;
       c.terms = &terms;
       c.data_stride = data_cols;
       c.row_scale_stride = k / kBlock;
