@@ -6,7 +6,8 @@
 // Three kernels. bf16 and f16 inputs stay in 16-bit lanes (32 lanes per register): with
 // byte-sized codes (FP8, FP6) quantize_chunk16 below (codes by an integer subtract and shift since
 // the block scales are powers of two), which hands chunks with Inf/NaN (bf16: also tiny scales)
-// to the general one; with FP4 codes quantize_chunk16_fp4 (codes by thresholds, every chunk).
+// to the general one; with FP4 codes quantize_chunk16_fp4 (codes by the two-step form of
+// mx16_form.hpp where every block of the chunk allows it, else by thresholds).
 // The general kernel (fp32 lanes) takes everything else and is described here.
 //
 // The unit of work is a chunk of one band of 32 input rows x 64 columns (four 16-lane tiles;
@@ -486,14 +487,20 @@ MICROSCALE_AVX512_INLINE bool quantize_chunk16(const Band& b, int64_t col, uint1
   return true;
 }
 
-// ---- MXFP4 of bf16 and f16 inputs: codes by thresholds, 16-bit lanes ----
+// ---- MXFP4 of bf16 and f16 inputs: codes in 16-bit lanes ----
 //
 // E2M1 puts a large share of a block in the format's subnormals, outside the 16-bit form above.
-// Here an element's code comes from compares of its |x| pattern with its block's thresholds
-// (e2m1_thresholds.hpp: mx_e2m1_thresholds), which are exact for every scale byte, 0xFF (Inf and
-// NaN blocks) included, so no chunk falls back. A chunk is a full band of 32 rows x 128 columns
-// (four registers per row: each output row one 64-byte line); a band's last chunks may be 64 or
-// 32 columns.
+// Two forms take them, chosen per chunk:
+// - the two-step form (mx16_form.hpp: Mx16Fp4TwoStep, mx16_fp4_code): the normal form's code
+//   with a saturating subtract, raised to the count of the block's two lowest steps; three terms
+//   per block, each the scale byte shifted less a constant. It holds for scale bytes from
+//   Mx16Fp4TwoStep::kMinScale to 0xFE and for blocks of zeros: every chunk of finite data whose
+//   block amaxes are above ~2^-122 (bf16) or ~2^-10 (f16).
+// - thresholds: compares of the |x| pattern with its block's thresholds (e2m1_thresholds.hpp:
+//   mx_e2m1_thresholds), exact for every scale byte, 0xFF (Inf and NaN blocks) included; the
+//   chunks the two-step form does not hold for.
+// A chunk is a full band of 32 rows x 128 columns (four registers per row: each output row one
+// 64-byte line); a band's last chunks may be 64 or 32 columns.
 constexpr int kFp4ChunkCols = 128;
 
 // The MXFP4 thresholds of kIn with each value repeated in both halves of a 32-bit word (one
@@ -535,6 +542,46 @@ MICROSCALE_AVX512_INLINE __m512i e2m1_codes16(__m512i a, __m512i sign_bits, cons
   return _mm512_ternarylogic_epi32(m, sign_bits, t[0], 0xF8);  // m | (sign_bits & t[0])
 }
 
+// The two-step form's terms (Mx16Fp4TwoStep::terms) of 32 lanes of scale bytes, one per 16-bit
+// lane (a byte repeated in both halves of a 32-bit word gives its terms repeated likewise): each
+// the byte clamped to the form's range, shifted to the input's exponent field, less an offset
+// (mod 2^16, as the scalar form's casts).
+struct Fp4TwoStepLanes {
+  __m512i lower, step1, step2;
+};
+
+// A 16-bit lane holding `v` mod 2^16.
+MICROSCALE_AVX512_INLINE __m512i set1_u16(int v) {
+  return _mm512_set1_epi16(static_cast<int16_t>(static_cast<uint16_t>(v)));
+}
+
+template <DType kIn>
+MICROSCALE_AVX512_INLINE Fp4TwoStepLanes fp4_two_step_terms(__m512i bytes16) {
+  using T = Mx16Fp4TwoStep<kIn>;
+  const __m512i clamped =
+      _mm512_min_epu16(_mm512_max_epu16(bytes16, set1_u16(T::kMinScale)), set1_u16(T::kMaxScale));
+  const __m512i base = _mm512_slli_epi16(clamped, T::kMantissaBits);
+  return {_mm512_sub_epi16(base, set1_u16(T::kLowerOffset)),
+          _mm512_sub_epi16(base, set1_u16(T::kStep1Offset)),
+          _mm512_sub_epi16(base, set1_u16(T::kStep2Offset))};
+}
+
+// mx16_fp4_code on 32 lanes: |x| patterns `a`, |x| plus the rounding bit of the kept mantissa bit
+// `a_plus_lsb`, input patterns shifted right by 12 (`sign_bits`: the sign in bit 3), and each
+// lane's block terms.
+template <DType kIn>
+MICROSCALE_AVX512_INLINE __m512i two_step_codes16(__m512i a, __m512i a_plus_lsb, __m512i sign_bits,
+                                                  const Fp4TwoStepLanes& t) {
+  using F = Mx16Format<E2M1Codec, kIn>;
+  const __m512i normal = _mm512_min_epu16(_mm512_srli_epi16(_mm512_subs_epu16(a_plus_lsb, t.lower), F::kDrop),
+                                          _mm512_set1_epi16(static_cast<int16_t>(E2M1Codec::kMaxCode)));
+  // The steps passed (|x| above step1, then step2) raise the code to at least 1, then 2.
+  __m512i m =
+      _mm512_mask_max_epu16(normal, _mm512_cmpgt_epi16_mask(a, t.step1), normal, _mm512_set1_epi16(1));
+  m = _mm512_mask_max_epu16(m, _mm512_cmpgt_epi16_mask(a, t.step2), m, _mm512_set1_epi16(2));
+  return _mm512_ternarylogic_epi32(m, sign_bits, _mm512_set1_epi16(8), 0xF8);  // m | (sign_bits & 8)
+}
+
 // The output row of one direction: the 16-bit codes c[0..kRegs-1] (lane j of c[t] = column
 // 32t + j) two per byte, column 2q in the low nibble of byte q.
 template <int kRegs>
@@ -551,17 +598,29 @@ MICROSCALE_AVX512_INLINE void store_fp4_codes16(const __m512i* c, uint8_t* dst, 
   }
 }
 
-// Step 3 of quantize_chunk16_fp4 for the directions kRows, kCols: each row's codes, rowwise
-// against its blocks' thresholds (row_bytes[t][row]: the scale byte of register t's block),
-// columnwise against each lane's (col_below, col_sign).
-// NOTE: the directions are template arguments and the loops over registers and thresholds fully
-// unrolled, so that the codes stay in registers (as runtime tests, GCC kept them on the stack).
-template <int kRegs, bool kRows, bool kCols>
+// Step 2's terms of an MXFP4 chunk for step 3, in the form chosen for the chunk. Thresholds:
+// each row block's scale byte (its thresholds broadcast per row), each column lane's thresholds
+// (col_below[k][j], from the 16-bit table by 8 x 8 transposes) and sign mask. Two-step form: each
+// row block's terms as 32-bit words holding the 16-bit term twice (broadcast per row), each
+// column lane's terms.
+struct Fp4ChunkTerms {
+  alignas(64) uint32_t row_bytes[4][kBlock];
+  alignas(64) int16_t col_below[8][kFp4ChunkCols];
+  __m512i col_sign[4];
+  alignas(64) uint32_t row_lower[4][kBlock], row_step1[4][kBlock], row_step2[4][kBlock];
+  Fp4TwoStepLanes col[4];
+};
+
+// Step 3 of quantize_chunk16_fp4 for the directions kRows, kCols: each row's codes, in the
+// two-step form (kTwoStep) or by thresholds, from the chunk's terms.
+// NOTE: the directions and the form are template arguments and the loops over registers and
+// thresholds fully unrolled, so that the codes stay in registers (as runtime tests, GCC kept them
+// on the stack).
+template <DType kIn, int kRegs, bool kRows, bool kCols, bool kTwoStep>
 MICROSCALE_AVX512_INLINE void encode_chunk16_fp4(const Band& b, int64_t col,
                                                  const uint16_t (*buffer)[kFp4ChunkCols],
-                                                 const uint32_t (*row_bytes)[kBlock],
-                                                 const int16_t (*col_below)[kFp4ChunkCols],
-                                                 const __m512i* col_sign) {
+                                                 const Fp4ChunkTerms& terms) {
+  using F = Mx16Format<E2M1Codec, kIn>;
   const int64_t data_col = col / 2;
   for (int i = 0; i < kBlock; ++i) {
     __m512i row_codes[kRegs], col_codes[kRegs];
@@ -570,19 +629,31 @@ MICROSCALE_AVX512_INLINE void encode_chunk16_fp4(const Band& b, int64_t col,
       const __m512i x = _mm512_load_si512(buffer[i] + t * k16Lanes);
       const __m512i a = _mm512_and_si512(x, _mm512_set1_epi16(0x7FFF));
       const __m512i sign_bits = _mm512_srli_epi16(x, 12);
-      if constexpr (kRows) {
-        const uint32_t* w = b.fp4_wide_thresholds[row_bytes[t][i]];
-        __m512i th[8];
+      if constexpr (kTwoStep) {
+        const __m512i a_plus_lsb =
+            _mm512_add_epi16(a, _mm512_and_si512(_mm512_srli_epi16(a, F::kDrop), _mm512_set1_epi16(1)));
+        if constexpr (kRows) {
+          const Fp4TwoStepLanes row = {_mm512_set1_epi32(static_cast<int>(terms.row_lower[t][i])),
+                                       _mm512_set1_epi32(static_cast<int>(terms.row_step1[t][i])),
+                                       _mm512_set1_epi32(static_cast<int>(terms.row_step2[t][i]))};
+          row_codes[t] = two_step_codes16<kIn>(a, a_plus_lsb, sign_bits, row);
+        }
+        if constexpr (kCols) col_codes[t] = two_step_codes16<kIn>(a, a_plus_lsb, sign_bits, terms.col[t]);
+      } else {
+        if constexpr (kRows) {
+          const uint32_t* w = b.fp4_wide_thresholds[terms.row_bytes[t][i]];
+          __m512i th[8];
 #pragma GCC unroll 8
-        for (int k = 0; k < 8; ++k) th[k] = _mm512_set1_epi32(static_cast<int>(w[k]));
-        row_codes[t] = e2m1_codes16(a, sign_bits, th);
-      }
-      if constexpr (kCols) {
-        __m512i th[8];
-        th[0] = col_sign[t];
+          for (int k = 0; k < 8; ++k) th[k] = _mm512_set1_epi32(static_cast<int>(w[k]));
+          row_codes[t] = e2m1_codes16(a, sign_bits, th);
+        }
+        if constexpr (kCols) {
+          __m512i th[8];
+          th[0] = terms.col_sign[t];
 #pragma GCC unroll 8
-        for (int k = 1; k < 8; ++k) th[k] = _mm512_load_si512(col_below[k] + t * k16Lanes);
-        col_codes[t] = e2m1_codes16(a, sign_bits, th);
+          for (int k = 1; k < 8; ++k) th[k] = _mm512_load_si512(terms.col_below[k] + t * k16Lanes);
+          col_codes[t] = e2m1_codes16(a, sign_bits, th);
+        }
       }
     }
     if constexpr (kRows)
@@ -590,6 +661,56 @@ MICROSCALE_AVX512_INLINE void encode_chunk16_fp4(const Band& b, int64_t col,
     if constexpr (kCols)
       store_fp4_codes16<kRegs>(col_codes, b.col_data + i * b.data_stride + data_col, b.stream);
   }
+}
+
+// Step 3 in the requested directions.
+template <DType kIn, int kRegs, bool kTwoStep>
+MICROSCALE_AVX512_INLINE void encode_chunk16_fp4_directions(const Band& b, int64_t col,
+                                                            const uint16_t (*buffer)[kFp4ChunkCols],
+                                                            const Fp4ChunkTerms& terms) {
+  const bool rowwise = b.row_data != nullptr, columnwise = b.col_data != nullptr;
+  if (rowwise && columnwise) {
+    encode_chunk16_fp4<kIn, kRegs, true, true, kTwoStep>(b, col, buffer, terms);
+  } else if (rowwise) {
+    encode_chunk16_fp4<kIn, kRegs, true, false, kTwoStep>(b, col, buffer, terms);
+  } else {
+    encode_chunk16_fp4<kIn, kRegs, false, true, kTwoStep>(b, col, buffer, terms);
+  }
+}
+
+// Whether the two-step form holds for every block of the chunk: a scale byte from
+// Mx16Fp4TwoStep::kMinScale to 0xFE, or a block of zeros (max pattern 0; its codes are 0 under any
+// terms). Inf and NaN need no test of their own: every rule gives a block holding either the byte
+// 0xFF (mx_scale_bytes). Column blocks: bytes[j] and col_max (16-bit lanes); row blocks:
+// terms.row_bytes and row_max (16-bit maxes shifted up).
+template <DType kIn, int kRegs>
+MICROSCALE_AVX512_INLINE bool fp4_two_step_holds(bool rowwise, bool columnwise, const uint8_t* bytes,
+                                                 const __m512i* col_max, const Fp4ChunkTerms& terms,
+                                                 const uint32_t (*row_max)[kBlock]) {
+  constexpr int kLeast = Mx16Fp4TwoStep<kIn>::kMinScale;
+  __mmask32 outside = 0;
+  for (int t = 0; t < kRegs; ++t) {
+    if (columnwise) {
+      const __m512i s =
+          _mm512_cvtepu8_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(bytes + t * k16Lanes)));
+      // s - least (mod 2^16) is at least 0xFF - least exactly for s < least and s = 0xFF.
+      outside |= _mm512_mask_cmpge_epu16_mask(_mm512_test_epi16_mask(col_max[t], col_max[t]),
+                                              _mm512_sub_epi16(s, _mm512_set1_epi16(kLeast)),
+                                              _mm512_set1_epi16(0xFF - kLeast));
+    }
+  }
+  if (rowwise) {
+    for (int t = 0; t < kRegs; ++t) {
+      for (int h = 0; h < kBlock / 16; ++h) {
+        const __m512i s = _mm512_load_si512(terms.row_bytes[t] + 16 * h);
+        const __m512i m = _mm512_load_si512(row_max[t] + 16 * h);
+        outside |= _mm512_mask_cmpge_epu32_mask(_mm512_test_epi32_mask(m, m),
+                                                _mm512_sub_epi32(s, _mm512_set1_epi32(kLeast)),
+                                                _mm512_set1_epi32(0xFF - kLeast));
+      }
+    }
+  }
+  return outside == 0;
 }
 
 // One MXFP4 chunk of a full band of kIn (bf16 or f16) inputs: columns [col, col + 32 * kRegs).
@@ -604,53 +725,66 @@ MICROSCALE_AVX512_INLINE void quantize_chunk16_fp4(const Band& b, int64_t col,
   alignas(64) uint32_t row_max[kRegs][kBlock];  // the 16-bit max shifted up
   load_chunk16<kRegs>(b, col, buffer, col_max, row_max);
 
-  // 2. Scale bytes. Columnwise: the lanes' thresholds (col_below[k][j], from the 16-bit table by
-  // 8 x 8 transposes) and sign masks; rowwise: each row block's byte (its thresholds are
-  // broadcast per row in step 3).
-  alignas(64) int16_t col_below[8][kFp4ChunkCols];
-  __m512i col_sign[kRegs];
+  // 2. Scale bytes, then the terms of the form the chunk takes.
+  Fp4ChunkTerms terms;
+  alignas(64) uint8_t bytes[kFp4ChunkCols];  // byte j = column j's scale
   if (columnwise) {
     __m512i s[2 * kRegs];
     column_scale_bytes<kRule, kRegs, kIn>(b, col_max, s);
-    alignas(64) uint8_t bytes[kFp4ChunkCols];  // byte j = column j's scale
     if constexpr (kRegs == 1) {
       _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), _mm512_castsi512_si256(pack_bytes<2>(s)));
     } else {
       for (int q = 0; q < kRegs / 2; ++q) _mm512_store_si512(bytes + 64 * q, pack_bytes<4>(s + 4 * q));
     }
     std::memcpy(b.col_scale + col, bytes, kRegs * k16Lanes);
-    for (int j = 0; j < kRegs * k16Lanes; j += 8)
-      transpose_thresholds<kFp4ChunkCols>(b.fp4_thresholds, bytes + j, col_below, j);
-    for (int t = 0; t < kRegs; ++t) {  // the zero step's -1 (a sign) or 0x7FFF (none) -> 8 or 0
-      col_sign[t] = _mm512_maskz_mov_epi16(
-          _mm512_cmplt_epi16_mask(_mm512_load_si512(col_below[0] + t * k16Lanes), _mm512_setzero_si512()),
-          _mm512_set1_epi16(8));
-    }
   }
-  alignas(64) uint32_t row_bytes[kRegs][kBlock];
   if (rowwise) {
     for (int t = 0; t < kRegs; ++t) {
       for (int h = 0; h < kBlock / 16; ++h) {
         __m512i amax = _mm512_load_si512(row_max[t] + 16 * h);
         if constexpr (kIn == DType::F16) amax = _mm512_castps_si512(widen_half_lanes<kIn, true>(amax));
-        _mm512_store_si512(row_bytes[t] + 16 * h,
+        _mm512_store_si512(terms.row_bytes[t] + 16 * h,
                            mx_scale_bytes<kRule>(amax, b.emax, b.mantissa_bits, b.max_normal));
       }
     }
     uint8_t* dst = b.row_scale + col / kBlock;
     for (int i = 0; i < kBlock; ++i) {
-      for (int t = 0; t < kRegs; ++t) dst[i * b.row_scale_stride + t] = static_cast<uint8_t>(row_bytes[t][i]);
+      for (int t = 0; t < kRegs; ++t)
+        dst[i * b.row_scale_stride + t] = static_cast<uint8_t>(terms.row_bytes[t][i]);
     }
   }
 
-  // 3. Encode, row by row.
-  if (rowwise && columnwise) {
-    encode_chunk16_fp4<kRegs, true, true>(b, col, buffer, row_bytes, col_below, col_sign);
-  } else if (rowwise) {
-    encode_chunk16_fp4<kRegs, true, false>(b, col, buffer, row_bytes, col_below, col_sign);
-  } else {
-    encode_chunk16_fp4<kRegs, false, true>(b, col, buffer, row_bytes, col_below, col_sign);
+  if (fp4_two_step_holds<kIn, kRegs>(rowwise, columnwise, bytes, col_max, terms, row_max)) {
+    if (columnwise) {
+      for (int t = 0; t < kRegs; ++t) {
+        terms.col[t] = fp4_two_step_terms<kIn>(
+            _mm512_cvtepu8_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(bytes + t * k16Lanes))));
+      }
+    }
+    if (rowwise) {
+      for (int t = 0; t < kRegs; ++t) {
+        for (int h = 0; h < kBlock / 16; ++h) {
+          const __m512i s = _mm512_load_si512(terms.row_bytes[t] + 16 * h);
+          const Fp4TwoStepLanes r = fp4_two_step_terms<kIn>(_mm512_or_si512(s, _mm512_slli_epi32(s, 16)));
+          _mm512_store_si512(terms.row_lower[t] + 16 * h, r.lower);
+          _mm512_store_si512(terms.row_step1[t] + 16 * h, r.step1);
+          _mm512_store_si512(terms.row_step2[t] + 16 * h, r.step2);
+        }
+      }
+    }
+    return encode_chunk16_fp4_directions<kIn, kRegs, true>(b, col, buffer, terms);
   }
+  if (columnwise) {
+    for (int j = 0; j < kRegs * k16Lanes; j += 8)
+      transpose_thresholds<kFp4ChunkCols>(b.fp4_thresholds, bytes + j, terms.col_below, j);
+    for (int t = 0; t < kRegs; ++t) {  // the zero step's -1 (a sign) or 0x7FFF (none) -> 8 or 0
+      terms.col_sign[t] =
+          _mm512_maskz_mov_epi16(_mm512_cmplt_epi16_mask(_mm512_load_si512(terms.col_below[0] + t * k16Lanes),
+                                                         _mm512_setzero_si512()),
+                                 _mm512_set1_epi16(8));
+    }
+  }
+  encode_chunk16_fp4_directions<kIn, kRegs, false>(b, col, buffer, terms);
 }
 
 template <typename Codec, bool kPacked, MxScaleRule kRule, DType kDType>
