@@ -2,17 +2,18 @@
 //
 // Every file microscale writes (safetensors, config and index JSON, reports; not the files a
 // conversion copies from the model directory) goes through OutputFile: the bytes go to a hidden
-// temporary file beside the destination (a random name, created exclusively), which is renamed
-// onto the destination only once it is complete and closed without error. So a full disk or a
-// failed conversion leaves no truncated file under the real name, and a destination that is also
-// being read (an input file still mapped) is replaced, never truncated under the reader. A
-// symbolic link at the destination is replaced by the file, not written through; a replaced file
-// keeps its permissions. A process that a signal ends while writing leaves its hidden temporary
-// file, unless its handler calls remove_unfinished_outputs() first (the CLI's does, for SIGINT,
-// SIGTERM and SIGHUP; SIGKILL cannot be caught). Such a file goes when an OutputFile of the same
-// destination starts a minute or more later: a writer holds an flock on its temporary file until
-// it has its name, so one that is not locked and has not changed for a minute is taken for
-// abandoned (a file system whose flock does not reach other hosts cannot tell a writer there).
+// temporary file beside the destination (a random name, created exclusively), which is renamed onto
+// the destination only once it is complete, on disk (fsync) and closed without error; the directory
+// is synced after the rename. So a full disk, a failed conversion or a power loss leaves no
+// truncated file under the real name, and a destination that is also being read (an input file
+// still mapped) is replaced, never truncated under the reader. A symbolic link at the destination
+// is replaced by the file, not written through; a replaced file keeps its permissions. A process
+// that a signal ends while writing leaves its hidden temporary file, unless its handler calls
+// remove_unfinished_outputs() first (the CLI's does, for SIGINT, SIGTERM and SIGHUP; SIGKILL cannot
+// be caught). Such a file goes when an OutputFile of the same destination starts a minute or more
+// later: a writer holds an flock on its temporary file until it has its name, so one that is not
+// locked and has not changed for a minute is taken for abandoned (a file system whose flock does
+// not reach other hosts cannot tell a writer there).
 #pragma once
 
 #include <cstddef>

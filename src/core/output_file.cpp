@@ -76,6 +76,16 @@ void remove_abandoned_temporaries(const fs::path& destination) {
   }
 }
 
+// Makes a rename in the directory of `path` durable (the directory entry on disk). Best effort:
+// the file is already complete and in place, and some file systems refuse fsync on a directory.
+void sync_directory_of(const std::string& path) {
+  const fs::path parent = fs::path(path).parent_path();
+  const int fd = ::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  static_cast<void>(::fsync(fd));
+  ::close(fd);
+}
+
 }  // namespace
 
 OutputFile::OutputFile(std::string path) : path_(std::move(path)) {
@@ -135,7 +145,9 @@ void OutputFile::commit() {
   // The flock stays with a second descriptor until the rename is done: close's error is checked
   // before the file gets its name, and no other writer takes it for abandoned meanwhile.
   const int lock = ::dup(fd);
-  if (::close(fd) != 0) {
+  // The bytes reach the disk before the name does: without fsync, a crash or power loss after the
+  // rename can leave the destination empty or short (file systems may write the rename first).
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
     const int error = errno;
     if (lock >= 0) ::close(lock);
     throw Error("error while writing '" + path_ + "'" + errno_text(error));
@@ -147,6 +159,7 @@ void OutputFile::commit() {
     throw Error("cannot move the finished file onto '" + path_ + "'" + errno_text(rename_error));
   unfinished_outputs::forget(unfinished_);
   committed_ = true;
+  sync_directory_of(path_);
 }
 
 void write_text_file(const std::string& path, const std::string& text) {
