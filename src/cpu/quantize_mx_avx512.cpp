@@ -5,8 +5,9 @@
 //
 // Three kernels. bf16 and f16 inputs stay in 16-bit lanes (32 lanes per register): with
 // byte-sized codes (FP8, FP6) quantize_chunk16 below (codes by an integer subtract and shift since
-// the block scales are powers of two), which hands chunks with Inf/NaN (bf16: also tiny scales)
-// to the general one; with FP4 codes quantize_chunk16_fp4 (codes by the two-step form of
+// the block scales are powers of two; FP6's format subnormals by the subnormal form of
+// mx16_form.hpp where every block allows it), which hands chunks with Inf/NaN (bf16: also tiny
+// scales) to the general one; with FP4 codes quantize_chunk16_fp4 (codes by the two-step form of
 // mx16_form.hpp where every block of the chunk allows it, else by thresholds).
 // The general kernel (fp32 lanes) takes everything else and is described here.
 //
@@ -281,6 +282,7 @@ struct RowTerms {
   alignas(64) uint32_t scale[kBlock];
   alignas(64) uint32_t lower[kBlock];
   alignas(64) uint32_t limit[kBlock];
+  alignas(64) float multiplier[kBlock];  // FP6 in the subnormal form: subnormal_multipliers
 };
 
 // The output line of one row and direction: the 16-bit codes c[0..kRegs-1] as bytes.
@@ -369,6 +371,113 @@ MICROSCALE_AVX512_INLINE void column_scale_bytes(const Band& b, const __m512i* c
   }
 }
 
+// Whether every block of a 16-bit chunk has a scale byte from `least` to 0xFE or is a block of
+// zeros (max pattern 0; every rule gives it byte 0, and a form that holds from `least` gets its
+// codes right under the terms of `least`): where the FP6 subnormal form (least
+// Mx16Subnormals::kMinScale) and the FP4 two-step form (least Mx16Fp4TwoStep::kMinScale) hold.
+// Inf and NaN need no test of their own: every rule gives a block holding either the byte 0xFF
+// (mx_scale_bytes). Column blocks: col_bytes[j] and col_max (16-bit lanes); row blocks:
+// row_bytes and row_max (16-bit maxes shifted up), [register][row].
+template <DType kIn, int kRegs>
+MICROSCALE_AVX512_INLINE bool every_block_from(int least, bool rowwise, bool columnwise,
+                                               const uint8_t* col_bytes, const __m512i* col_max,
+                                               const uint32_t (*row_bytes)[kBlock],
+                                               const uint32_t (*row_max)[kBlock]) {
+  // s - least (mod 2^16 or 2^32) is at least 0xFF - least exactly for s < least and s = 0xFF.
+  __mmask32 outside = 0;
+  if (columnwise) {
+    for (int t = 0; t < kRegs; ++t) {
+      const __m512i s =
+          _mm512_cvtepu8_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(col_bytes + t * k16Lanes)));
+      outside |=
+          _mm512_mask_cmpge_epu16_mask(_mm512_test_epi16_mask(col_max[t], col_max[t]),
+                                       _mm512_sub_epi16(s, _mm512_set1_epi16(static_cast<int16_t>(least))),
+                                       _mm512_set1_epi16(static_cast<int16_t>(0xFF - least)));
+    }
+  }
+  if (rowwise) {
+    for (int t = 0; t < kRegs; ++t) {
+      for (int h = 0; h < kBlock / 16; ++h) {
+        const __m512i s = _mm512_load_si512(row_bytes[t] + 16 * h);
+        const __m512i m = _mm512_load_si512(row_max[t] + 16 * h);
+        outside |= _mm512_mask_cmpge_epu32_mask(_mm512_test_epi32_mask(m, m),
+                                                _mm512_sub_epi32(s, _mm512_set1_epi32(least)),
+                                                _mm512_set1_epi32(0xFF - least));
+      }
+    }
+  }
+  return outside == 0;
+}
+
+// The FP6 subnormal form (mx16_form.hpp: Mx16Subnormals) of the blocks of scale bytes S (32-bit
+// lanes; S from kMinScale on, or a block of zeros): the multiplier 2^(127 - max(S, kMinScale) +
+// kGridShift) as fp32 bits, a normal exponent for every such S.
+template <typename Codec, DType kIn>
+MICROSCALE_AVX512_INLINE __m512 subnormal_multipliers(__m512i bytes32) {
+  using Subnormals = Mx16Subnormals<Codec, kIn>;
+  const __m512i s = _mm512_max_epu32(bytes32, _mm512_set1_epi32(Subnormals::kMinScale));
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(254 + Subnormals::kGridShift), s), 23));
+}
+
+// The subnormal form's code magnitudes of 32 lanes (the lanes outside the normal form; others are
+// garbage): |x| as widen_half_lanes gives it (even and odd lanes) times the lanes' multipliers,
+// rounded to integers in the current rounding mode (as encode_rn's add onto the grid rounds),
+// back in 16-bit lanes.
+MICROSCALE_AVX512_INLINE __m512i subnormal_magnitudes(__m512 even, __m512 odd, __m512 multiplier_even,
+                                                      __m512 multiplier_odd) {
+  const __m512i e = _mm512_cvtps_epi32(_mm512_mul_ps(even, multiplier_even));
+  const __m512i o = _mm512_cvtps_epi32(_mm512_mul_ps(odd, multiplier_odd));
+  return _mm512_mask_blend_epi16(0xAAAAAAAA, e, _mm512_slli_epi32(o, 16));  // low halves of e, o
+}
+
+// Step 3 of a 16-bit FP6 chunk in the subnormal form (every block from Mx16Subnormals::kMinScale):
+// each lane's code from the normal form, or, where the lane is outside it (a nonzero format
+// subnormal), from the subnormal form; branch-free, since FP6 blocks hold format subnormals in
+// most registers (the general form per register took most of an FP6 chunk's time). Columnwise
+// multipliers per register: [2t] even lanes, [2t + 1] odd lanes.
+template <typename Codec, DType kIn, int kRegs>
+MICROSCALE_AVX512_INLINE void encode_chunk16_fp6(const Band& b, int64_t col,
+                                                 const uint16_t (*buffer)[k16ChunkCols], const RowTerms* row,
+                                                 const __m512i* col_lower, const __m512i* col_limit,
+                                                 const __m512* col_multiplier) {
+  using F = Mx16Format<Codec, kIn>;
+  const bool rowwise = b.row_data != nullptr, columnwise = b.col_data != nullptr;
+  const __m512i one = _mm512_set1_epi16(1);
+  for (int i = 0; i < kBlock; ++i) {
+    __m512i row_codes[kRegs], col_codes[kRegs];
+    for (int t = 0; t < kRegs; ++t) {
+      const __m512i x = _mm512_load_si512(buffer[i] + t * k16Lanes);
+      const __m512i abs = _mm512_and_si512(x, _mm512_set1_epi16(0x7FFF));
+      const __m512i x_shifted = _mm512_srli_epi16(x, F::kSignShift);
+      const __m512i abs_plus_lsb =
+          _mm512_add_epi16(abs, _mm512_and_si512(_mm512_srli_epi16(abs, F::kDrop), one));
+      const __mmask32 nonzero = kIn == DType::F16 ? _mm512_test_epi16_mask(abs, abs) : 0;
+      const __m512i abs_less_one = _mm512_sub_epi16(abs, one);
+      const __m512 even = widen_half_lanes<kIn, false>(abs), odd = widen_half_lanes<kIn, true>(abs);
+      if (rowwise) {
+        const __m512 multiplier = _mm512_set1_ps(row[t].multiplier[i]);
+        const __m512i normal = mx16_codes_normal<Codec, kIn>(
+            abs_plus_lsb, x_shifted, _mm512_set1_epi32(static_cast<int>(row[t].lower[i])), nonzero);
+        const __m512i subnormal =
+            with_input_sign<Codec>(subnormal_magnitudes(even, odd, multiplier, multiplier), x_shifted);
+        const __mmask32 outside =
+            _mm512_cmple_epu16_mask(abs_less_one, _mm512_set1_epi32(static_cast<int>(row[t].limit[i])));
+        row_codes[t] = _mm512_mask_blend_epi16(outside, normal, subnormal);
+      }
+      if (columnwise) {
+        const __m512i normal = mx16_codes_normal<Codec, kIn>(abs_plus_lsb, x_shifted, col_lower[t], nonzero);
+        const __m512i subnormal = with_input_sign<Codec>(
+            subnormal_magnitudes(even, odd, col_multiplier[2 * t], col_multiplier[2 * t + 1]), x_shifted);
+        col_codes[t] =
+            _mm512_mask_blend_epi16(_mm512_cmple_epu16_mask(abs_less_one, col_limit[t]), normal, subnormal);
+      }
+    }
+    if (rowwise) store_codes16<kRegs>(row_codes, b.row_data + i * b.data_stride + col, b.stream);
+    if (columnwise) store_codes16<kRegs>(col_codes, b.col_data + i * b.data_stride + col, b.stream);
+  }
+}
+
 // One chunk of a full band of kIn (bf16 or f16) inputs: columns [col, col + 32 * kRegs). False,
 // with nothing written, when the chunk holds an Inf or NaN, or (bf16) a scale byte below the bias
 // (see mx_bf16_codes). `buffer` is scratch: the chunk's rows, contiguous (see the file comment on
@@ -432,9 +541,9 @@ MICROSCALE_AVX512_INLINE bool quantize_chunk16(const Band& b, int64_t col, uint1
       mx16_normal_terms<Codec, kIn>(col_scale[t], &col_lower[t], &col_limit[t]);
     }
   }
-  RowTerms row[kRegs];  // (K/32 bytes apart per row in the output)
+  RowTerms row[kRegs];                        // (K/32 bytes apart per row in the output)
+  alignas(64) uint32_t bytes[kRegs][kBlock];  // rowwise: each row block's scale byte
   if (rowwise) {
-    alignas(64) uint32_t bytes[kRegs][kBlock];
     for (int t = 0; t < kRegs; ++t) {
       for (int h = 0; h < kBlock / 16; ++h) {
         const __m512i s = row_bytes[t][h];
@@ -455,7 +564,32 @@ MICROSCALE_AVX512_INLINE bool quantize_chunk16(const Band& b, int64_t col, uint1
     for (RowTerms& r : row) std::fill(std::begin(r.limit), std::end(r.limit), 0u);
   }
 
-  // 3. Encode, row by row.
+  // 3. Encode, row by row. FP6 in the subnormal form where every block of the chunk allows it
+  // (most chunks: blocks with amaxes from ~2^-120 for bf16, ~2^-10 for f16); FP8 seldom has a
+  // lane outside the normal form, and takes the general form per register for it.
+  if constexpr (Codec::kWidth == 6) {
+    alignas(64) uint8_t col_byte_array[64];  // byte j = column j's scale
+    _mm512_store_si512(col_byte_array, col_bytes);
+    if (every_block_from<kIn, kRegs>(Mx16Subnormals<Codec, kIn>::kMinScale, rowwise, columnwise,
+                                     col_byte_array, col_max, bytes, row_max)) {
+      __m512 col_multiplier[2 * kRegs];
+      for (int t = 0; t < kRegs && columnwise; ++t) {
+        col_multiplier[2 * t] = subnormal_multipliers<Codec, kIn>(
+            _mm512_and_si512(col_scale[t], _mm512_set1_epi32(0xFFFF)));  // even lanes' bytes
+        col_multiplier[2 * t + 1] = subnormal_multipliers<Codec, kIn>(_mm512_srli_epi32(col_scale[t], 16));
+      }
+      if (rowwise) {
+        for (int t = 0; t < kRegs; ++t) {
+          for (int h = 0; h < kBlock / 16; ++h) {
+            _mm512_store_ps(row[t].multiplier + 16 * h,
+                            subnormal_multipliers<Codec, kIn>(_mm512_load_si512(bytes[t] + 16 * h)));
+          }
+        }
+      }
+      encode_chunk16_fp6<Codec, kIn, kRegs>(b, col, buffer, row, col_lower, col_limit, col_multiplier);
+      return true;
+    }
+  }
   const __m512i one = _mm512_set1_epi16(1);
   for (int i = 0; i < kBlock; ++i) {
     __m512i row_codes[kRegs], col_codes[kRegs];
@@ -678,41 +812,6 @@ MICROSCALE_AVX512_INLINE void encode_chunk16_fp4_directions(const Band& b, int64
   }
 }
 
-// Whether the two-step form holds for every block of the chunk: a scale byte from
-// Mx16Fp4TwoStep::kMinScale to 0xFE, or a block of zeros (max pattern 0; its codes are 0 under any
-// terms). Inf and NaN need no test of their own: every rule gives a block holding either the byte
-// 0xFF (mx_scale_bytes). Column blocks: bytes[j] and col_max (16-bit lanes); row blocks:
-// terms.row_bytes and row_max (16-bit maxes shifted up).
-template <DType kIn, int kRegs>
-MICROSCALE_AVX512_INLINE bool fp4_two_step_holds(bool rowwise, bool columnwise, const uint8_t* bytes,
-                                                 const __m512i* col_max, const Fp4ChunkTerms& terms,
-                                                 const uint32_t (*row_max)[kBlock]) {
-  constexpr int kLeast = Mx16Fp4TwoStep<kIn>::kMinScale;
-  __mmask32 outside = 0;
-  for (int t = 0; t < kRegs; ++t) {
-    if (columnwise) {
-      const __m512i s =
-          _mm512_cvtepu8_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(bytes + t * k16Lanes)));
-      // s - least (mod 2^16) is at least 0xFF - least exactly for s < least and s = 0xFF.
-      outside |= _mm512_mask_cmpge_epu16_mask(_mm512_test_epi16_mask(col_max[t], col_max[t]),
-                                              _mm512_sub_epi16(s, _mm512_set1_epi16(kLeast)),
-                                              _mm512_set1_epi16(0xFF - kLeast));
-    }
-  }
-  if (rowwise) {
-    for (int t = 0; t < kRegs; ++t) {
-      for (int h = 0; h < kBlock / 16; ++h) {
-        const __m512i s = _mm512_load_si512(terms.row_bytes[t] + 16 * h);
-        const __m512i m = _mm512_load_si512(row_max[t] + 16 * h);
-        outside |= _mm512_mask_cmpge_epu32_mask(_mm512_test_epi32_mask(m, m),
-                                                _mm512_sub_epi32(s, _mm512_set1_epi32(kLeast)),
-                                                _mm512_set1_epi32(0xFF - kLeast));
-      }
-    }
-  }
-  return outside == 0;
-}
-
 // One MXFP4 chunk of a full band of kIn (bf16 or f16) inputs: columns [col, col + 32 * kRegs).
 // `buffer` is scratch: the chunk's rows, contiguous.
 template <MxScaleRule kRule, int kRegs, DType kIn>
@@ -754,7 +853,8 @@ MICROSCALE_AVX512_INLINE void quantize_chunk16_fp4(const Band& b, int64_t col,
     }
   }
 
-  if (fp4_two_step_holds<kIn, kRegs>(rowwise, columnwise, bytes, col_max, terms, row_max)) {
+  if (every_block_from<kIn, kRegs>(Mx16Fp4TwoStep<kIn>::kMinScale, rowwise, columnwise, bytes, col_max,
+                                   terms.row_bytes, row_max)) {
     if (columnwise) {
       for (int t = 0; t < kRegs; ++t) {
         terms.col[t] = fp4_two_step_terms<kIn>(
