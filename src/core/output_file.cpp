@@ -147,8 +147,13 @@ void OutputFile::commit() {
   const int lock = ::dup(fd);
   // The bytes reach the disk before the name does: without fsync, a crash or power loss after the
   // rename can leave the destination empty or short (file systems may write the rename first).
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const int error = errno;
+  // EINVAL / ENOTSUP: a file system that cannot sync (some FUSE and network mounts); the file is
+  // then as durable as that file system makes it. The file is closed whatever fsync says.
+  const bool synced = ::fsync(fd) == 0 || errno == EINVAL || errno == ENOTSUP;
+  const int sync_error = errno;
+  const bool closed = ::close(fd) == 0;
+  if (!synced || !closed) {
+    const int error = synced ? errno : sync_error;
     if (lock >= 0) ::close(lock);
     throw Error("error while writing '" + path_ + "'" + errno_text(error));
   }

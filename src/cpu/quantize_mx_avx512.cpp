@@ -565,7 +565,8 @@ MICROSCALE_AVX512_INLINE bool quantize_chunk16(const Band& b, int64_t col, uint1
   }
 
   // 3. Encode, row by row. FP6 in the subnormal form where every block of the chunk allows it
-  // (most chunks: blocks with amaxes from ~2^-120 for bf16, ~2^-10 for f16); FP8 seldom has a
+  // (most chunks: under FLOOR, block amaxes from 2^-122 (E2M3) or 2^-119 (E3M2) for bf16, 2^-11 or 2^-7
+  // for f16); FP8 seldom has a
   // lane outside the normal form, and takes the general form per register for it.
   if constexpr (Codec::kWidth == 6) {
     alignas(64) uint8_t col_byte_array[64];  // byte j = column j's scale
