@@ -376,19 +376,18 @@ MICROSCALE_AVX512_INLINE void column_scale_bytes(const Band& b, const __m512i* c
 // codes right under the terms of `least`): where the FP6 subnormal form (least
 // Mx16Subnormals::kMinScale) and the FP4 two-step form (least Mx16Fp4TwoStep::kMinScale) hold.
 // Inf and NaN need no test of their own: every rule gives a block holding either the byte 0xFF
-// (mx_scale_bytes). Column blocks: col_bytes[j] and col_max (16-bit lanes); row blocks:
+// (mx_scale_bytes). Column blocks: col_bytes and col_max, per register (16-bit lanes); row blocks:
 // row_bytes and row_max (16-bit maxes shifted up), [register][row].
 template <DType kIn, int kRegs>
 MICROSCALE_AVX512_INLINE bool every_block_from(int least, bool rowwise, bool columnwise,
-                                               const uint8_t* col_bytes, const __m512i* col_max,
+                                               const __m512i* col_bytes, const __m512i* col_max,
                                                const uint32_t (*row_bytes)[kBlock],
                                                const uint32_t (*row_max)[kBlock]) {
   // s - least (mod 2^16 or 2^32) is at least 0xFF - least exactly for s < least and s = 0xFF.
   __mmask32 outside = 0;
   if (columnwise) {
     for (int t = 0; t < kRegs; ++t) {
-      const __m512i s =
-          _mm512_cvtepu8_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(col_bytes + t * k16Lanes)));
+      const __m512i s = col_bytes[t];
       outside |=
           _mm512_mask_cmpge_epu16_mask(_mm512_test_epi16_mask(col_max[t], col_max[t]),
                                        _mm512_sub_epi16(s, _mm512_set1_epi16(static_cast<int16_t>(least))),
@@ -565,14 +564,12 @@ MICROSCALE_AVX512_INLINE bool quantize_chunk16(const Band& b, int64_t col, uint1
   }
 
   // 3. Encode, row by row. FP6 in the subnormal form where every block of the chunk allows it
-  // (most chunks: under FLOOR, block amaxes from 2^-122 (E2M3) or 2^-119 (E3M2) for bf16, 2^-11 or 2^-7
-  // for f16); FP8 seldom has a
-  // lane outside the normal form, and takes the general form per register for it.
+  // (most chunks: under FLOOR, block amaxes from 2^-122 (E2M3) or 2^-119 (E3M2) for bf16, 2^-11
+  // or 2^-7 for f16); FP8 seldom has a lane outside the normal form, and takes the general form
+  // per register for it.
   if constexpr (Codec::kWidth == 6) {
-    alignas(64) uint8_t col_byte_array[64];  // byte j = column j's scale
-    _mm512_store_si512(col_byte_array, col_bytes);
-    if (every_block_from<kIn, kRegs>(Mx16Subnormals<Codec, kIn>::kMinScale, rowwise, columnwise,
-                                     col_byte_array, col_max, bytes, row_max)) {
+    if (every_block_from<kIn, kRegs>(Mx16Subnormals<Codec, kIn>::kMinScale, rowwise, columnwise, col_scale,
+                                     col_max, bytes, row_max)) {
       __m512 col_multiplier[2 * kRegs];
       for (int t = 0; t < kRegs && columnwise; ++t) {
         col_multiplier[2 * t] = subnormal_multipliers<Codec, kIn>(
@@ -854,14 +851,13 @@ MICROSCALE_AVX512_INLINE void quantize_chunk16_fp4(const Band& b, int64_t col,
     }
   }
 
-  if (every_block_from<kIn, kRegs>(Mx16Fp4TwoStep<kIn>::kMinScale, rowwise, columnwise, bytes, col_max,
+  __m512i col_bytes16[kRegs];  // columnwise: the scale bytes in 16-bit lanes
+  for (int t = 0; t < kRegs && columnwise; ++t)
+    col_bytes16[t] =
+        _mm512_cvtepu8_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(bytes + t * k16Lanes)));
+  if (every_block_from<kIn, kRegs>(Mx16Fp4TwoStep<kIn>::kMinScale, rowwise, columnwise, col_bytes16, col_max,
                                    terms.row_bytes, row_max)) {
-    if (columnwise) {
-      for (int t = 0; t < kRegs; ++t) {
-        terms.col[t] = fp4_two_step_terms<kIn>(
-            _mm512_cvtepu8_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(bytes + t * k16Lanes))));
-      }
-    }
+    for (int t = 0; t < kRegs && columnwise; ++t) terms.col[t] = fp4_two_step_terms<kIn>(col_bytes16[t]);
     if (rowwise) {
       for (int t = 0; t < kRegs; ++t) {
         for (int h = 0; h < kBlock / 16; ++h) {
