@@ -258,7 +258,8 @@ MICROSCALE_AVX512_INLINE void quantize_chunk(const Band& b, int64_t col, float (
 // subtract and a shift per direction (avx512_codecs.hpp). Registers with a lane outside the normal
 // form's range in either direction (format subnormals, input subnormals; zeros are fine) take
 // mx_bf16_codes or mx_f16_codes; chunks with Inf or NaN take quantize_chunk, and so do bf16 chunks
-// with a block scale below the format's bias (amax below ~2^-110).
+// with a block scale below the format's bias (amax below ~2^-110) outside FP6's subnormal form
+// (which takes blocks of zeros).
 constexpr int k16Lanes = 32;
 constexpr int k16ChunkCols = 64;
 
@@ -479,8 +480,8 @@ MICROSCALE_AVX512_INLINE void encode_chunk16_fp6(const Band& b, int64_t col,
 
 // One chunk of a full band of kIn (bf16 or f16) inputs: columns [col, col + 32 * kRegs). False,
 // with nothing written, when the chunk holds an Inf or NaN, or (bf16) a scale byte below the bias
-// (see mx_bf16_codes). `buffer` is scratch: the chunk's rows, contiguous (see the file comment on
-// L1 sets).
+// (see mx_bf16_codes) outside FP6's subnormal form. `buffer` is scratch: the chunk's rows, contiguous (see
+// the file comment on L1 sets).
 template <typename Codec, MxScaleRule kRule, int kRegs, DType kIn>
 MICROSCALE_AVX512_INLINE bool quantize_chunk16(const Band& b, int64_t col, uint16_t (*buffer)[k16ChunkCols]) {
   using F = Mx16Format<Codec, kIn>;
@@ -498,35 +499,56 @@ MICROSCALE_AVX512_INLINE bool quantize_chunk16(const Band& b, int64_t col, uint1
 
   // 2. Scales and the encoders' terms; a direction not requested gets limit 0 (it sends only
   // |x| = 1, the smallest subnormal, to the general form, which is right for any lane). Columnwise:
-  // kRegs * 32 contiguous bytes of the band's scale row. bf16 chunks with a scale byte below the
-  // bias go to the fp32 kernel (see mx_bf16_codes); f16 takes any scale.
-  [[maybe_unused]] const __m512i min_scale = _mm512_set1_epi8(static_cast<char>(F::kBias));
+  // kRegs * 32 contiguous bytes of the band's scale row, in 16-bit lanes per register.
   __m512i col_bytes = _mm512_setzero_si512();
+  __m512i col_scale[kRegs];
   if (columnwise) {
     __m512i s[2 * kRegs];
     column_scale_bytes<kRule, kRegs, kIn>(b, col_max, s);
     col_bytes = pack_bytes<2 * kRegs>(s);  // byte j = column j's scale
-    const __mmask64 valid = kRegs == 2 ? ~__mmask64{0} : __mmask64{0xFFFFFFFF};
-    if constexpr (kIn == DType::BF16) {
-      if (_mm512_mask_cmplt_epu8_mask(valid, col_bytes, min_scale) != 0) return false;
+    for (int t = 0; t < kRegs; ++t) {
+      col_scale[t] = _mm512_cvtepu8_epi16(t == 0 ? _mm512_castsi512_si256(col_bytes)
+                                                 : _mm512_extracti64x4_epi64(col_bytes, 1));
     }
   }
-  // Rowwise: per row block its byte and terms, each 16 rows' in one register.
-  __m512i row_bytes[kRegs][kBlock / 16];
+  // Rowwise: per row block its byte, each 16 rows' in one register.
+  alignas(64) uint32_t bytes[kRegs][kBlock];  // rowwise: each row block's scale byte
   if (rowwise) {
     for (int t = 0; t < kRegs; ++t) {
       for (int h = 0; h < kBlock / 16; ++h) {
         // row_max holds each 16-bit max shifted up (bf16: its fp32 bits already).
         __m512i amax = _mm512_load_si512(row_max[t] + 16 * h);
         if constexpr (kIn == DType::F16) amax = _mm512_castps_si512(widen_half_lanes<kIn, true>(amax));
-        row_bytes[t][h] = mx_scale_bytes<kRule>(amax, b.emax, b.mantissa_bits, b.max_normal);
-        if constexpr (kIn == DType::BF16) {
-          if (_mm512_cmplt_epu32_mask(row_bytes[t][h], _mm512_set1_epi32(F::kBias)) != 0) return false;
+        _mm512_store_si512(bytes[t] + 16 * h,
+                           mx_scale_bytes<kRule>(amax, b.emax, b.mantissa_bits, b.max_normal));
+      }
+    }
+  }
+  // FP6 in the subnormal form where every block of the chunk allows it (most chunks: under FLOOR,
+  // block amaxes from 2^-122 (E2M3) or 2^-119 (E3M2) for bf16, 2^-11 or 2^-7 for f16, and blocks
+  // of zeros).
+  bool subnormal_form = false;
+  if constexpr (Codec::kWidth == 6) {
+    subnormal_form = every_block_from<kIn, kRegs>(Mx16Subnormals<Codec, kIn>::kMinScale, rowwise, columnwise,
+                                                  col_scale, col_max, bytes, row_max);
+  }
+  // Other bf16 chunks with a scale byte below the bias go to the fp32 kernel (see mx_bf16_codes;
+  // the subnormal form's least byte is above the bias); f16 takes any scale.
+  if constexpr (kIn == DType::BF16) {
+    if (!subnormal_form) {
+      const __mmask64 valid = kRegs == 2 ? ~__mmask64{0} : __mmask64{0xFFFFFFFF};
+      if (columnwise &&
+          _mm512_mask_cmplt_epu8_mask(valid, col_bytes, _mm512_set1_epi8(static_cast<char>(F::kBias))) != 0)
+        return false;
+      for (int t = 0; t < kRegs && rowwise; ++t) {
+        for (int h = 0; h < kBlock / 16; ++h) {
+          if (_mm512_cmplt_epu32_mask(_mm512_load_si512(bytes[t] + 16 * h), _mm512_set1_epi32(F::kBias)) != 0)
+            return false;
         }
       }
     }
   }
-  __m512i col_scale[kRegs], col_lower[kRegs], col_limit[kRegs];
+  __m512i col_lower[kRegs], col_limit[kRegs];
   for (int t = 0; t < kRegs; ++t) col_limit[t] = _mm512_setzero_si512();
   if (columnwise) {
     if constexpr (kRegs == 2) {
@@ -534,19 +556,13 @@ MICROSCALE_AVX512_INLINE bool quantize_chunk16(const Band& b, int64_t col, uint1
     } else {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(b.col_scale + col), _mm512_castsi512_si256(col_bytes));
     }
-    for (int t = 0; t < kRegs; ++t) {
-      col_scale[t] = _mm512_cvtepu8_epi16(t == 0 ? _mm512_castsi512_si256(col_bytes)
-                                                 : _mm512_extracti64x4_epi64(col_bytes, 1));
-      mx16_normal_terms<Codec, kIn>(col_scale[t], &col_lower[t], &col_limit[t]);
-    }
+    for (int t = 0; t < kRegs; ++t) mx16_normal_terms<Codec, kIn>(col_scale[t], &col_lower[t], &col_limit[t]);
   }
-  RowTerms row[kRegs];                        // (K/32 bytes apart per row in the output)
-  alignas(64) uint32_t bytes[kRegs][kBlock];  // rowwise: each row block's scale byte
+  RowTerms row[kRegs];  // (K/32 bytes apart per row in the output)
   if (rowwise) {
     for (int t = 0; t < kRegs; ++t) {
       for (int h = 0; h < kBlock / 16; ++h) {
-        const __m512i s = row_bytes[t][h];
-        _mm512_store_si512(bytes[t] + 16 * h, s);
+        const __m512i s = _mm512_load_si512(bytes[t] + 16 * h);
         const __m512i repeated = _mm512_or_si512(s, _mm512_slli_epi32(s, 16));
         __m512i lower, limit;
         mx16_normal_terms<Codec, kIn>(repeated, &lower, &limit);
@@ -563,13 +579,10 @@ MICROSCALE_AVX512_INLINE bool quantize_chunk16(const Band& b, int64_t col, uint1
     for (RowTerms& r : row) std::fill(std::begin(r.limit), std::end(r.limit), 0u);
   }
 
-  // 3. Encode, row by row. FP6 in the subnormal form where every block of the chunk allows it
-  // (most chunks: under FLOOR, block amaxes from 2^-122 (E2M3) or 2^-119 (E3M2) for bf16, 2^-11
-  // or 2^-7 for f16); FP8 seldom has a lane outside the normal form, and takes the general form
-  // per register for it.
+  // 3. Encode, row by row: FP6 in the subnormal form where it holds; FP8 seldom has a lane
+  // outside the normal form, and takes the general form per register for it.
   if constexpr (Codec::kWidth == 6) {
-    if (every_block_from<kIn, kRegs>(Mx16Subnormals<Codec, kIn>::kMinScale, rowwise, columnwise, col_scale,
-                                     col_max, bytes, row_max)) {
+    if (subnormal_form) {
       __m512 col_multiplier[2 * kRegs];
       for (int t = 0; t < kRegs && columnwise; ++t) {
         col_multiplier[2 * t] = subnormal_multipliers<Codec, kIn>(
