@@ -271,6 +271,13 @@ int main(int argc, char** argv) {
     auto it = reporter.rates.find(name);
     return it == reporter.rates.end() ? 0.0 : it->second;
   };
+  // Only what ran is printed (a --benchmark_filter selects a part): a row per measured figure, and
+  // "-" for a ratio whose baseline did not run.
+  const auto ratio = [](double figure, double baseline, int decimals = 2) {
+    char text[32] = "-";
+    if (baseline > 0) std::snprintf(text, sizeof text, "%.*fx", decimals, figure / baseline);
+    return std::string(text);
+  };
   std::printf(
       "\n4096x4096 bf16 (f16 where the case says so), effective GB/s = (bytes read + written) / time, "
       "medians; %d hardware threads\n",
@@ -285,12 +292,12 @@ int main(int argc, char** argv) {
       suffix += std::to_string(threads);
       suffix += "/real_time";
       const double fast = rate(std::string("fast/") + c.name + suffix);
+      if (fast == 0) continue;
       const double copy = rate("memcpy" + suffix);
-      std::printf("%-24s %8d %10.2f %11.2fx %11.1fx %15.1fx\n", c.name, threads, fast / 1e9,
-                  copy > 0 ? fast / copy : 0.0, ref > 0 ? fast / ref : 0.0,
-                  portable > 0 ? fast / portable : 0.0);
+      std::printf("%-24s %8d %10.2f %12s %12s %16s\n", c.name, threads, fast / 1e9, ratio(fast, copy).c_str(),
+                  ratio(fast, ref, 1).c_str(), ratio(fast, portable, 1).c_str());
     }
-    std::printf("%-24s %8d %10.2f   (portable kernels)\n", c.name, 1, portable / 1e9);
+    if (portable > 0) std::printf("%-24s %8d %10.2f   (portable kernels)\n", c.name, 1, portable / 1e9);
   }
   std::printf("\nsmall calls: NVFP4 row+col, bf16, 1 thread, fast path; medians\n");
   std::printf("%-24s %12s %14s %12s\n", "shape", "us per call", "memcpy (us)", "vs memcpy");
@@ -300,13 +307,14 @@ int main(int argc, char** argv) {
       return it == reporter.seconds.end() ? 0.0 : it->second;
     };
     const double call = time("small/nvfp4_row_col"), copy = time("small/memcpy");
-    std::printf("%-24s %12.1f %14.2f %11.1fx\n", (std::to_string(rows) + "x" + std::to_string(cols)).c_str(),
-                call * 1e6, copy * 1e6, copy > 0 ? call / copy : 0.0);
+    if (call == 0) continue;
+    std::printf("%-24s %12.1f %14.2f %12s\n", (std::to_string(rows) + "x" + std::to_string(cols)).c_str(),
+                call * 1e6, copy * 1e6, ratio(call, copy, 1).c_str());
   }
   const double copy_one = rate("memcpy/1/real_time"),
                copy_all = rate("memcpy/" + std::to_string(all) + "/real_time");
-  std::printf("%-24s %8d %10.2f\n", "memcpy", 1, copy_one / 1e9);
-  std::printf("%-24s %8d %10.2f\n", "memcpy", all, copy_all / 1e9);
+  if (copy_one > 0) std::printf("%-24s %8d %10.2f\n", "memcpy", 1, copy_one / 1e9);
+  if (copy_all > 0) std::printf("%-24s %8d %10.2f\n", "memcpy", all, copy_all / 1e9);
   // On a shared VM another tenant can take the other CPUs for a while: the copy on all threads
   // then runs no faster than on one, and every all-threads ratio of this run is against a wrong
   // baseline (seen on the 2-vCPU development VM, docs/perf.md).
