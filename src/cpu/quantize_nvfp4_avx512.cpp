@@ -82,6 +82,11 @@ struct Group {
   DirectionScales col;
   // Whole 64-byte data lines bypass the caches (see quantize_with).
   bool row_stream = false, col_stream = false;
+  // 16x16 tiles: each unit's two tile maxes, kept by pass 1 for pass 2 (null: pass 2 computes
+  // them; see unit_tile_maxes). Band b's unit u (columns 32u..32u+31) at
+  // tile_maxes + 2 * (b * units_per_band + u).
+  uint16_t* tile_maxes = nullptr;
+  int64_t units_per_band = 0;
 };
 
 // 16 bands x 8 bytes: two 64-byte lines of each columnwise row, written one after the other
@@ -282,6 +287,50 @@ constexpr int kUnitColumns = 32;
 template <auto kHint>
 MICROSCALE_AVX512_INLINE void prefetch_unit_row(const std::byte* row) {
   _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetchCols * 2), kHint);
+}
+
+// ---- 16x16 tiles: the tile maxes from pass 1 ----
+//
+// Pass 1 waits on memory (a read of the whole input before any block scale can be known); pass 2
+// is bound by its vector operations. A 16x16 unit's two tile maxes do not depend on the global
+// amax, so where pass 1 reads a 16-bit input without the RHT it computes them as it reads each
+// unit and keeps them (2 x 16 bits per unit: 128 KiB for 4096 x 4096), and pass 2 starts from
+// them instead of loading the unit's 16 rows once more for their max. Measured on Zen 4 (docs/
+// perf.md, thirty-second session): the call -11 to -15 %. The same for 1x16 blocks (their 64
+// block maxes, transpose_max16x2 moved into pass 1: 128 bytes per unit) gained nothing: pass 1
+// grew by what pass 2 saved.
+
+// Pass 1 on a unit of a full band of 16-bit inputs (16 rows x 32 columns at src): max |x| into
+// *max16 (16-bit lanes, NaN ignored), and the two tiles' |x| maxes (16-bit patterns) into
+// record[0] and record[1]; 0xFFFF for a unit holding a NaN, which sends pass 2 to the unit's
+// tiles as before.
+// NOTE: not inlined: inlined into the band's loop, GCC kept the 16 row offsets in stack slots.
+MICROSCALE_AVX512 __attribute__((noinline)) void unit_tile_maxes(const std::byte* src, int64_t row_bytes,
+                                                                 __m512i inf16, uint16_t* record,
+                                                                 __m512i* max16) {
+  __m512i a[16];
+  __m512i col_max = _mm512_setzero_si512();
+  for (int i = 0; i < kBlock; ++i) {
+    prefetch_unit_row<_MM_HINT_T1>(src + i * row_bytes);
+    a[i] = _mm512_and_si512(_mm512_loadu_si512(src + i * row_bytes), _mm512_set1_epi16(0x7FFF));
+    col_max = _mm512_max_epu16(col_max, a[i]);
+  }
+  if (_mm512_cmpgt_epu16_mask(col_max, inf16) != 0) [[unlikely]] {  // a NaN: dropped from max |x|
+    __m512i m = _mm512_setzero_si512();
+    for (const __m512i& v : a)
+      m = _mm512_max_epu16(m, _mm512_maskz_mov_epi16(_mm512_cmple_epu16_mask(v, inf16), v));
+    *max16 = _mm512_max_epu16(*max16, m);
+    record[0] = record[1] = 0xFFFF;
+    return;
+  }
+  *max16 = _mm512_max_epu16(*max16, col_max);
+  // Each 256-bit half's max: 128-bit chunks, 64-bit halves, 32-bit pairs, then 16-bit halves.
+  __m512i m = _mm512_max_epu16(col_max, _mm512_shuffle_i32x4(col_max, col_max, _MM_SHUFFLE(2, 3, 0, 1)));
+  m = _mm512_max_epu16(m, _mm512_shuffle_epi32(m, _MM_PERM_BADC));
+  m = _mm512_max_epu16(m, _mm512_shuffle_epi32(m, _MM_PERM_CDAB));
+  m = _mm512_max_epu16(m, _mm512_srli_epi32(m, 16));
+  record[0] = static_cast<uint16_t>(_mm_cvtsi128_si32(_mm512_castsi512_si128(m)));
+  record[1] = static_cast<uint16_t>(_mm_cvtsi128_si32(_mm512_extracti32x4_epi32(m, 2)));
 }
 
 // Lanes of a transpose_max16x2 output holding row r's two blocks, 8 lanes each: the rowwise
@@ -657,10 +706,16 @@ MICROSCALE_AVX512 bool quantize_unit16(const Group& g, const std::byte* src, int
   __m512i a[16];
   __m512i col_max = _mm512_setzero_si512();
   [[maybe_unused]] __m512i min_less_one = _mm512_set1_epi16(-1);  // with the RHT
-  for (int i = 0; i < kBlock; ++i) {
-    a[i] = _mm512_and_si512(_mm512_loadu_si512(src + i * g.row_bytes), _mm512_set1_epi16(0x7FFF));
-    col_max = _mm512_max_epu16(col_max, a[i]);
-    if constexpr (kRht) min_less_one = min_nonzero_less_one(min_less_one, a[i]);
+  if (!kRht && g.tile_maxes != nullptr) {  // pass 1's (unit_tile_maxes), each across its tile's lanes
+    const uint16_t* record = g.tile_maxes + 2 * (band * g.units_per_band + col / kUnitColumns);
+    col_max = _mm512_mask_blend_epi16(0xFFFF0000, _mm512_set1_epi16(static_cast<int16_t>(record[0])),
+                                      _mm512_set1_epi16(static_cast<int16_t>(record[1])));
+  } else {
+    for (int i = 0; i < kBlock; ++i) {
+      a[i] = _mm512_and_si512(_mm512_loadu_si512(src + i * g.row_bytes), _mm512_set1_epi16(0x7FFF));
+      col_max = _mm512_max_epu16(col_max, a[i]);
+      if constexpr (kRht) min_less_one = min_nonzero_less_one(min_less_one, a[i]);
+    }
   }
   // NaN: back to the tiles (Inf goes on).
   if (_mm512_cmpgt_epu16_mask(col_max, _mm512_set1_epi16(kInf16Bits<kIn>)) != 0) return false;
@@ -1070,11 +1125,23 @@ MICROSCALE_AVX512 void group_amaxes(const Group& g, bool want_rht, float* amax_x
   for (int band = 0; band * kBlock < g.rows; ++band) {
     const std::byte* src = g.src + band * kBlock * g.row_bytes;
     const int rows = std::min(kBlock, g.rows - band * kBlock);
-    if (!want_rht) {  // row by row: a sequential read
-      if (raw_abs_max<kDType>(src, g.row_bytes, rows, g.k, &mx)) continue;
+    if (!want_rht) {
+      int64_t first = 0;  // columns [first, K) by raw_abs_max
+      if constexpr (kDType != DType::F32) {
+        if (g.tile_maxes != nullptr && rows == kBlock) {  // unit by unit, keeping the tile maxes
+          uint16_t* record = g.tile_maxes + 2 * band * g.units_per_band;
+          const __m512i inf16 = _mm512_set1_epi16(kInf16Bits<kDType>);
+          for (; first + kUnitColumns <= g.k; first += kUnitColumns, record += 2)
+            unit_tile_maxes(src + first * 2, g.row_bytes, inf16, record, &mx16);
+          if (first == g.k) continue;
+        }
+      }
+      // Row by row: a sequential read.
+      const std::byte* rest = src + first * element_bytes<kDType>();
+      if (raw_abs_max<kDType>(rest, g.row_bytes, rows, g.k - first, &mx)) continue;
       for (int r = 0; r < rows; ++r) {  // the band holds a NaN: again, ignoring NaN
-        for (int64_t col = 0; col < g.k; col += kBlock) {
-          const __m512 v = load16<kDType>(src + r * g.row_bytes + col * element_bytes<kDType>());
+        for (int64_t col = 0; col < g.k - first; col += kBlock) {
+          const __m512 v = load16<kDType>(rest + r * g.row_bytes + col * element_bytes<kDType>());
           mx = _mm512_max_epu32(mx, drop_nan(abs_bits(v)));
         }
       }
@@ -1105,7 +1172,9 @@ MICROSCALE_AVX512 void group_amaxes(const Group& g, bool want_rht, float* amax_x
   // The units' 16-bit maxes as fp32 bits.
   const uint32_t half = _mm512_reduce_max_epu32(
       _mm512_max_epu32(_mm512_and_si512(mx16, _mm512_set1_epi32(0xFFFF)), _mm512_srli_epi32(mx16, 16)));
-  mx = _mm512_max_epu32(mx, _mm512_set1_epi32(static_cast<int>(half << 16)));
+  const uint32_t half_bits =
+      kDType == DType::F16 ? float_bits(half_to_float(static_cast<uint16_t>(half))) : half << 16;
+  mx = _mm512_max_epu32(mx, _mm512_set1_epi32(static_cast<int>(half_bits)));
   *amax_x = bits_to_float(_mm512_reduce_max_epu32(mx));
   // Units skipped against *rht_floor held nothing above it: the max so far is the larger one.
   *amax_rht = *rht_floor = std::max(*rht_floor, bits_to_float(_mm512_reduce_max_epu32(mr)));
@@ -1176,16 +1245,25 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, QuantizedTens
   base.tile_2d = o.tile == Tile::k16x16;
   base.rht = rht ? &coefficients : nullptr;
   base.rht_input_scale = input_scale;
+  // Pass 1: the global amaxes (those not given).
+  const bool need_x = (o.rowwise && !o.amax_rowwise) || (o.columnwise && !rht && !o.amax_columnwise);
+  const bool need_rht = rht && !o.amax_columnwise;
+  // 16x16 tiles of a 16-bit input: pass 1, where it runs without the RHT (16x16 never has it),
+  // keeps each unit's tile maxes for pass 2 (unit_tile_maxes). Left uninitialised: pass 1 writes
+  // every record pass 2 reads.
+  const bool keep_tile_maxes = kDType != DType::F32 && base.tile_2d && need_x && !rht;
+  base.units_per_band = k / kUnitColumns;
+  const int64_t group_records = kGroupBands * base.units_per_band * 2;
+  const std::unique_ptr<uint16_t[]> tile_maxes(keep_tile_maxes ? new uint16_t[groups * group_records]
+                                                               : nullptr);
   auto group = [&](int64_t index) {
     Group g = base;
     g.src = static_cast<const std::byte*>(x.data) + index * kGroupRows * row_bytes;
     g.rows = static_cast<int>(std::min<int64_t>(kGroupRows, m - index * kGroupRows));
+    if (keep_tile_maxes) g.tile_maxes = tile_maxes.get() + index * group_records;  // (groups, 16, K/32, 2)
     return g;
   };
 
-  // Pass 1: the global amaxes (those not given).
-  const bool need_x = (o.rowwise && !o.amax_rowwise) || (o.columnwise && !rht && !o.amax_columnwise);
-  const bool need_rht = rht && !o.amax_columnwise;
   // NOTE: reduced as bit patterns (amaxes are >= 0, so the integer order is the float order): an
   // OpenMP reduction combines after the region's body, outside its IeeeSubnormals, where a caller's
   // DAZ would compare subnormal amaxes as equal (fp_environment.hpp).
