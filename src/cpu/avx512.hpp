@@ -154,13 +154,19 @@ MICROSCALE_AVX512_INLINE __m512i transpose_max16(const __m512i v[16]) {
 /// (d / 4) % 2 (transpose_max16x2_lane gives the lane of a row and block).
 /// NOTE: four levels, each halving the registers and the lanes per block: 128-bit chunks, 64-bit
 /// halves, 32-bit pairs, then the two 16-bit halves of each 32-bit lane.
-MICROSCALE_AVX512_INLINE void transpose_max16x2(const __m512i v[16], __m512i out[2]) {
-  __m512i a[8], b[4];
-  for (int p = 0; p < 8; ++p) {  // per 128-bit chunk: 8 partials of one (row, block)
-    const __m512i lo = _mm512_shuffle_i32x4(v[2 * p], v[2 * p + 1], 0x88);
-    const __m512i hi = _mm512_shuffle_i32x4(v[2 * p], v[2 * p + 1], 0xDD);
-    a[p] = _mm512_max_epu16(lo, hi);
-  }
+MICROSCALE_AVX512_INLINE void transpose_max16x2(const __m512i v[16], __m512i out[2]);
+
+/// transpose_max16x2's first level on rows 2p and 2p + 1 (of its v): per 128-bit chunk, 8
+/// partials of one (row, block).
+MICROSCALE_AVX512_INLINE __m512i transpose_max_row_pair(__m512i even_row, __m512i odd_row) {
+  return _mm512_max_epu16(_mm512_shuffle_i32x4(even_row, odd_row, 0x88),
+                          _mm512_shuffle_i32x4(even_row, odd_row, 0xDD));
+}
+
+/// The rest of transpose_max16x2 from its first level (a[p]: rows 2p and 2p + 1), for callers
+/// that see the rows two at a time.
+MICROSCALE_AVX512_INLINE void transpose_max16x2_from_pairs(const __m512i a[8], __m512i out[2]) {
+  __m512i b[4];
   for (int p = 0; p < 4; ++p) {  // per 64 bits: 4 partials
     b[p] = _mm512_max_epu16(_mm512_unpacklo_epi64(a[2 * p], a[2 * p + 1]),
                             _mm512_unpackhi_epi64(a[2 * p], a[2 * p + 1]));
@@ -171,6 +177,12 @@ MICROSCALE_AVX512_INLINE void transpose_max16x2(const __m512i v[16], __m512i out
                                        _mm512_castps_si512(_mm512_shuffle_ps(x, y, 0xDD)));
     out[h] = _mm512_slli_epi32(_mm512_max_epu16(c, _mm512_srli_epi32(c, 16)), 16);
   }
+}
+
+MICROSCALE_AVX512_INLINE void transpose_max16x2(const __m512i v[16], __m512i out[2]) {
+  __m512i a[8];
+  for (int p = 0; p < 8; ++p) a[p] = transpose_max_row_pair(v[2 * p], v[2 * p + 1]);
+  transpose_max16x2_from_pairs(a, out);
 }
 
 /// The lane of transpose_max16x2's out[row / 8] holding (row, block).

@@ -573,15 +573,28 @@ struct UnitScales {
   __m512 col_even, col_odd;
 };
 
-// The element loop of a unit: each row loaded once (from L1: the amax step read it), both
-// directions encoded. kSharedSign: no product underflows to -0, so a lane's sign is its input's,
-// one compare for both directions. kSameCodes (16x16 tiles, both directions on the same global
-// amax): the two directions' scales are equal, so are their codes: encoded once (with their signs,
-// at the rowwise nibbles), then shifted to the columnwise ones.
-template <DType kIn, bool kRows, bool kCols, bool kSharedSign, bool kSameCodes, bool kRht, bool kBounded>
+// A unit's maxes as its first step computes them: the 16-bit |x| column maxes and
+// transpose_max16x2's row pairs. With 1x16 blocks (no RHT) a unit's element loop computes the next
+// unit's as it goes, so that its loads and maxes overlap the encoding instead of opening the next
+// unit with 16 loads and a reduction that everything after waits on (measured on Zen 4: -4 to -5 %
+// for the call; docs/perf.md, thirty-second session).
+struct UnitMaxes {
+  __m512i col_max;
+  __m512i pairs[8];
+};
+
+// The element loop of a unit: each row loaded once (from L1: the amax step, or the unit before, read it),
+// both directions encoded. kSharedSign: no product underflows to -0, so a lane's sign is its input's, one
+// compare for both directions. kSameCodes (16x16 tiles, both directions on the same global amax): the two
+// directions' scales are equal, so are their codes: encoded once (with their signs, at the rowwise nibbles),
+// then shifted to the columnwise ones. kNext: also reads the next unit's rows (64 bytes on) and leaves its
+// maxes in *next.
+template <DType kIn, bool kRows, bool kCols, bool kSharedSign, bool kSameCodes, bool kRht, bool kBounded,
+          bool kNext>
 MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, const UnitScales& s,
                                           const RhtUnit* rht, RowStage& stage, int line_tile,
-                                          __m512i col_words[4]) {
+                                          __m512i col_words[4], UnitMaxes* next) {
+  [[maybe_unused]] __m512i next_col_max, next_pairs[8], next_held;
   __m512i row_packed = _mm512_setzero_si512();
   __m512i col_packed[2][2];     // [rows 0-7 / 8-15][even / odd lanes]
   __m512i held_even, held_odd;  // an even row's columnwise codes, ORed in with the next row's
@@ -590,6 +603,16 @@ MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, 
 #pragma GCC unroll 16
   for (int i = 0; i < kBlock; ++i) {
     prefetch_unit_row<_MM_HINT_T1>(src + i * g.row_bytes);
+    if constexpr (kNext) {  // the next unit's row i
+      const __m512i v =
+          _mm512_and_si512(_mm512_loadu_si512(src + 64 + i * g.row_bytes), _mm512_set1_epi16(0x7FFF));
+      next_col_max = i == 0 ? v : _mm512_max_epu16(next_col_max, v);
+      if (i % 2 == 0) {
+        next_held = v;
+      } else {
+        next_pairs[i / 2] = transpose_max_row_pair(next_held, v);
+      }
+    }
     const __m512i raw = _mm512_loadu_si512(src + i * g.row_bytes);
     const __m512 even = widen_half_lanes<kIn, false>(raw), odd = widen_half_lanes<kIn, true>(raw);
     __mmask16 even_negative = 0, odd_negative = 0;
@@ -649,6 +672,10 @@ MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, 
       }
     }
   }
+  if constexpr (kNext) {
+    next->col_max = next_col_max;
+    for (int p = 0; p < 8; ++p) next->pairs[p] = next_pairs[p];
+  }
   if constexpr (kCols) {
     // Column 2j + p's 8 bytes: word j of col_packed[0][p] (rows 0-7), then of col_packed[1][p].
     // Interleaving even and odd columns, then rows 0-7 and 8-15, leaves in 128-bit chunk l of
@@ -681,26 +708,31 @@ MICROSCALE_AVX512_INLINE __mmask16 block_may_reach_seven(__m512i amax_bits, __m5
 
 // encode_unit in the fastest form the unit allows: kSharedSign unless a scale is tiny, kBounded
 // unless a block may reach 7 (block_may_reach_seven).
-template <DType kIn, bool kRows, bool kCols, bool kSameCodes, bool kRht>
+template <DType kIn, bool kRows, bool kCols, bool kSameCodes, bool kRht, bool kNext>
 MICROSCALE_AVX512_INLINE void encode_unit_form(bool tiny, bool unbounded, const Group& g,
                                                const std::byte* src, const UnitScales& s, const RhtUnit* rht,
-                                               RowStage& stage, int line_tile, __m512i col_words[4]) {
+                                               RowStage& stage, int line_tile, __m512i col_words[4],
+                                               UnitMaxes* next) {
   if (tiny) {
-    encode_unit<kIn, kRows, kCols, false, kSameCodes, kRht, false>(g, src, s, rht, stage, line_tile,
-                                                                   col_words);
+    encode_unit<kIn, kRows, kCols, false, kSameCodes, kRht, false, kNext>(g, src, s, rht, stage, line_tile,
+                                                                          col_words, next);
   } else if (unbounded) {
-    encode_unit<kIn, kRows, kCols, true, kSameCodes, kRht, false>(g, src, s, rht, stage, line_tile,
-                                                                  col_words);
+    encode_unit<kIn, kRows, kCols, true, kSameCodes, kRht, false, kNext>(g, src, s, rht, stage, line_tile,
+                                                                         col_words, next);
   } else {
-    encode_unit<kIn, kRows, kCols, true, kSameCodes, kRht, true>(g, src, s, rht, stage, line_tile, col_words);
+    encode_unit<kIn, kRows, kCols, true, kSameCodes, kRht, true, kNext>(g, src, s, rht, stage, line_tile,
+                                                                        col_words, next);
   }
 }
 
 // Pass 2 on the unit at `col` of a full band (16 rows of kIn, bf16 or f16, at src). Returns false,
-// having written nothing, when the unit holds a NaN (quantize_tile handles it).
+// having written nothing, when the unit holds a NaN (quantize_tile handles it). `given`: the unit's
+// maxes from the unit before (null: computed here); `next` (1x16 blocks, no RHT; null: not asked):
+// where the element loop leaves the next unit's, filled whenever this returns true.
 template <DType kIn, bool kRows, bool kCols, bool kRht>
 MICROSCALE_AVX512 bool quantize_unit16(const Group& g, const std::byte* src, int64_t col, int band,
-                                       RowStage& stage, ColumnStage cs) {
+                                       RowStage& stage, ColumnStage cs, const UnitMaxes* given,
+                                       UnitMaxes* next) {
   static_assert(!kRht || kIn == DType::BF16);  // as in TransformerEngine, the RHT takes bf16 only
   src += col * 2;
   __m512i a[16];
@@ -710,6 +742,8 @@ MICROSCALE_AVX512 bool quantize_unit16(const Group& g, const std::byte* src, int
     const uint16_t* record = g.tile_maxes + 2 * (band * g.units_per_band + col / kUnitColumns);
     col_max = _mm512_mask_blend_epi16(0xFFFF0000, _mm512_set1_epi16(static_cast<int16_t>(record[0])),
                                       _mm512_set1_epi16(static_cast<int16_t>(record[1])));
+  } else if (!kRht && given != nullptr) {
+    col_max = given->col_max;
   } else {
     for (int i = 0; i < kBlock; ++i) {
       a[i] = _mm512_and_si512(_mm512_loadu_si512(src + i * g.row_bytes), _mm512_set1_epi16(0x7FFF));
@@ -745,7 +779,11 @@ MICROSCALE_AVX512 bool quantize_unit16(const Group& g, const std::byte* src, int
       amax[0] = amax[1] = _mm512_permutexvar_epi32(
           _mm512_setr_epi32(0, 0, 0, 0, 8, 8, 8, 8, 0, 0, 0, 0, 8, 8, 8, 8), tile_max);
     } else {
-      transpose_max16x2(a, amax);  // each 16-bit max shifted up: bf16's fp32 bits
+      if (!kRht && given != nullptr) {
+        transpose_max16x2_from_pairs(given->pairs, amax);
+      } else {
+        transpose_max16x2(a, amax);  // each 16-bit max shifted up: bf16's fp32 bits
+      }
       if constexpr (kIn == DType::F16) {
         for (__m512i& m : amax) m = _mm512_castps_si512(widen_half_lanes<kIn, true>(m));
       }
@@ -782,14 +820,17 @@ MICROSCALE_AVX512 bool quantize_unit16(const Group& g, const std::byte* src, int
   const bool same_codes =
       kRows && kCols && g.tile_2d && g.row.multiplier == g.col.multiplier && g.row.s_dec == g.col.s_dec;
   if constexpr (kRht) {
-    encode_unit_form<kIn, kRows, kCols, false, true>(tiny != 0, unbounded != 0, g, src, s, &rht, stage,
-                                                     line_tile, col_words);
+    encode_unit_form<kIn, kRows, kCols, false, true, false>(tiny != 0, unbounded != 0, g, src, s, &rht, stage,
+                                                            line_tile, col_words, nullptr);
   } else if (same_codes) {
-    encode_unit_form<kIn, kRows, kCols, kRows && kCols, false>(tiny != 0, unbounded != 0, g, src, s, nullptr,
-                                                               stage, line_tile, col_words);
+    encode_unit_form<kIn, kRows, kCols, kRows && kCols, false, false>(
+        tiny != 0, unbounded != 0, g, src, s, nullptr, stage, line_tile, col_words, nullptr);
+  } else if (next != nullptr) {
+    encode_unit_form<kIn, kRows, kCols, false, false, true>(tiny != 0, unbounded != 0, g, src, s, nullptr,
+                                                            stage, line_tile, col_words, next);
   } else {
-    encode_unit_form<kIn, kRows, kCols, false, false>(tiny != 0, unbounded != 0, g, src, s, nullptr, stage,
-                                                      line_tile, col_words);
+    encode_unit_form<kIn, kRows, kCols, false, false, false>(tiny != 0, unbounded != 0, g, src, s, nullptr,
+                                                             stage, line_tile, col_words, nullptr);
   }
   if constexpr (kCols) {  // 32 columns x 8 bytes, in column order
     // col_words[w], 128-bit chunk l: columns 8l + 2w, 8l + 2w + 1; a 4x4 transpose of the chunks.
@@ -962,17 +1003,19 @@ MICROSCALE_AVX512_INLINE void prefetch_band_ahead(const Group& g, const std::byt
 // inputs validate_quantize rejects the RHT before any kernel runs, so g.rht is null here).
 template <DType kIn>
 MICROSCALE_AVX512_INLINE bool quantize_unit_as_asked(const Group& g, const std::byte* src, int64_t col,
-                                                     int band, RowStage& stage, ColumnStage cs) {
+                                                     int band, RowStage& stage, ColumnStage cs,
+                                                     const UnitMaxes* given, UnitMaxes* next) {
   const bool rowwise = g.row_data != nullptr, columnwise = g.col_data != nullptr;
   if constexpr (kIn == DType::BF16) {
     if (g.rht != nullptr) {
-      return rowwise ? quantize_unit16<kIn, true, true, true>(g, src, col, band, stage, cs)
-                     : quantize_unit16<kIn, false, true, true>(g, src, col, band, stage, cs);
+      return rowwise
+                 ? quantize_unit16<kIn, true, true, true>(g, src, col, band, stage, cs, nullptr, nullptr)
+                 : quantize_unit16<kIn, false, true, true>(g, src, col, band, stage, cs, nullptr, nullptr);
     }
   }
-  if (!rowwise) return quantize_unit16<kIn, false, true, false>(g, src, col, band, stage, cs);
-  return columnwise ? quantize_unit16<kIn, true, true, false>(g, src, col, band, stage, cs)
-                    : quantize_unit16<kIn, true, false, false>(g, src, col, band, stage, cs);
+  if (!rowwise) return quantize_unit16<kIn, false, true, false>(g, src, col, band, stage, cs, given, next);
+  return columnwise ? quantize_unit16<kIn, true, true, false>(g, src, col, band, stage, cs, given, next)
+                    : quantize_unit16<kIn, true, false, false>(g, src, col, band, stage, cs, given, next);
 }
 
 // Pass 2 for one group, band after band (16 input rows: few enough read streams for the
@@ -992,6 +1035,11 @@ MICROSCALE_AVX512 void quantize_group(const Group& g, ColumnStage cs) {
     const int rows = std::min(kBlock, g.rows - band * kBlock);
     const std::byte* src = g.src + band * kBlock * g.row_bytes;
     RowStage stage;
+    // 1x16 blocks without the RHT: each unit's element loop computes the maxes of the unit after it.
+    const bool carry = g.rht == nullptr && !g.tile_2d;
+    UnitMaxes carried[2];
+    bool have_carried = false;
+    int current = 0;
     for (int64_t col = 0; col < g.k;) {
       const bool unit = kUnits && rows == kBlock && col + kUnitColumns <= g.k;
       if (!unit) prefetch_band_ahead<kDType, _MM_HINT_T1>(g, src, rows, col);  // units: prefetch_unit_row
@@ -999,7 +1047,14 @@ MICROSCALE_AVX512 void quantize_group(const Group& g, ColumnStage cs) {
       if (unit) {
         next = col + kUnitColumns;
         bool done = false;
-        if constexpr (kUnits) done = quantize_unit_as_asked<kDType>(g, src, col, band, stage, cs);
+        const bool next_unit = carry && col + 2 * kUnitColumns <= g.k;
+        if constexpr (kUnits) {
+          done = quantize_unit_as_asked<kDType>(g, src, col, band, stage, cs,
+                                                have_carried ? &carried[current] : nullptr,
+                                                next_unit ? &carried[current ^ 1] : nullptr);
+        }
+        have_carried = done && next_unit;
+        current ^= 1;
         if (!done) {
           quantize_tile<kDType>(g, src, rows, col, band, stage, cs);
           quantize_tile<kDType>(g, src, rows, col + kBlock, band, stage, cs);
