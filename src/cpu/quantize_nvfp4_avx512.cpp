@@ -583,12 +583,12 @@ struct UnitMaxes {
   __m512i pairs[8];
 };
 
-// The element loop of a unit: each row loaded once (from L1: the amax step, or the unit before, read it),
-// both directions encoded. kSharedSign: no product underflows to -0, so a lane's sign is its input's, one
-// compare for both directions. kSameCodes (16x16 tiles, both directions on the same global amax): the two
-// directions' scales are equal, so are their codes: encoded once (with their signs, at the rowwise nibbles),
-// then shifted to the columnwise ones. kNext: also reads the next unit's rows (64 bytes on) and leaves its
-// maxes in *next.
+// The element loop of a unit: each row loaded once (from L1: the amax step, or the unit before,
+// read it), both directions encoded. kSharedSign: no product underflows to -0, so a lane's sign is
+// its input's, one compare for both directions. kSameCodes (16x16 tiles, both directions on the
+// same global amax): the two directions' scales are equal, so are their codes: encoded once (with
+// their signs, at the rowwise nibbles), then shifted to the columnwise ones. kNext: also reads the
+// next unit's rows (64 bytes on) and leaves its maxes in *next.
 template <DType kIn, bool kRows, bool kCols, bool kSharedSign, bool kSameCodes, bool kRht, bool kBounded,
           bool kNext>
 MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, const UnitScales& s,
