@@ -574,13 +574,14 @@ struct UnitScales {
 };
 
 // A unit's maxes as its first step computes them: the 16-bit |x| column maxes and
-// transpose_max16x2's row pairs. With 1x16 blocks (no RHT) a unit's element loop computes the next
+// transpose_max16x2's row pairs. With 1x16 blocks a unit's element loop computes the next
 // unit's as it goes, so that its loads and maxes overlap the encoding instead of opening the next
 // unit with 16 loads and a reduction that everything after waits on (measured on Zen 4: -4 to -5 %
-// for the call; docs/perf.md, thirty-second session).
+// for the call, -2 to -5 % with the RHT; docs/perf.md, thirty-second session).
 struct UnitMaxes {
   __m512i col_max;
   __m512i pairs[8];
+  __m512i min_less_one;  // with the RHT: min_nonzero_less_one over the rows
 };
 
 // The element loop of a unit: each row loaded once (from L1: the amax step, or the unit before,
@@ -594,7 +595,7 @@ template <DType kIn, bool kRows, bool kCols, bool kSharedSign, bool kSameCodes, 
 MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, const UnitScales& s,
                                           const RhtUnit* rht, RowStage& stage, int line_tile,
                                           __m512i col_words[4], UnitMaxes* next) {
-  [[maybe_unused]] __m512i next_col_max, next_pairs[8], next_held;
+  [[maybe_unused]] __m512i next_col_max, next_pairs[8], next_held, next_min_less_one;
   __m512i row_packed = _mm512_setzero_si512();
   __m512i col_packed[2][2];     // [rows 0-7 / 8-15][even / odd lanes]
   __m512i held_even, held_odd;  // an even row's columnwise codes, ORed in with the next row's
@@ -607,6 +608,8 @@ MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, 
       const __m512i v =
           _mm512_and_si512(_mm512_loadu_si512(src + 64 + i * g.row_bytes), _mm512_set1_epi16(0x7FFF));
       next_col_max = i == 0 ? v : _mm512_max_epu16(next_col_max, v);
+      if constexpr (kRht)
+        next_min_less_one = min_nonzero_less_one(i == 0 ? _mm512_set1_epi16(-1) : next_min_less_one, v);
       if (i % 2 == 0) {
         next_held = v;
       } else {
@@ -675,6 +678,7 @@ MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, 
   if constexpr (kNext) {
     next->col_max = next_col_max;
     for (int p = 0; p < 8; ++p) next->pairs[p] = next_pairs[p];
+    if constexpr (kRht) next->min_less_one = next_min_less_one;
   }
   if constexpr (kCols) {
     // Column 2j + p's 8 bytes: word j of col_packed[0][p] (rows 0-7), then of col_packed[1][p].
@@ -727,7 +731,7 @@ MICROSCALE_AVX512_INLINE void encode_unit_form(bool tiny, bool unbounded, const 
 
 // Pass 2 on the unit at `col` of a full band (16 rows of kIn, bf16 or f16, at src). Returns false,
 // having written nothing, when the unit holds a NaN (quantize_tile handles it). `given`: the unit's
-// maxes from the unit before (null: computed here); `next` (1x16 blocks, no RHT; null: not asked):
+// maxes from the unit before (null: computed here); `next` (1x16 blocks; null: not asked):
 // where the element loop leaves the next unit's, filled whenever this returns true.
 template <DType kIn, bool kRows, bool kCols, bool kRht>
 MICROSCALE_AVX512 bool quantize_unit16(const Group& g, const std::byte* src, int64_t col, int band,
@@ -742,8 +746,9 @@ MICROSCALE_AVX512 bool quantize_unit16(const Group& g, const std::byte* src, int
     const uint16_t* record = g.tile_maxes + 2 * (band * g.units_per_band + col / kUnitColumns);
     col_max = _mm512_mask_blend_epi16(0xFFFF0000, _mm512_set1_epi16(static_cast<int16_t>(record[0])),
                                       _mm512_set1_epi16(static_cast<int16_t>(record[1])));
-  } else if (!kRht && given != nullptr) {
+  } else if (given != nullptr) {
     col_max = given->col_max;
+    if constexpr (kRht) min_less_one = given->min_less_one;
   } else {
     for (int i = 0; i < kBlock; ++i) {
       a[i] = _mm512_and_si512(_mm512_loadu_si512(src + i * g.row_bytes), _mm512_set1_epi16(0x7FFF));
@@ -779,7 +784,7 @@ MICROSCALE_AVX512 bool quantize_unit16(const Group& g, const std::byte* src, int
       amax[0] = amax[1] = _mm512_permutexvar_epi32(
           _mm512_setr_epi32(0, 0, 0, 0, 8, 8, 8, 8, 0, 0, 0, 0, 8, 8, 8, 8), tile_max);
     } else {
-      if (!kRht && given != nullptr) {
+      if (given != nullptr) {
         transpose_max16x2_from_pairs(given->pairs, amax);
       } else {
         transpose_max16x2(a, amax);  // each 16-bit max shifted up: bf16's fp32 bits
@@ -820,8 +825,13 @@ MICROSCALE_AVX512 bool quantize_unit16(const Group& g, const std::byte* src, int
   const bool same_codes =
       kRows && kCols && g.tile_2d && g.row.multiplier == g.col.multiplier && g.row.s_dec == g.col.s_dec;
   if constexpr (kRht) {
-    encode_unit_form<kIn, kRows, kCols, false, true, false>(tiny != 0, unbounded != 0, g, src, s, &rht, stage,
-                                                            line_tile, col_words, nullptr);
+    if (next != nullptr) {
+      encode_unit_form<kIn, kRows, kCols, false, true, true>(tiny != 0, unbounded != 0, g, src, s, &rht,
+                                                             stage, line_tile, col_words, next);
+    } else {
+      encode_unit_form<kIn, kRows, kCols, false, true, false>(tiny != 0, unbounded != 0, g, src, s, &rht,
+                                                              stage, line_tile, col_words, nullptr);
+    }
   } else if (same_codes) {
     encode_unit_form<kIn, kRows, kCols, kRows && kCols, false, false>(
         tiny != 0, unbounded != 0, g, src, s, nullptr, stage, line_tile, col_words, nullptr);
@@ -1008,9 +1018,8 @@ MICROSCALE_AVX512_INLINE bool quantize_unit_as_asked(const Group& g, const std::
   const bool rowwise = g.row_data != nullptr, columnwise = g.col_data != nullptr;
   if constexpr (kIn == DType::BF16) {
     if (g.rht != nullptr) {
-      return rowwise
-                 ? quantize_unit16<kIn, true, true, true>(g, src, col, band, stage, cs, nullptr, nullptr)
-                 : quantize_unit16<kIn, false, true, true>(g, src, col, band, stage, cs, nullptr, nullptr);
+      return rowwise ? quantize_unit16<kIn, true, true, true>(g, src, col, band, stage, cs, given, next)
+                     : quantize_unit16<kIn, false, true, true>(g, src, col, band, stage, cs, given, next);
     }
   }
   if (!rowwise) return quantize_unit16<kIn, false, true, false>(g, src, col, band, stage, cs, given, next);
@@ -1035,8 +1044,8 @@ MICROSCALE_AVX512 void quantize_group(const Group& g, ColumnStage cs) {
     const int rows = std::min(kBlock, g.rows - band * kBlock);
     const std::byte* src = g.src + band * kBlock * g.row_bytes;
     RowStage stage;
-    // 1x16 blocks without the RHT: each unit's element loop computes the maxes of the unit after it.
-    const bool carry = g.rht == nullptr && !g.tile_2d;
+    // 1x16 blocks: each unit's element loop computes the maxes of the unit after it (UnitMaxes).
+    const bool carry = !g.tile_2d;
     UnitMaxes carried[2];
     bool have_carried = false;
     int current = 0;

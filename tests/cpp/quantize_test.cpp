@@ -365,30 +365,35 @@ TEST(Quantize, FastEqualsReferenceNvfp4RhtSumNotExactInFp32) {
   // (2.5 * 2^-7 / 6 = (5/3) 2^-9), the encode scale 1 / (2^-8 * 2^7) = 2, and output 0 encodes
   // as 2.5 * 2 = 5 exactly: a tie, code 6 (4). The fp32 sum's next bf16 value gives
   // 5 (1 + 2^-7), code 7 (6).
+  // A width of 64 puts the column in a band's second unit, whose maxes the first unit's element
+  // loop computes (UnitMaxes).
   const float row_sign[8] = {1, 1, 1, -1, 1, -1, -1, -1};  // the sign mask 0xD7E8's rows 0-7
   for (float a : {1.0f, 1.015625f, 1.25f, 1.5f}) {         // 2a has an even bf16 significand
     for (int b : {0, 5}) {
-      for (int column : {0, 1, 6}) {  // even and odd lanes of a unit
-        Tensor x(DType::BF16, {16, 32});
-        float values[11];
-        for (int i = 0; i < 8; ++i) values[i] = row_sign[i] * a;
-        values[8] = -0x1p-5f;
-        values[9] = -0x1p-15f * (1.0f + (b + 3) / 128.0f);
-        values[10] = 0x1p-15f * (1.0f + b / 128.0f);
-        for (int i = 0; i < 11; ++i) x.data_as<uint16_t>()[i * 32 + column] = float_to_bf16(values[i]);
-        QuantizeOptions o;
-        o.rowwise = o.columnwise = true;
-        o.rht = true;
-        EXPECT_EQ(quantize_ref(x.view(), o).columnwise_amax, 2.0f * a);
-        const std::string what =
-            "a " + std::to_string(a) + " b " + std::to_string(b) + " column " + std::to_string(column);
-        expect_fast_equals_ref(x.view(), o, what);
-        if (a == 1.25f) {
-          o.amax_columnwise = 2688.0f * 128.0f;
-          const QuantizedTensor ref = quantize_ref(x.view(), o);
-          const uint8_t code0 = ref.columnwise_data.data_as<uint8_t>()[column * 8] & 0xF;  // output 0
-          EXPECT_EQ(code0, 6) << what;  // the tie at 5 went to 4: the case this test is for
-          expect_fast_equals_ref(x.view(), o, what + " amax given");
+      for (int64_t width : {32, 64}) {
+        for (int64_t lane : {0, 1, 6}) {  // even and odd lanes of a unit
+          const int64_t column = width - 32 + lane;
+          Tensor x(DType::BF16, {16, width});
+          float values[11];
+          for (int i = 0; i < 8; ++i) values[i] = row_sign[i] * a;
+          values[8] = -0x1p-5f;
+          values[9] = -0x1p-15f * (1.0f + (b + 3) / 128.0f);
+          values[10] = 0x1p-15f * (1.0f + b / 128.0f);
+          for (int i = 0; i < 11; ++i) x.data_as<uint16_t>()[i * width + column] = float_to_bf16(values[i]);
+          QuantizeOptions o;
+          o.rowwise = o.columnwise = true;
+          o.rht = true;
+          EXPECT_EQ(quantize_ref(x.view(), o).columnwise_amax, 2.0f * a);
+          const std::string what =
+              "a " + std::to_string(a) + " b " + std::to_string(b) + " column " + std::to_string(column);
+          expect_fast_equals_ref(x.view(), o, what);
+          if (a == 1.25f) {
+            o.amax_columnwise = 2688.0f * 128.0f;
+            const QuantizedTensor ref = quantize_ref(x.view(), o);
+            const uint8_t code0 = ref.columnwise_data.data_as<uint8_t>()[column * 8] & 0xF;  // output 0
+            EXPECT_EQ(code0, 6) << what;  // the tie at 5 went to 4: the case this test is for
+            expect_fast_equals_ref(x.view(), o, what + " amax given");
+          }
         }
       }
     }
