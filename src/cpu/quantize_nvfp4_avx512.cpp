@@ -584,12 +584,13 @@ struct UnitMaxes {
   __m512i min_less_one;  // with the RHT: min_nonzero_less_one over the rows
 };
 
-// The element loop of a unit: each row loaded once (from L1: the amax step, or the unit before,
-// read it), both directions encoded. kSharedSign: no product underflows to -0, so a lane's sign is
-// its input's, one compare for both directions. kSameCodes (16x16 tiles, both directions on the
-// same global amax): the two directions' scales are equal, so are their codes: encoded once (with
-// their signs, at the rowwise nibbles), then shifted to the columnwise ones. kNext: also reads the
-// next unit's rows (64 bytes on) and leaves its maxes in *next.
+// The element loop of a unit: each row loaded once (mostly from L1: the amax step or the unit
+// before read it; after pass 1's tile maxes, from where the prefetches left it), both directions
+// encoded. kSharedSign: no product underflows to -0, so a lane's sign is its input's, one compare
+// for both directions. kSameCodes (16x16 tiles, both directions on the same global amax): the two
+// directions' scales are equal, so are their codes: encoded once (with their signs, at the
+// rowwise nibbles), then shifted to the columnwise ones. kNext: also reads the next unit's rows
+// (64 bytes on) and leaves its maxes in *next.
 template <DType kIn, bool kRows, bool kCols, bool kSharedSign, bool kSameCodes, bool kRht, bool kBounded,
           bool kNext>
 MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, const UnitScales& s,
@@ -1185,7 +1186,7 @@ template <DType kDType>
 MICROSCALE_AVX512 void group_amaxes(const Group& g, bool want_rht, float* amax_x, float* amax_rht,
                                     float* rht_floor) {
   __m512i mx = _mm512_setzero_si512(), mr = _mm512_setzero_si512();
-  __m512i mx16 = _mm512_setzero_si512();  // bf16 units: max |x| on 16-bit lanes
+  __m512i mx16 = _mm512_setzero_si512();  // units (bf16 RHT, 16-bit 16x16): max |x| on 16-bit lanes
   for (int band = 0; band * kBlock < g.rows; ++band) {
     const std::byte* src = g.src + band * kBlock * g.row_bytes;
     const int rows = std::min(kBlock, g.rows - band * kBlock);
