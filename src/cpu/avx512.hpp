@@ -148,15 +148,7 @@ MICROSCALE_AVX512_INLINE __m512i transpose_max16(const __m512i v[16]) {
                           _mm512_castps_si512(_mm512_shuffle_ps(g, h, 0xDD)));
 }
 
-/// The same on packed 16-bit lanes, two 16-lane blocks per register: v[i] holds row i of a 16 x 32
-/// unit (|x| bits of bf16 or f16 columns 0..31; block b = columns 16b..16b+15). out[h], lane d
-/// (the 16-bit max shifted up: bf16's fp32 bits) is the max of row 8h + 2(d % 4) + d / 8 over block
-/// (d / 4) % 2 (transpose_max16x2_lane gives the lane of a row and block).
-/// NOTE: four levels, each halving the registers and the lanes per block: 128-bit chunks, 64-bit
-/// halves, 32-bit pairs, then the two 16-bit halves of each 32-bit lane.
-MICROSCALE_AVX512_INLINE void transpose_max16x2(const __m512i v[16], __m512i out[2]);
-
-/// transpose_max16x2's first level on rows 2p and 2p + 1 (of its v): per 128-bit chunk, 8
+/// transpose_max16x2's (below) first level on rows 2p and 2p + 1 of its v: per 128-bit chunk, 8
 /// partials of one (row, block).
 MICROSCALE_AVX512_INLINE __m512i transpose_max_row_pair(__m512i even_row, __m512i odd_row) {
   return _mm512_max_epu16(_mm512_shuffle_i32x4(even_row, odd_row, 0x88),
@@ -179,6 +171,12 @@ MICROSCALE_AVX512_INLINE void transpose_max16x2_from_pairs(const __m512i a[8], _
   }
 }
 
+/// transpose_max16 on packed 16-bit lanes, two 16-lane blocks per register: v[i] holds row i of a
+/// 16 x 32 unit (|x| bits of bf16 or f16 columns 0..31; block b = columns 16b..16b+15). out[h],
+/// lane d (the 16-bit max shifted up: bf16's fp32 bits) is the max of row 8h + 2(d % 4) + d / 8
+/// over block (d / 4) % 2 (transpose_max16x2_lane gives the lane of a row and block).
+/// NOTE: four levels, each halving the registers and the lanes per block: 128-bit chunks, 64-bit
+/// halves, 32-bit pairs, then the two 16-bit halves of each 32-bit lane.
 MICROSCALE_AVX512_INLINE void transpose_max16x2(const __m512i v[16], __m512i out[2]) {
   __m512i a[8];
   for (int p = 0; p < 8; ++p) a[p] = transpose_max_row_pair(v[2 * p], v[2 * p + 1]);

@@ -480,8 +480,8 @@ MICROSCALE_AVX512_INLINE void encode_chunk16_fp6(const Band& b, int64_t col,
 
 // One chunk of a full band of kIn (bf16 or f16) inputs: columns [col, col + 32 * kRegs). False,
 // with nothing written, when the chunk holds an Inf or NaN, or (bf16) a scale byte below the bias
-// (see mx_bf16_codes) outside FP6's subnormal form. `buffer` is scratch: the chunk's rows, contiguous (see
-// the file comment on L1 sets).
+// (see mx_bf16_codes) outside FP6's subnormal form. `buffer` is scratch: the chunk's rows,
+// contiguous (see the file comment on L1 sets).
 template <typename Codec, MxScaleRule kRule, int kRegs, DType kIn>
 MICROSCALE_AVX512_INLINE bool quantize_chunk16(const Band& b, int64_t col, uint16_t (*buffer)[k16ChunkCols]) {
   using F = Mx16Format<Codec, kIn>;

@@ -825,23 +825,19 @@ MICROSCALE_AVX512 bool quantize_unit16(const Group& g, const std::byte* src, int
   __m512i col_words[4];
   const bool same_codes =
       kRows && kCols && g.tile_2d && g.row.multiplier == g.col.multiplier && g.row.s_dec == g.col.s_dec;
-  if constexpr (kRht) {
-    if (next != nullptr) {
-      encode_unit_form<kIn, kRows, kCols, false, true, true>(tiny != 0, unbounded != 0, g, src, s, &rht,
-                                                             stage, line_tile, col_words, next);
-    } else {
-      encode_unit_form<kIn, kRows, kCols, false, true, false>(tiny != 0, unbounded != 0, g, src, s, &rht,
-                                                              stage, line_tile, col_words, nullptr);
-    }
+  // The RHT's outputs (null without it) are what its units encode columnwise. `next` comes only
+  // with 1x16 blocks (quantize_group), and same_codes only with 16x16 tiles, which never have the
+  // RHT.
+  const RhtUnit* rht_values = kRht ? &rht : nullptr;
+  if (next != nullptr) {
+    encode_unit_form<kIn, kRows, kCols, false, kRht, true>(tiny != 0, unbounded != 0, g, src, s, rht_values,
+                                                           stage, line_tile, col_words, next);
   } else if (same_codes) {
-    encode_unit_form<kIn, kRows, kCols, kRows && kCols, false, false>(
-        tiny != 0, unbounded != 0, g, src, s, nullptr, stage, line_tile, col_words, nullptr);
-  } else if (next != nullptr) {
-    encode_unit_form<kIn, kRows, kCols, false, false, true>(tiny != 0, unbounded != 0, g, src, s, nullptr,
-                                                            stage, line_tile, col_words, next);
+    encode_unit_form<kIn, kRows, kCols, kRows && kCols && !kRht, kRht, false>(
+        tiny != 0, unbounded != 0, g, src, s, rht_values, stage, line_tile, col_words, nullptr);
   } else {
-    encode_unit_form<kIn, kRows, kCols, false, false, false>(tiny != 0, unbounded != 0, g, src, s, nullptr,
-                                                             stage, line_tile, col_words, nullptr);
+    encode_unit_form<kIn, kRows, kCols, false, kRht, false>(tiny != 0, unbounded != 0, g, src, s, rht_values,
+                                                            stage, line_tile, col_words, nullptr);
   }
   if constexpr (kCols) {  // 32 columns x 8 bytes, in column order
     // col_words[w], 128-bit chunk l: columns 8l + 2w, 8l + 2w + 1; a 4x4 transpose of the chunks.
