@@ -1085,36 +1085,56 @@ MICROSCALE_AVX512_INLINE __m512i max_unsigned(__m512i a, __m512i b) {
   return kWide ? _mm512_max_epu32(a, b) : _mm512_max_epu16(a, b);
 }
 
+// m = max(m, |v|) on the stored bits (`magnitude` masks the sign).
+template <bool kWide>
+MICROSCALE_AVX512_INLINE void max_abs_in(__m512i magnitude, __m512i& m, __m512i v) {
+  m = max_unsigned<kWide>(m, _mm512_and_si512(v, magnitude));
+}
+
+// max |x| (on the stored bits, `magnitude` masking the sign) of the first `bytes` bytes of rows a
+// and b, read side by side, into acc[0..1] (row a) and acc[2..3] (row b).
+template <bool kWide>
+MICROSCALE_AVX512_INLINE void row_pair_abs_max(const std::byte* a, const std::byte* b, int64_t bytes,
+                                               __m512i magnitude, __m512i acc[4]) {
+  int64_t i = 0;
+  for (; i + 128 <= bytes; i += 128) {
+    max_abs_in<kWide>(magnitude, acc[0], _mm512_loadu_si512(a + i));
+    max_abs_in<kWide>(magnitude, acc[1], _mm512_loadu_si512(a + i + 64));
+    max_abs_in<kWide>(magnitude, acc[2], _mm512_loadu_si512(b + i));
+    max_abs_in<kWide>(magnitude, acc[3], _mm512_loadu_si512(b + i + 64));
+  }
+  for (; i < bytes; i += 32) {  // 32-byte steps: rows are multiples of 16 elements
+    max_abs_in<kWide>(magnitude, acc[0],
+                      _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i))));
+    max_abs_in<kWide>(magnitude, acc[2],
+                      _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i))));
+  }
+}
+
 // The max of |x| over `rows` rows of k elements as fp32 bits, max-ed into *max_bits; false (and
 // nothing max-ed in) when they hold a NaN. On the stored bits, without widening: 32 lanes of a
 // 16-bit type per operation, so that the pass runs at the speed of the read.
+// NOTE: two read streams, the band's first and second half of rows, each one row after the
+// other (a band of packed rows: two sequential reads of 64 KiB). Measured on 4096 x 4096 bf16,
+// paired against 16 streams side by side (one per row, 128 bytes a step, as pass 2 reads): the
+// whole row+col call 0.96 on Zen 4 (a scratch read of 32 MiB: 1-2 streams 1.3-1.8 ms, 16 streams
+// 2.1-2.3), 1.00 on an Intel Xeon host (1-16 streams all 1.3-1.6 ms); one stream alone was
+// as fast on Zen 4 but 1 % slower there (docs/perf.md, thirty-third session).
 template <DType kDType>
 MICROSCALE_AVX512_INLINE bool raw_abs_max(const std::byte* src, int64_t row_bytes, int rows, int64_t k,
                                           __m512i* max_bits) {
   constexpr bool kWide = kDType == DType::F32;
   const int64_t bytes = k * element_bytes<kDType>();  // a multiple of 32
   const __m512i magnitude = kWide ? _mm512_set1_epi32(0x7FFFFFFF) : _mm512_set1_epi16(0x7FFF);
-  __m512i m0 = _mm512_setzero_si512(), m1 = _mm512_setzero_si512();
-  // NOTE: across the rows first (a band of up to 16 read streams side by side, as pass 2 reads):
-  // measured, 4096 x 4096 bf16, one row after the other read at 9-10 GB/s, 16 side by side at
-  // 14-16 GB/s (a single stream keeps fewer lines in flight).
-  int64_t i = 0;
-  for (; i + 128 <= bytes; i += 128) {
-    for (int r = 0; r < rows; ++r) {
-      const std::byte* p = src + r * row_bytes + i;
-      m0 = max_unsigned<kWide>(m0, _mm512_and_si512(_mm512_loadu_si512(p), magnitude));
-      m1 = max_unsigned<kWide>(m1, _mm512_and_si512(_mm512_loadu_si512(p + 64), magnitude));
-    }
+  __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                    _mm512_setzero_si512()};
+  // Rows [0, first_half) beside [first_half, rows); an odd count's last row beside itself.
+  const int first_half = (rows + 1) / 2;
+  for (int r = 0; r < first_half; ++r) {
+    const int beside = r + first_half < rows ? r + first_half : r;
+    row_pair_abs_max<kWide>(src + r * row_bytes, src + beside * row_bytes, bytes, magnitude, acc);
   }
-  for (; i < bytes; i += 32) {  // 32-byte steps: rows are multiples of 16 elements
-    for (int r = 0; r < rows; ++r) {
-      const std::byte* p = src + r * row_bytes + i;
-      m0 = max_unsigned<kWide>(
-          m0,
-          _mm512_and_si512(_mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))),
-                           magnitude));
-    }
-  }
+  const __m512i m0 = max_unsigned<kWide>(acc[0], acc[1]), m1 = max_unsigned<kWide>(acc[2], acc[3]);
   const __m512i m = max_unsigned<kWide>(m0, m1);
   uint32_t bits;
   if constexpr (kWide) {
