@@ -59,7 +59,8 @@ struct Group {
   uint8_t* col_scale = nullptr;
   int64_t col_scale_stride = 0;
   DirectionScales col;
-  // Whole 64-byte data lines bypass the caches (see quantize_with).
+  // Whole 64-byte data lines bypass the caches (see quantize_with in
+  // quantize_nvfp4_avx512.cpp).
   bool row_stream = false, col_stream = false;
   // 16x16 tiles: each unit's two tile maxes, kept by pass 1 for pass 2 (null: pass 2 computes
   // them; see unit_tile_maxes). Band b's unit u (columns 32u..32u+31) at

@@ -130,8 +130,8 @@ MICROSCALE_AVX512_INLINE __m512i broadcast_max(__m512i v) {
   return _mm512_set1_epi32(static_cast<int>(_mm512_reduce_max_epu32(v)));
 }
 
-// One tile of pass 2 (see quantize_group): rowwise codes and scales into the band's stage at tile
-// `line_tile` of its line, columnwise ones into the group's stage.
+// One tile of pass 2 (see quantize_group in quantize_nvfp4_avx512.cpp): rowwise codes and scales
+// into the band's stage at tile `line_tile` of its line, columnwise ones into the group's stage.
 template <DType kDType>
 MICROSCALE_AVX512_INLINE void quantize_tile(const Group& g, const std::byte* src, int rows, int64_t col,
                                             int band, RowStage& stage, ColumnStage cs) {
