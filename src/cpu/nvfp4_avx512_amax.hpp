@@ -65,6 +65,8 @@ MICROSCALE_AVX512 __attribute__((noinline)) void unit_tile_maxes(const std::byte
   record[1] = static_cast<uint16_t>(_mm_cvtsi128_si32(_mm512_extracti32x4_epi32(m, 2)));
 }
 
+// ---- the global amaxes: max |x| row by row (raw_abs_max), and unit by unit with the RHT ----
+
 template <bool kWide>  // 32-bit lanes, else 16-bit
 MICROSCALE_AVX512_INLINE __m512i max_unsigned(__m512i a, __m512i b) {
   return kWide ? _mm512_max_epu32(a, b) : _mm512_max_epu16(a, b);
