@@ -1,7 +1,8 @@
 // CPU quantize throughput beside memcpy, in one run.
 //
 // Effective bandwidth = (bytes read + bytes written) / time, for a 4096x4096 bf16 input (32 MiB):
-// NVFP4 rowwise+columnwise with and without RHT, NVFP4 16x16 (both directions), MXFP8 E4M3, MXFP4,
+// NVFP4 rowwise+columnwise with and without RHT, NVFP4 16x16 (both directions; also with both amaxes
+// given, as a tensor-parallel weight is quantized), MXFP8 E4M3, MXFP4,
 // MXFP6 E2M3 and E3M2 rowwise+columnwise, and NVFP4, MXFP8 and MXFP6 E2M3 rowwise+columnwise of
 // the same values as f16 (32 MiB too); the fast path (the best kernel set the CPU has: AVX-512, AVX2 or
 // portable; MICROSCALE_CPU_KERNELS=avx2 picks the AVX2 set on an AVX-512 CPU) on 1 thread and on all threads,
@@ -15,6 +16,8 @@
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -51,6 +54,18 @@ const Tensor& input(DType dtype = DType::BF16) {
   return dtype == DType::F16 ? f16 : bf16;
 }
 
+// max |x| of the bf16 input (Gaussian: no NaN).
+float input_amax() {
+  static const float amax = [] {
+    float m = 0.0f;
+    const Tensor& x = input();
+    for (int64_t i = 0; i < x.numel(); ++i)
+      m = std::max(m, std::fabs(bf16_to_float(x.data_as<uint16_t>()[i])));
+    return m;
+  }();
+  return amax;
+}
+
 int64_t output_bytes(const QuantizedTensor& q) {
   int64_t n = 0;
   for (const Tensor* t : {&q.rowwise_data, &q.rowwise_scale, &q.columnwise_data, &q.columnwise_scale}) {
@@ -72,6 +87,10 @@ std::vector<Case> cases() {
   nvfp4_rht.rht = true;
   QuantizeOptions nvfp4_2d = nvfp4;
   nvfp4_2d.tile = Tile::k16x16;
+  // A weight of a tensor-parallel layer: the amax all-reduced over the group is given, so the call
+  // reads its input once (no pass 1).
+  QuantizeOptions nvfp4_2d_given = nvfp4_2d;
+  nvfp4_2d_given.amax_rowwise = nvfp4_2d_given.amax_columnwise = input_amax();
   QuantizeOptions mxfp8 = nvfp4;
   mxfp8.scheme = Scheme::MXFP8_E4M3;
   QuantizeOptions mxfp4 = nvfp4;
@@ -83,6 +102,7 @@ std::vector<Case> cases() {
   return {{"nvfp4_row_col", nvfp4},
           {"nvfp4_row_col_rht", nvfp4_rht},
           {"nvfp4_16x16", nvfp4_2d},
+          {"nvfp4_16x16_amax_given", nvfp4_2d_given},
           {"mxfp8_row_col", mxfp8},
           {"mxfp4_row_col", mxfp4},
           {"mxfp6_e2m3_row_col", mxfp6},

@@ -95,14 +95,21 @@ struct UnitScales {
 };
 
 // A unit's maxes as its first step computes them: the 16-bit |x| column maxes and
-// transpose_max16x2's row pairs. With 1x16 blocks a unit's element loop computes the next
-// unit's as it goes, so that its loads and maxes overlap the encoding instead of opening the next
-// unit with 16 loads and a reduction that everything after waits on (measured on Zen 4: -4 to -5 %
-// for the call, -2 to -5 % with the RHT; docs/perf.md, thirty-second session).
+// transpose_max16x2's row pairs. Where pass 1 kept no maxes for pass 2, a unit's element loop
+// computes the next unit's as it goes, so that its loads and maxes overlap the encoding instead of
+// opening the next unit with 16 loads and a reduction that everything after waits on (measured on
+// Zen 4: -4 to -5 % for the call, -2 to -5 % with the RHT; docs/perf.md, thirty-second session).
 struct UnitMaxes {
   __m512i col_max;
-  __m512i pairs[8];
+  __m512i pairs[8];      // 1x16 blocks only (NextMaxes::ColumnsAndRows)
   __m512i min_less_one;  // with the RHT: min_nonzero_less_one over the rows
+};
+
+// What of the next unit's maxes an element loop leaves in its UnitMaxes.
+enum class NextMaxes : uint8_t {
+  None,
+  Columns,         // col_max (and min_less_one with the RHT): 16x16 tiles take their max from it
+  ColumnsAndRows,  // also the row pairs: 1x16 blocks
 };
 
 // The element loop of a unit: each row loaded once (mostly from L1: the amax step or the unit
@@ -111,9 +118,9 @@ struct UnitMaxes {
 // for both directions. kSameCodes (16x16 tiles, both directions on the same global amax): the two
 // directions' scales are equal, so are their codes: encoded once (with their signs, at the
 // rowwise nibbles), then shifted to the columnwise ones. kNext: also reads the next unit's rows
-// (64 bytes on) and leaves its maxes in *next.
+// (64 bytes on) and leaves those of its maxes in *next.
 template <DType kIn, bool kRows, bool kCols, bool kSharedSign, bool kSameCodes, bool kRht, bool kBounded,
-          bool kNext>
+          NextMaxes kNext>
 MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, const UnitScales& s,
                                           const RhtUnit* rht, RowStage& stage, int line_tile,
                                           __m512i col_words[4], UnitMaxes* next) {
@@ -126,16 +133,18 @@ MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, 
 #pragma GCC unroll 16
   for (int i = 0; i < kBlock; ++i) {
     prefetch_unit_row<_MM_HINT_T1>(src + i * g.row_bytes);
-    if constexpr (kNext) {  // the next unit's row i
+    if constexpr (kNext != NextMaxes::None) {  // the next unit's row i
       const __m512i v =
           _mm512_and_si512(_mm512_loadu_si512(src + 64 + i * g.row_bytes), _mm512_set1_epi16(0x7FFF));
       next_col_max = i == 0 ? v : _mm512_max_epu16(next_col_max, v);
       if constexpr (kRht)
         next_min_less_one = min_nonzero_less_one(i == 0 ? _mm512_set1_epi16(-1) : next_min_less_one, v);
-      if (i % 2 == 0) {
-        next_held = v;
-      } else {
-        next_pairs[i / 2] = transpose_max_row_pair(next_held, v);
+      if constexpr (kNext == NextMaxes::ColumnsAndRows) {
+        if (i % 2 == 0) {
+          next_held = v;
+        } else {
+          next_pairs[i / 2] = transpose_max_row_pair(next_held, v);
+        }
       }
     }
     const __m512i raw = _mm512_loadu_si512(src + i * g.row_bytes);
@@ -197,9 +206,10 @@ MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, 
       }
     }
   }
-  if constexpr (kNext) {
+  if constexpr (kNext != NextMaxes::None) {
     next->col_max = next_col_max;
-    for (int p = 0; p < 8; ++p) next->pairs[p] = next_pairs[p];
+    if constexpr (kNext == NextMaxes::ColumnsAndRows)
+      for (int p = 0; p < 8; ++p) next->pairs[p] = next_pairs[p];
     if constexpr (kRht) next->min_less_one = next_min_less_one;
   }
   if constexpr (kCols) {
@@ -234,7 +244,7 @@ MICROSCALE_AVX512_INLINE __mmask16 block_may_reach_seven(__m512i amax_bits, __m5
 
 // encode_unit in the fastest form the unit allows: kSharedSign unless a scale is tiny, kBounded
 // unless a block may reach 7 (block_may_reach_seven).
-template <DType kIn, bool kRows, bool kCols, bool kSameCodes, bool kRht, bool kNext>
+template <DType kIn, bool kRows, bool kCols, bool kSameCodes, bool kRht, NextMaxes kNext>
 MICROSCALE_AVX512_INLINE void encode_unit_form(bool tiny, bool unbounded, const Group& g,
                                                const std::byte* src, const UnitScales& s, const RhtUnit* rht,
                                                RowStage& stage, int line_tile, __m512i col_words[4],
@@ -253,8 +263,9 @@ MICROSCALE_AVX512_INLINE void encode_unit_form(bool tiny, bool unbounded, const 
 
 // Pass 2 on the unit at `col` of a full band (16 rows of kIn, bf16 or f16, at src). Returns false,
 // having written nothing, when the unit holds a NaN (quantize_tile handles it). `given`: the unit's
-// maxes from the unit before (null: computed here); `next` (1x16 blocks; null: not asked):
-// where the element loop leaves the next unit's, filled whenever this returns true.
+// maxes from the unit before (null: computed here); `next` (null: not asked): where the element
+// loop leaves the next unit's, filled whenever this returns true (the row pairs with 1x16 blocks
+// only).
 template <DType kIn, bool kRows, bool kCols, bool kRht>
 MICROSCALE_AVX512 bool quantize_unit16(const Group& g, const std::byte* src, int64_t col, int band,
                                        RowStage& stage, ColumnStage cs, const UnitMaxes* given,
@@ -346,19 +357,29 @@ MICROSCALE_AVX512 bool quantize_unit16(const Group& g, const std::byte* src, int
   __m512i col_words[4];
   const bool same_codes =
       kRows && kCols && g.tile_2d && g.row.multiplier == g.col.multiplier && g.row.s_dec == g.col.s_dec;
-  // The RHT's outputs (null without it) are what its units encode columnwise. `next` comes only
-  // with 1x16 blocks (quantize_group), and same_codes only with 16x16 tiles, which never have the
-  // RHT.
+  // The RHT's outputs (null without it) are what its units encode columnwise. same_codes comes
+  // only with 16x16 tiles, which never have the RHT.
   const RhtUnit* rht_values = kRht ? &rht : nullptr;
-  if (next != nullptr) {
-    encode_unit_form<kIn, kRows, kCols, false, kRht, true>(tiny != 0, unbounded != 0, g, src, s, rht_values,
-                                                           stage, line_tile, col_words, next);
+  constexpr bool kMaySameCodes = kRows && kCols && !kRht;
+  if (next != nullptr && !g.tile_2d) {
+    encode_unit_form<kIn, kRows, kCols, false, kRht, NextMaxes::ColumnsAndRows>(
+        tiny != 0, unbounded != 0, g, src, s, rht_values, stage, line_tile, col_words, next);
+  } else if (next != nullptr) {
+    if constexpr (!kRht) {
+      if (same_codes) {
+        encode_unit_form<kIn, kRows, kCols, kMaySameCodes, false, NextMaxes::Columns>(
+            tiny != 0, unbounded != 0, g, src, s, nullptr, stage, line_tile, col_words, next);
+      } else {
+        encode_unit_form<kIn, kRows, kCols, false, false, NextMaxes::Columns>(
+            tiny != 0, unbounded != 0, g, src, s, nullptr, stage, line_tile, col_words, next);
+      }
+    }
   } else if (same_codes) {
-    encode_unit_form<kIn, kRows, kCols, kRows && kCols && !kRht, kRht, false>(
+    encode_unit_form<kIn, kRows, kCols, kMaySameCodes, kRht, NextMaxes::None>(
         tiny != 0, unbounded != 0, g, src, s, rht_values, stage, line_tile, col_words, nullptr);
   } else {
-    encode_unit_form<kIn, kRows, kCols, false, kRht, false>(tiny != 0, unbounded != 0, g, src, s, rht_values,
-                                                            stage, line_tile, col_words, nullptr);
+    encode_unit_form<kIn, kRows, kCols, false, kRht, NextMaxes::None>(
+        tiny != 0, unbounded != 0, g, src, s, rht_values, stage, line_tile, col_words, nullptr);
   }
   if constexpr (kCols) {  // 32 columns x 8 bytes, in column order
     // col_words[w], 128-bit chunk l: columns 8l + 2w, 8l + 2w + 1; a 4x4 transpose of the chunks.

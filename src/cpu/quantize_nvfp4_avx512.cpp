@@ -87,8 +87,9 @@ MICROSCALE_AVX512 void quantize_group(const Group& g, ColumnStage cs) {
     const int rows = std::min(kBlock, g.rows - band * kBlock);
     const std::byte* src = g.src + band * kBlock * g.row_bytes;
     RowStage stage;
-    // 1x16 blocks: each unit's element loop computes the maxes of the unit after it (UnitMaxes).
-    const bool carry = !g.tile_2d;
+    // Each unit's element loop computes the maxes of the unit after it (UnitMaxes), unless pass 1
+    // kept them (16x16 tiles, whose amaxes were not both given).
+    const bool carry = g.tile_maxes == nullptr;
     UnitMaxes carried[2];
     bool have_carried = false;
     int current = 0;

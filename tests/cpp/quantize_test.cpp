@@ -473,6 +473,35 @@ TEST(Quantize, FastEqualsReferenceNvfp4F16AmaxGiven) {
   }
 }
 
+TEST(Quantize, FastEqualsReferenceNvfp4TilesAmaxGiven) {
+  // 16x16 tiles of 16-bit inputs with the amaxes given: pass 1 does not run, so no tile maxes are
+  // kept for pass 2, and each unit's element loop computes the next unit's column maxes instead.
+  // Five units per band, so that the maxes are carried along a chain; specials with NaN break it
+  // (a NaN unit goes by tiles and the unit after it computes its own maxes).
+  uint32_t seed = 1200;
+  for (DType dtype : {DType::BF16, DType::F16}) {
+    for (Fill fill : {Fill::Normal, Fill::Heavy, Fill::Specials, Fill::Tiny}) {
+      const Tensor x = random_tensor(dtype, {64, 160}, fill, seed++);
+      for (int directions = 0; directions < 3; ++directions) {  // both, rowwise, columnwise
+        QuantizeOptions o;
+        o.rowwise = directions != 2;
+        o.columnwise = directions != 1;
+        o.tile = Tile::k16x16;
+        o.num_threads = 2;
+        const float found = quantize_ref(x.view(), o).rowwise_amax;
+        for (float amax : {found, found / 64.0f, 1e4f}) {
+          if (!std::isfinite(amax) || amax <= 0.0f) continue;
+          o.amax_rowwise = o.amax_columnwise = amax;
+          expect_fast_equals_ref(
+              x.view(), o,
+              std::string(dtype_name(dtype)) + " 16x16 directions " + std::to_string(directions) + " fill " +
+                  std::to_string(static_cast<int>(fill)) + " amax given " + std::to_string(amax));
+        }
+      }
+    }
+  }
+}
+
 TEST(Quantize, FastEqualsReferenceNvfp4DifferentAmaxPerDirection) {
   // Each direction its own global scale: the portable bf16/f16 kernel shares one threshold table,
   // and with 16x16 tiles one set of codes, only between directions whose scales are equal.
@@ -486,7 +515,7 @@ TEST(Quantize, FastEqualsReferenceNvfp4DifferentAmaxPerDirection) {
       o.num_threads = 2;
       const float found = quantize_ref(x.view(), o).rowwise_amax;
       o.amax_rowwise = found;
-      o.amax_columnwise = 2.0f * found;
+      o.amax_columnwise = 3.0f * found;  // not a power of two: the encode scales differ too
       expect_fast_equals_ref(x.view(), o,
                              std::string(dtype_name(dtype)) + (tile == Tile::k16x16 ? " 16x16" : " 1x16"));
     }
