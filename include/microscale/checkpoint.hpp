@@ -17,7 +17,8 @@
 // NVFP4 activations also need a static global scale (W4A4): with a calibration file (the input
 // amax of each Linear, see ConvertOptions::calibration) ModelOpt gets p.input_scale F32 [] =
 // amax/2688 and compressed-tensors p.input_global_scale F32 [1] = 2688/amax, and the configs say
-// NVFP4 (W4A4); without one the checkpoint is weight-only (W4A16_NVFP4 / NVFP4A16). MX activations
+// NVFP4 (W4A4); without one the checkpoint is weight-only (ModelOpt: quant_algo W4A16_NVFP4;
+// compressed-tensors: no input_activations, llm-compressor's NVFP4A16 scheme). MX activations
 // need no calibration (their block scales are computed at run time).
 #pragma once
 
