@@ -105,6 +105,14 @@ Convention default_convention(CheckpointFormat f);
 /// @brief Throws microscale::Error when a convention has no layout for a format.
 void check_supported(CheckpointFormat f, Convention c);
 
+/// @brief Groups of weights that serving engines fuse into one GEMM: the q/k/v projections
+/// (q_proj, k_proj, v_proj; BERT's query, key, value), gate_proj and up_proj (also per MoE expert),
+/// Mixtral's experts' w1 and w3, DeepSeek's q_a_proj and kv_a_proj_with_mqa, each group the
+/// siblings under one parent module (names `parent.leaf.weight`). The fused layer has a single
+/// global scale, so NVFP4 conversions give each group one amax, the max of its members'
+/// (convert_checkpoint). Each group lists two or more indices into `weight_names`, in input order.
+std::vector<std::vector<size_t>> fused_weight_groups(const std::vector<std::string>& weight_names);
+
 /// @brief Which tensors are quantized. Only floating (F32/BF16/F16) tensors of rank >= 2 whose K
 /// is a multiple of the block are candidates; by default embeddings, norms, lm_head, routers and
 /// gates, position tables and classifier/pooler heads stay high precision (`default_skips()`).

@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -151,31 +152,36 @@ json quantization_config(const ConvertOptions& o, const std::vector<std::string>
           {"ignore", ignored},
           {"producer", producer}};
     case Convention::CompressedTensors:
-      return {
-          {"quant_method", "compressed-tensors"},
-          {"format", o.format == CheckpointFormat::NVFP4   ? "nvfp4-pack-quantized"
-                     : o.format == CheckpointFormat::MXFP4 ? "mxfp4-pack-quantized"
-                                                           : "mxfp8-quantized"},
-          {"config_groups",
-           {{"group_0",
-             {{"targets", {"Linear"}},
-              {"weights",
-               {{"num_bits", fp4 ? 4 : 8},
-                {"type", "float"},
-                {"strategy", o.format == CheckpointFormat::NVFP4 ? "tensor_group" : "group"},
-                {"group_size", group},
-                {"symmetric", true},
-                {"dynamic", false},
-                {"scale_dtype", o.format == CheckpointFormat::NVFP4 ? "float8_e4m3fn" : "float8_e8m0fnu"}}},
-              {"input_activations", w4a4 ? json{{"num_bits", 4},
-                                                {"type", "float"},
-                                                {"strategy", "tensor_group"},
-                                                {"group_size", group},
-                                                {"symmetric", true},
-                                                {"dynamic", "local"}}
-                                         : json(nullptr)}}}}},
-          {"ignore", ignored},
-          {"producer", producer}};
+      return {{"quant_method", "compressed-tensors"},
+              // The weights are stored packed: transformers builds the packed layout only for a
+              // "compressed" status (the default, "initialized", expects dense weights).
+              {"quantization_status", "compressed"},
+              {"format", o.format == CheckpointFormat::NVFP4   ? "nvfp4-pack-quantized"
+                         : o.format == CheckpointFormat::MXFP4 ? "mxfp4-pack-quantized"
+                                                               : "mxfp8-quantized"},
+              {"config_groups",
+               {{"group_0",
+                 {{"targets", {"Linear"}},
+                  {"weights",
+                   {{"num_bits", fp4 ? 4 : 8},
+                    {"type", "float"},
+                    {"strategy", o.format == CheckpointFormat::NVFP4 ? "tensor_group" : "group"},
+                    {"group_size", group},
+                    {"symmetric", true},
+                    {"dynamic", false},
+                    // As compressed-tensors' presets serialize them: E8M0 scales are torch.uint8 (vLLM
+                    // takes MXFP8 only with that scale_dtype).
+                    {"scale_dtype",
+                     o.format == CheckpointFormat::NVFP4 ? "torch.float8_e4m3fn" : "torch.uint8"}}},
+                  {"input_activations", w4a4 ? json{{"num_bits", 4},
+                                                    {"type", "float"},
+                                                    {"strategy", "tensor_group"},
+                                                    {"group_size", group},
+                                                    {"symmetric", true},
+                                                    {"dynamic", "local"}}
+                                             : json(nullptr)}}}}},
+              {"ignore", ignored},
+              {"producer", producer}};
     case Convention::GptOss:
       return {{"quant_method", "mxfp4"}, {"modules_to_not_convert", ignored}, {"producer", producer}};
   }
@@ -312,7 +318,7 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
   if (w4a4 && o.format != CheckpointFormat::NVFP4) {
     throw Error("--calibration applies to nvfp4 (MX activations need no static scale)");
   }
-  const std::map<std::string, float> input_amax =
+  std::map<std::string, float> input_amax =
       w4a4 ? calibration_amaxes(o.calibration) : std::map<std::string, float>{};
   // The input's config.json, checked before anything is written: its quantization_config is set.
   json config = json::object();
@@ -355,6 +361,36 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
     }
   }
 
+  // NVFP4: the weights an engine fuses into one GEMM share its single global scale
+  // (fused_weight_groups), so each group is quantized with one amax, the max of its members'
+  // (found by a first read of those weights), and with a calibration file one input amax too.
+  // A group whose amax is Inf keeps each member's own (an override must be finite; a weight
+  // holding Inf is broken at any scale).
+  std::vector<std::optional<float>> weight_amax(ckpt.tensors().size());
+  if (o.format == CheckpointFormat::NVFP4) {
+    std::vector<std::string> names;
+    std::vector<size_t> tensor_of;  // names[j] is tensor tensor_of[j]
+    for (size_t i = 0; i < reports.size(); ++i) {
+      if (!reports[i].quantized) continue;
+      names.push_back(reports[i].name);
+      tensor_of.push_back(i);
+    }
+    for (const std::vector<size_t>& group : fused_weight_groups(names)) {
+      float amax = 0.0f, group_input_amax = 0.0f;
+      for (size_t j : group) {
+        const size_t i = tensor_of[j];
+        const Tensor x = to_f32_matrix(ckpt.shard(ckpt.tensors()[i].shard).view(reports[i].name));
+        for (int64_t e = 0; e < x.numel(); ++e) amax = max_abs_skipping_nan(amax, x.data_as<float>()[e]);
+        if (w4a4) group_input_amax = std::max(group_input_amax, input_amax.at(module_of(reports[i].name)));
+      }
+      for (size_t j : group) {
+        const size_t i = tensor_of[j];
+        if (std::isfinite(amax)) weight_amax[i] = amax;
+        if (w4a4) input_amax[module_of(reports[i].name)] = group_input_amax;
+      }
+    }
+  }
+
   // Write shard by shard, in the input's order.
   json weight_map = json::object();
   uint64_t total_size = 0;
@@ -379,9 +415,11 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
         r.bytes_after = e.nbytes;
       } else {
         const TensorView view = ckpt.shard(s).view(e.name);
+        QuantizeOptions tensor_options = qo;
+        tensor_options.amax_rowwise = weight_amax[i];  // its fused group's, if any
         QuantizedTensor q;
         try {
-          q = quantize(view, qo);
+          q = quantize(view, tensor_options);
         } catch (const Error& err) {
           throw Error("tensor '" + e.name + "': " + err.reason());
         }

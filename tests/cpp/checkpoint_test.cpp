@@ -517,3 +517,141 @@ TEST(Checkpoint, CalibrationWritesInputScales) {
 
 }  // namespace
 }  // namespace microscale
+
+namespace microscale {
+namespace {
+
+TEST(Checkpoint, FusedWeightGroups) {
+  const std::vector<std::string> names = {
+      "model.layers.0.self_attn.q_proj.weight",               // 0
+      "model.layers.0.self_attn.k_proj.weight",               // 1
+      "model.layers.0.self_attn.v_proj.weight",               // 2
+      "model.layers.0.self_attn.o_proj.weight",               // 3: fused with nothing
+      "model.layers.0.mlp.gate_proj.weight",                  // 4
+      "model.layers.0.mlp.up_proj.weight",                    // 5
+      "model.layers.1.mlp.up_proj.weight",                    // 6: its gate_proj is not here
+      "encoder.layer.0.attention.self.query.weight",          // 7
+      "encoder.layer.0.attention.self.key.weight",            // 8
+      "encoder.layer.0.attention.self.value.weight",          // 9
+      "model.layers.0.block_sparse_moe.experts.0.w1.weight",  // 10
+      "model.layers.0.block_sparse_moe.experts.0.w3.weight",  // 11
+      "model.layers.0.block_sparse_moe.experts.1.w1.weight",  // 12: another expert's w1
+      "model.layers.0.block_sparse_moe.experts.1.w3.weight",  // 13
+      "model.layers.0.block_sparse_moe.experts.0.w2.weight",  // 14
+      "model.layers.0.self_attn.q_a_proj.weight",             // 15
+      "model.layers.0.self_attn.kv_a_proj_with_mqa.weight",   // 16
+      "model.layers.1.self_attn.q_proj.weight",               // 17: another layer's
+      "model.layers.1.self_attn.k_proj.weight",               // 18
+      "model.layers.2.self_attn.q_proj.bias",                 // 19: not a weight
+      "model.layers.2.self_attn.k_proj.bias",                 // 20
+  };
+  std::vector<std::vector<size_t>> groups = fused_weight_groups(names);
+  std::sort(groups.begin(), groups.end());
+  const std::vector<std::vector<size_t>> expected = {{0, 1, 2}, {4, 5},   {7, 8, 9}, {10, 11},
+                                                     {12, 13},  {15, 16}, {17, 18}};
+  EXPECT_EQ(groups, expected);
+}
+
+// NVFP4: the q/k/v and gate/up weights an engine fuses share one global scale (the max of their
+// amaxes), and with a calibration file one input scale; every other weight keeps its own.
+TEST(Checkpoint, FusedLayersShareOneGlobalScale) {
+  const fs::path dir = fresh_dir("fused_in");
+  const std::string p = "model.layers.0.";
+  struct Weight {
+    std::string name;
+    float gain;  // the amaxes differ by these factors
+  };
+  const std::vector<Weight> weights = {
+      {p + "self_attn.q_proj.weight", 1.0f}, {p + "self_attn.k_proj.weight", 3.0f},
+      {p + "self_attn.v_proj.weight", 0.5f}, {p + "self_attn.o_proj.weight", 0.7f},
+      {p + "mlp.gate_proj.weight", 2.0f},    {p + "mlp.up_proj.weight", 0.3f}};
+  std::vector<Tensor> values;
+  std::vector<SafetensorsTensor> tensors;
+  std::vector<float> calibration_amax;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    Tensor t = random_tensor(DType::F32, {32, 64}, Fill::Normal, 40 + static_cast<uint32_t>(i));
+    for (int64_t e = 0; e < t.numel(); ++e) t.data_as<float>()[e] *= weights[i].gain;
+    values.push_back(t);
+    calibration_amax.push_back(1.0f + static_cast<float>(i));
+  }
+  for (size_t i = 0; i < weights.size(); ++i)
+    tensors.push_back({weights[i].name, "F32", values[i].shape(), values[i].data(), values[i].nbytes()});
+  write_safetensors((dir / "model.safetensors").string(), tensors);
+  const fs::path calib = fresh_dir("fused_calib") / "calibration.safetensors";
+  std::vector<SafetensorsTensor> amaxes;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const std::string module =
+        weights[i].name.substr(0, weights[i].name.size() - std::string(".weight").size());
+    amaxes.push_back({module + ".input_amax", "F32", {}, &calibration_amax[i], 4});
+  }
+  write_safetensors(calib.string(), amaxes);
+  const auto amax_of = [&](size_t i) {
+    float m = 0.0f;
+    for (int64_t e = 0; e < values[i].numel(); ++e)
+      m = std::fmax(m, std::fabs(values[i].data_as<float>()[e]));
+    return m;
+  };
+  // Groups {q, k, v}, {o}, {gate, up}: each member's expected amax and input amax.
+  const std::vector<std::vector<size_t>> groups = {{0, 1, 2}, {3}, {4, 5}};
+  std::vector<float> group_amax(weights.size()), group_input(weights.size());
+  for (const auto& group : groups) {
+    float m = 0.0f, in = 0.0f;
+    for (size_t i : group) m = std::fmax(m, amax_of(i)), in = std::fmax(in, calibration_amax[i]);
+    for (size_t i : group) group_amax[i] = m, group_input[i] = in;
+  }
+  for (Convention convention : {Convention::ModelOpt, Convention::CompressedTensors}) {
+    SCOPED_TRACE(convention_name(convention));
+    const bool ct = convention == Convention::CompressedTensors;
+    const fs::path out = fresh_dir(std::string("fused_out_") + convention_name(convention));
+    ConvertOptions o;
+    o.convention = convention;
+    o.calibration = calib.string();
+    convert_checkpoint(dir.string(), out.string(), o);
+    const Checkpoint q = Checkpoint::open(out.string());
+    const auto scalar = [&](const std::string& name) {
+      float v = 0.0f;
+      EXPECT_TRUE(q.contains(name)) << name;
+      if (q.contains(name)) std::memcpy(&v, q.at(name).data, 4);
+      return v;
+    };
+    for (size_t i = 0; i < weights.size(); ++i) {
+      const std::string& name = weights[i].name;
+      const std::string module = name.substr(0, name.size() - std::string(".weight").size());
+      SCOPED_TRACE(name);
+      // The bytes are those of the library's quantizer given the group's amax.
+      QuantizeOptions qo;
+      qo.amax_rowwise = group_amax[i];
+      const QuantizedTensor lib = quantize(values[i].view(), qo);
+      const std::string data_name = ct ? name + "_packed" : name;
+      ASSERT_TRUE(q.contains(data_name));
+      EXPECT_EQ(0, std::memcmp(q.at(data_name).data, lib.rowwise_data.data(), lib.rowwise_data.nbytes()));
+      EXPECT_EQ(
+          0, std::memcmp(q.at(name + "_scale").data, lib.rowwise_scale.data(), lib.rowwise_scale.nbytes()));
+      const float s_enc = 2688.0f / group_amax[i];
+      EXPECT_EQ(scalar(name + (ct ? "_global_scale" : "_scale_2")), ct ? s_enc : 1.0f / s_enc);
+      EXPECT_EQ(scalar(module + (ct ? ".input_global_scale" : ".input_scale")),
+                ct ? 2688.0f / group_input[i] : group_input[i] / 2688.0f);
+    }
+    const nlohmann::json config = nlohmann::json::parse(std::ifstream(out / "config.json"));
+    if (ct) {
+      EXPECT_EQ(config["quantization_config"]["quantization_status"], "compressed");
+      EXPECT_EQ(config["quantization_config"]["config_groups"]["group_0"]["weights"]["scale_dtype"],
+                "torch.float8_e4m3fn");
+    }
+  }
+  // MX formats have no global scale to share; compressed-tensors says their E8M0 scales are uint8.
+  for (CheckpointFormat format : {CheckpointFormat::MXFP8, CheckpointFormat::MXFP4}) {
+    const fs::path out = fresh_dir(std::string("fused_out_ct_") + checkpoint_format_name(format));
+    ConvertOptions o;
+    o.format = format;
+    o.convention = Convention::CompressedTensors;
+    convert_checkpoint(dir.string(), out.string(), o);
+    const nlohmann::json config = nlohmann::json::parse(std::ifstream(out / "config.json"));
+    EXPECT_EQ(config["quantization_config"]["quantization_status"], "compressed");
+    EXPECT_EQ(config["quantization_config"]["config_groups"]["group_0"]["weights"]["scale_dtype"],
+              "torch.uint8");
+  }
+}
+
+}  // namespace
+}  // namespace microscale
