@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job: set up and build, then quantize a real model on the CPU — the all-MiniLM-L6-v2
 # sentence-embedding model (fetched once by scripts/fetch_minilm.sh) — to NVFP4 (ModelOpt),
-# MXFP8 (ModelOpt) and MXFP4 (gpt-oss), printing each per-tensor report and a whole-model summary.
+# MXFP8 (ModelOpt) and MXFP4 (compressed-tensors), printing each per-tensor report and a whole-model summary.
 # Usage: bash scripts/demo.sh   (the README's main-job command)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +11,7 @@ model=build/models/all-MiniLM-L6-v2
 out=build/demo
 rm -rf "$out" && mkdir -p "$out"
 start=$SECONDS
-for spec in "nvfp4 modelopt" "mxfp8 modelopt" "mxfp4 gpt-oss"; do
+for spec in "nvfp4 modelopt" "mxfp8 modelopt" "mxfp4 compressed-tensors"; do
   set -- $spec
   echo
   echo "== microscale quantize $model --format $1 --convention $2"

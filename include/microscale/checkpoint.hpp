@@ -11,8 +11,9 @@
 //            p.weight_global_scale F32 [1] = S_enc (the inverse of ModelOpt's weight_scale_2)
 //     mxfp4: p.weight_packed U8 [N, K/2], p.weight_scale U8 (E8M0) [N, K/32]
 //     mxfp8: p.weight F8_E4M3 [N, K],  p.weight_scale U8 (E8M0) [N, K/32]
-//   gpt-oss (OpenAI gpt-oss / transformers `quant_method: mxfp4`)
-//     mxfp4: <T>_blocks U8 [N, K/32, 16], <T>_scales U8 (E8M0) [N, K/32], for the tensor name T
+//   gpt-oss (OpenAI gpt-oss / transformers `quant_method: mxfp4`): the MoE experts only
+//     mxfp4: <T>_blocks U8 [E, out, in/32, 16], <T>_scales U8 (E8M0) [E, out, in/32], for an
+//            expert weight T [E, in, out] (is_gpt_oss_expert_weight); the rest stays as it was
 // FP4 codes are packed two per byte, element 2j in the low nibble, in every convention.
 // NVFP4 activations also need a static global scale (W4A4): with a calibration file (the input
 // amax of each Linear, see ConvertOptions::calibration) ModelOpt gets p.input_scale F32 [] =
@@ -100,8 +101,13 @@ CheckpointFormat parse_checkpoint_format(const std::string& name);  ///< nvfp4 |
 Convention parse_convention(const std::string& name);  ///< modelopt | compressed-tensors | gpt-oss
 const char* checkpoint_format_name(CheckpointFormat f);
 const char* convention_name(Convention c);
-/// @brief The convention used when none is given: modelopt for nvfp4/mxfp8, gpt-oss for mxfp4.
-Convention default_convention(CheckpointFormat f);
+/// @brief A gpt-oss MoE expert weight as transformers lays it out, the only tensors the gpt-oss
+/// convention quantizes: `*.experts.gate_up_proj` [E, H, 2I] or `*.experts.down_proj` [E, I, H],
+/// that is [experts, in, out] (written as MXFP4 blocks along `in`: `_blocks` [E, out, in/32, 16]).
+bool is_gpt_oss_expert_weight(const std::string& name, const std::vector<int64_t>& shape);
+/// @brief The convention used when none is given: modelopt for nvfp4 and mxfp8; for mxfp4 gpt-oss
+/// when `input` holds gpt-oss expert weights (is_gpt_oss_expert_weight), else compressed-tensors.
+Convention default_convention(CheckpointFormat f, const Checkpoint& input);
 /// @brief Throws microscale::Error when a convention has no layout for a format.
 void check_supported(CheckpointFormat f, Convention c);
 
@@ -170,7 +176,7 @@ struct DetectedWeight {
   std::string name;  ///< the original weight name (p.weight, or T for gpt-oss)
   CheckpointFormat format;
   Convention convention;
-  Tensor values;  ///< f32
+  Tensor values;  ///< f32, the original shape (gpt-oss experts as transformers has them: [E, in, out])
 };
 
 /// @brief Finds every quantized weight of a checkpoint in any supported convention and

@@ -2,6 +2,7 @@
 // then quantize and stream one tensor at a time (a checkpoint larger than memory converts).
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -51,7 +52,14 @@ std::vector<int64_t> with_last(std::vector<int64_t> shape, std::vector<int64_t> 
   return shape;
 }
 
+// [..., a, b] -> [..., b, a]
+std::vector<int64_t> swap_last_two(std::vector<int64_t> shape) {
+  std::swap(shape[shape.size() - 1], shape[shape.size() - 2]);
+  return shape;
+}
+
 // The tensors a quantized weight `name` [..., N, K] becomes (see checkpoint.hpp), in write order.
+// gpt-oss: an expert weight [E, in, out] (is_gpt_oss_expert_weight), stored along `in`.
 std::vector<OutputSpec> quantized_specs(const std::string& name, const std::vector<int64_t>& shape,
                                         CheckpointFormat f, Convention c) {
   const int64_t k = shape.back();
@@ -70,8 +78,10 @@ std::vector<OutputSpec> quantized_specs(const std::string& name, const std::vect
       return {{name, "F8_E4M3", shape}, {name + "_scale", "U8", with_last(shape, {k / 32})}};
     case CheckpointFormat::MXFP4:
       if (c == Convention::GptOss) {
-        return {{name + "_blocks", "U8", with_last(shape, {k / 32, 16})},
-                {name + "_scales", "U8", with_last(shape, {k / 32})}};
+        const std::vector<int64_t> out_in = swap_last_two(shape);  // [E, out, in]
+        const int64_t in = out_in.back();
+        return {{name + "_blocks", "U8", with_last(out_in, {in / 32, 16})},
+                {name + "_scales", "U8", with_last(out_in, {in / 32})}};
       }
       return {{name + "_packed", "U8", with_last(shape, {k / 2})},
               {name + "_scale", "U8", with_last(shape, {k / 32})}};
@@ -86,6 +96,37 @@ std::string module_of(const std::string& weight_name) {
     return weight_name.substr(0, weight_name.size() - suffix.size());
   }
   return weight_name;
+}
+
+// A gpt-oss expert weight w [E, in, out] quantized as E weights [out, in], each expert's slice read
+// transposed (a strided view, no copy): rowwise data [E * out, in/2] and scales [E * out, in/32],
+// which are the bytes of _blocks [E, out, in/32, 16] and _scales [E, out, in/32]. `errors` gets
+// each expert's dequantized values against its slice.
+QuantizedTensor quantize_gpt_oss_experts(const TensorView& w, const QuantizeOptions& o,
+                                         ErrorAccumulator& errors) {
+  const int64_t experts = w.shape[0], in = w.shape[1], out = w.shape[2];
+  QuantizedTensor all;
+  all.scheme = o.scheme;
+  all.rows = experts * out;
+  all.cols = in;
+  all.shape = {experts * out, in};
+  all.rowwise_data = Tensor(DType::U8, {experts * out, in / 2});
+  all.rowwise_scale = Tensor(DType::U8, {experts * out, in / 32});
+  for (int64_t e = 0; e < experts; ++e) {
+    TensorView slice = w;
+    slice.data = static_cast<std::byte*>(w.data) + e * in * out * static_cast<int64_t>(dtype_size(w.dtype));
+    slice.shape = {out, in};
+    slice.strides = {1, out};  // [out, in] of the [in, out] slice
+    const QuantizedTensor q = quantize(slice, o);
+    std::memcpy(all.rowwise_data.data_as<uint8_t>() + e * q.rowwise_data.nbytes(), q.rowwise_data.data(),
+                q.rowwise_data.nbytes());
+    std::memcpy(all.rowwise_scale.data_as<uint8_t>() + e * q.rowwise_scale.nbytes(), q.rowwise_scale.data(),
+                q.rowwise_scale.nbytes());
+    const Tensor deq = dequantize(q, Usage::Rowwise, DType::F32);
+    const Tensor ref = to_f32_matrix(slice);
+    errors.add(ref.data_as<float>(), deq.data_as<float>(), ref.numel());
+  }
+  return all;
 }
 
 constexpr float kMinCalibrationAmax = 2688.0f * std::numeric_limits<float>::min();
@@ -335,6 +376,9 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
   std::vector<TensorReport> reports(ckpt.tensors().size());
   std::vector<std::vector<OutputSpec>> outputs(ckpt.tensors().size());
   std::vector<std::string> ignored;
+  // gpt-oss MXFP4 holds gpt-oss's MoE experts only, whose K (their `in`) is the middle dim.
+  const bool gpt_oss = o.convention == Convention::GptOss;
+  bool any_expert = false;
   for (size_t i = 0; i < ckpt.tensors().size(); ++i) {
     const SafetensorsEntry& e = *ckpt.tensors()[i].tensor;
     TensorReport& r = reports[i];
@@ -342,7 +386,12 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
     r.shape = e.shape;
     r.dtype = e.dtype;
     r.bytes_before = e.nbytes;
-    r.kept_because = o.rules.keep_reason(e.name, e.dtype, e.shape, block);
+    const bool expert = gpt_oss && is_gpt_oss_expert_weight(e.name, e.shape);
+    any_expert |= expert;
+    r.kept_because =
+        gpt_oss && !expert
+            ? "not a gpt-oss MoE expert weight"
+            : o.rules.keep_reason(e.name, e.dtype, expert ? swap_last_two(e.shape) : e.shape, block);
     r.quantized = r.kept_because.empty();
     if (r.quantized) {
       outputs[i] = quantized_specs(e.name, e.shape, o.format, o.convention);
@@ -359,6 +408,13 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
       outputs[i] = {{e.name, e.dtype, e.shape}};
       if (e.shape.size() >= 2) ignored.push_back(module_of(e.name));
     }
+  }
+
+  if (gpt_oss && !any_expert) {
+    throw Error(
+        "the gpt-oss convention holds gpt-oss's MoE experts (*.experts.gate_up_proj and "
+        "*.experts.down_proj, [experts, in, out]) and '" +
+        input + "' has none; MXFP4 of other models: the compressed-tensors convention");
   }
 
   // NVFP4: the weights an engine fuses into one GEMM share its single global scale
@@ -418,14 +474,20 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
         QuantizeOptions tensor_options = qo;
         tensor_options.amax_rowwise = weight_amax[i];  // its fused group's, if any
         QuantizedTensor q;
+        ErrorAccumulator errors;
         try {
-          q = quantize(view, tensor_options);
+          if (gpt_oss) {
+            q = quantize_gpt_oss_experts(view, tensor_options, errors);
+          } else {
+            q = quantize(view, tensor_options);
+            const Tensor deq = dequantize(q, Usage::Rowwise, DType::F32);
+            const Tensor ref = to_f32_matrix(view);
+            errors.add(ref.data_as<float>(), deq.data_as<float>(), ref.numel());
+          }
         } catch (const Error& err) {
           throw Error("tensor '" + e.name + "': " + err.reason());
         }
-        const Tensor deq = dequantize(q, Usage::Rowwise, DType::F32);
-        const Tensor ref = to_f32_matrix(view);
-        const ErrorStats stats = error_stats(ref.data_as<float>(), deq.data_as<float>(), ref.numel());
+        const ErrorStats stats = errors.result();
         r.sqnr_db = stats.sqnr_db;
         r.max_abs_error = stats.max_abs_error;
         const std::vector<OutputSpec>& specs = outputs[i];

@@ -77,6 +77,20 @@ std::vector<int64_t> fp4_logical_shape(const SafetensorsEntry& e) {
 
 bool is_fp4_storage(const SafetensorsEntry& e) { return e.dtype == "U8" || e.dtype == "F4"; }
 
+// f32 [E, R, C] -> [E, C, R]
+Tensor transpose_last_two(const Tensor& t) {
+  const int64_t batches = t.shape()[0], rows = t.shape()[1], cols = t.shape()[2];
+  Tensor out(DType::F32, {batches, cols, rows});
+  const float* src = t.data_as<float>();
+  float* dst = out.data_as<float>();
+  for (int64_t b = 0; b < batches; ++b) {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) dst[(b * cols + c) * rows + r] = src[(b * rows + r) * cols + c];
+    }
+  }
+  return out;
+}
+
 Convention mxfp8_convention(const Checkpoint& c) {
   if (c.config_json().find("compressed-tensors") != std::string::npos) return Convention::CompressedTensors;
   return Convention::ModelOpt;
@@ -91,14 +105,16 @@ std::vector<DetectedWeight> read_quantized_weights(const Checkpoint& c) {
     const SafetensorsEntry& e = *entry.tensor;
     const std::string& n = e.name;
     if (ends_with(n, "_blocks") && c.contains(n.substr(0, n.size() - 7) + "_scales")) {
-      // gpt-oss MXFP4: <T>_blocks [.., N, K/32, 16], <T>_scales [.., N, K/32]
+      // gpt-oss MXFP4: <T>_blocks [.., N, K/32, 16], <T>_scales [.., N, K/32]; experts' [E, out,
+      // in/32, 16] go back to transformers' [E, in, out], as its loader transposes them.
       const std::string base = n.substr(0, n.size() - 7);
       if (e.dtype != "U8" || e.shape.size() < 2 || e.shape.back() != 16)
         throw Error("'" + n + "' is not gpt-oss MXFP4 blocks");
       std::vector<int64_t> shape(e.shape.begin(), e.shape.end() - 2);
       shape.push_back(checked_product(e.shape[e.shape.size() - 2], 32, n));
-      found.push_back({base, CheckpointFormat::MXFP4, Convention::GptOss,
-                       dequantize_blocks(e, true, c.at(base + "_scales"), 32, shape, e8m0)});
+      Tensor values = dequantize_blocks(e, true, c.at(base + "_scales"), 32, shape, e8m0);
+      if (values.shape().size() == 3) values = transpose_last_two(values);
+      found.push_back({base, CheckpointFormat::MXFP4, Convention::GptOss, std::move(values)});
     } else if (ends_with(n, "_packed") && c.contains(n.substr(0, n.size() - 7) + "_scale")) {
       // compressed-tensors NVFP4 (with a global scale) or MXFP4
       const std::string base = n.substr(0, n.size() - 7);

@@ -39,8 +39,20 @@ const char* convention_name(Convention c) {
   return "?";
 }
 
-Convention default_convention(CheckpointFormat f) {
-  return f == CheckpointFormat::MXFP4 ? Convention::GptOss : Convention::ModelOpt;
+bool is_gpt_oss_expert_weight(const std::string& name, const std::vector<int64_t>& shape) {
+  const auto ends_with = [&](const std::string& suffix) {
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  return shape.size() == 3 && (ends_with(".experts.gate_up_proj") || ends_with(".experts.down_proj"));
+}
+
+Convention default_convention(CheckpointFormat f, const Checkpoint& input) {
+  if (f != CheckpointFormat::MXFP4) return Convention::ModelOpt;
+  for (const Checkpoint::Entry& entry : input.tensors()) {
+    if (is_gpt_oss_expert_weight(entry.tensor->name, entry.tensor->shape)) return Convention::GptOss;
+  }
+  return Convention::CompressedTensors;
 }
 
 void check_supported(CheckpointFormat f, Convention c) {

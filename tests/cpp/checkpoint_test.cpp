@@ -328,8 +328,8 @@ TEST(Checkpoint, RoundTripEveryConvention) {
                           {CheckpointFormat::MXFP8, Convention::ModelOpt},
                           {CheckpointFormat::NVFP4, Convention::CompressedTensors},
                           {CheckpointFormat::MXFP8, Convention::CompressedTensors},
-                          {CheckpointFormat::MXFP4, Convention::CompressedTensors},
-                          {CheckpointFormat::MXFP4, Convention::GptOss}};
+                          {CheckpointFormat::MXFP4, Convention::CompressedTensors}};
+  // gpt-oss (the MoE experts only): GptOssQuantizesTheExpertsAlongTheirInput.
   const fs::path model = make_model("roundtrip_in");
   const Checkpoint original = Checkpoint::open(model.string());
   for (const Combo& combo : combos) {
@@ -650,6 +650,85 @@ TEST(Checkpoint, FusedLayersShareOneGlobalScale) {
     EXPECT_EQ(config["quantization_config"]["quantization_status"], "compressed");
     EXPECT_EQ(config["quantization_config"]["config_groups"]["group_0"]["weights"]["scale_dtype"],
               "torch.uint8");
+  }
+}
+
+}  // namespace
+}  // namespace microscale
+
+namespace microscale {
+namespace {
+
+// gpt-oss MXFP4 holds the MoE experts only, in transformers' layout [E, in, out], stored as blocks
+// along `in`: _blocks [E, out, in/32, 16], _scales [E, out, in/32]; the rest stays as it was.
+TEST(Checkpoint, GptOssQuantizesTheExpertsAlongTheirInput) {
+  const fs::path model = make_model("gptoss_in");  // experts.gate_up_proj [2, 32, 64] among others
+  const Checkpoint original = Checkpoint::open(model.string());
+  EXPECT_EQ(default_convention(CheckpointFormat::MXFP4, original), Convention::GptOss);
+  EXPECT_EQ(default_convention(CheckpointFormat::NVFP4, original), Convention::ModelOpt);
+  EXPECT_EQ(default_convention(CheckpointFormat::MXFP8, original), Convention::ModelOpt);
+  const fs::path out = fresh_dir("gptoss_out");
+  ConvertOptions o;
+  o.format = CheckpointFormat::MXFP4;
+  o.convention = Convention::GptOss;
+  const std::vector<TensorReport> reports = convert_checkpoint(model.string(), out.string(), o);
+  const Checkpoint q = Checkpoint::open(out.string());
+  const std::string experts = "model.layers.0.mlp.experts.gate_up_proj";
+  for (const TensorReport& r : reports) EXPECT_EQ(r.quantized, r.name == experts) << r.name;
+  // Every other tensor, the dense Linear weights too, is byte-identical.
+  for (const char* kept : {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.up_proj.weight",
+                           "model.embed_tokens.weight", "position_ids"}) {
+    ASSERT_TRUE(q.contains(kept)) << kept;
+    EXPECT_EQ(0, std::memcmp(q.at(kept).data, original.at(kept).data, original.at(kept).nbytes)) << kept;
+  }
+  ASSERT_TRUE(q.contains(experts + "_blocks"));
+  EXPECT_EQ(q.at(experts + "_blocks").shape, (std::vector<int64_t>{2, 64, 1, 16}));
+  EXPECT_EQ(q.at(experts + "_scales").shape, (std::vector<int64_t>{2, 64, 1}));
+  // Each expert [in, out] is the weight [out, in] transposed: its blocks are those of the library's
+  // MXFP4 of that weight, and the values read back come out in the input's [E, in, out].
+  const TensorView src = original.shard(1).view(experts);
+  const Tensor x = to_f32_matrix(src);  // [E * in, out]
+  const int64_t in = 32, out_dim = 64;
+  const std::vector<DetectedWeight> weights = read_quantized_weights(q);
+  ASSERT_EQ(weights.size(), 1u);
+  ASSERT_EQ(weights[0].values.shape(), src.shape);
+  for (int64_t e = 0; e < 2; ++e) {
+    Tensor w(DType::F32, {out_dim, in});  // expert e as [out, in], contiguous
+    for (int64_t i = 0; i < in; ++i) {
+      for (int64_t j = 0; j < out_dim; ++j)
+        w.data_as<float>()[j * in + i] = x.data_as<float>()[(e * in + i) * out_dim + j];
+    }
+    QuantizeOptions qo;
+    qo.scheme = Scheme::MXFP4;
+    const QuantizedTensor lib = quantize(w.view(), qo);
+    EXPECT_EQ(0, std::memcmp(
+                     reinterpret_cast<const uint8_t*>(q.at(experts + "_blocks").data) + e * out_dim * in / 2,
+                     lib.rowwise_data.data(), lib.rowwise_data.nbytes()));
+    const Tensor expected = dequantize(lib, Usage::Rowwise, DType::F32);  // [out, in]
+    int64_t bad = 0;
+    for (int64_t i = 0; i < in; ++i) {
+      for (int64_t j = 0; j < out_dim; ++j) {
+        bad += weights[0].values.data_as<float>()[(e * in + i) * out_dim + j] !=
+               expected.data_as<float>()[j * in + i];
+      }
+    }
+    EXPECT_EQ(bad, 0) << "expert " << e;
+  }
+  const nlohmann::json config = nlohmann::json::parse(std::ifstream(out / "config.json"));
+  EXPECT_EQ(config["quantization_config"]["quant_method"], "mxfp4");
+  // A model without gpt-oss experts has nothing for this convention: an error, not a checkpoint
+  // no engine loads; its MXFP4 default is compressed-tensors.
+  const fs::path dense = fresh_dir("gptoss_dense_in");
+  const Tensor w = random_tensor(DType::BF16, {64, 64}, Fill::Normal, 7);
+  write_safetensors((dense / "model.safetensors").string(),
+                    {{"model.layers.0.mlp.up_proj.weight", "BF16", w.shape(), w.data(), w.nbytes()}});
+  EXPECT_EQ(default_convention(CheckpointFormat::MXFP4, Checkpoint::open(dense.string())),
+            Convention::CompressedTensors);
+  try {
+    convert_checkpoint(dense.string(), fresh_dir("gptoss_dense_out").string(), o);
+    ADD_FAILURE() << "gpt-oss accepted a model without experts";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has none"), std::string::npos) << e.what();
   }
 }
 

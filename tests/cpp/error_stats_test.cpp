@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 namespace microscale {
 namespace {
@@ -19,6 +20,18 @@ TEST(ErrorStats, AFiniteValueLostToNaNIsNotHidden) {
   s = error_stats(ref, lost, 4);  // 2.0 came back NaN (an MX block with a NaN)
   EXPECT_TRUE(std::isnan(s.max_abs_error));
   EXPECT_TRUE(std::isnan(s.sqnr_db));
+}
+
+TEST(ErrorStats, AddsUpOverParts) {
+  const std::vector<float> ref = {1.0f, -2.0f, 3.0f, 0.5f, INFINITY, 4.0f};
+  const std::vector<float> x = {1.1f, -2.0f, 2.5f, 0.5f, 0.0f, 3.0f};
+  ErrorAccumulator parts;
+  parts.add(ref.data(), x.data(), 2);
+  parts.add(ref.data() + 2, x.data() + 2, 4);
+  const ErrorStats whole = error_stats(ref.data(), x.data(), 6);
+  EXPECT_EQ(parts.result().sqnr_db, whole.sqnr_db);
+  EXPECT_EQ(parts.result().max_abs_error, whole.max_abs_error);
+  EXPECT_EQ(whole.max_abs_error, 1.0);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 * safetensors: our files load with the reference reader, and its files load with ours.
 * numpy: dequantizing our bytes by the documented layout reconstructs the input.
 """
+import json
 import os
 import subprocess
 
@@ -114,7 +115,7 @@ def test_bad_input_exits_non_zero(tmp_path):
 
 
 @pytest.mark.parametrize("fmt,convention", [("nvfp4", "modelopt"), ("nvfp4", "compressed-tensors"),
-                                            ("mxfp8", "modelopt"), ("mxfp4", "gpt-oss")])
+                                            ("mxfp8", "modelopt"), ("mxfp4", "compressed-tensors")])
 def test_quantized_checkpoints_load_with_safetensors_and_match_the_convention(tmp_path, fmt, convention):
     rng = np.random.default_rng(3)
     w = (0.05 * rng.standard_normal((128, 256))).astype(ml_dtypes.bfloat16)
@@ -140,10 +141,44 @@ def test_quantized_checkpoints_load_with_safetensors_and_match_the_convention(tm
         deq = t[p].view(ml_dtypes.float8_e4m3fn).astype(np.float64) * np.repeat(
             2.0 ** (t[p + "_scale"].astype(np.float64) - 127), 32, axis=1)
     else:
-        blocks = t[p + "_blocks"]
-        assert blocks.shape == (128, 8, 16)
-        codes = np.stack([blocks & 0xF, blocks >> 4], axis=-1).reshape(128, 256)
-        deq = e2m1[codes] * np.repeat(2.0 ** (t[p + "_scales"].astype(np.float64) - 127), 32, axis=1)
+        packed = t[p + "_packed"]
+        assert packed.shape == (128, 128)
+        codes = np.stack([packed & 0xF, packed >> 4], axis=-1).reshape(128, 256)
+        deq = e2m1[codes] * np.repeat(2.0 ** (t[p + "_scale"].astype(np.float64) - 127), 32, axis=1)
     sqnr = 10 * np.log10(np.sum(x ** 2) / np.sum((x - deq) ** 2))
     assert sqnr > (25 if fmt == "mxfp8" else 12), sqnr
     np.testing.assert_array_equal(t["layers.0.norm.weight"], np.ones(256, np.float32))  # kept as is
+
+
+def test_gpt_oss_experts_decode_as_transformers_reads_them(tmp_path):
+    # gpt-oss keeps its MoE experts as [E, in, out] (transformers' GptOssExperts); the MXFP4
+    # checkpoint stores each expert's [out, in] weight in blocks of 32 along `in`, and transformers'
+    # loader decodes _blocks/_scales to [E, out, in] and transposes back. The rest stays as it was.
+    rng = np.random.default_rng(5)
+    experts, hidden, inter2 = 2, 64, 96
+    gate_up = (0.05 * rng.standard_normal((experts, hidden, inter2))).astype(ml_dtypes.bfloat16)
+    bias = rng.standard_normal((experts, inter2)).astype(ml_dtypes.bfloat16)
+    q_proj = (0.05 * rng.standard_normal((hidden, hidden))).astype(ml_dtypes.bfloat16)
+    model = tmp_path / "model"
+    model.mkdir()
+    p = "model.layers.0.mlp.experts.gate_up_proj"
+    save_file({p: gate_up, p + "_bias": bias, "model.layers.0.self_attn.q_proj.weight": q_proj},
+              str(model / "model.safetensors"))
+    (model / "config.json").write_text('{"model_type": "gpt_oss"}')
+    out = tmp_path / "out"
+    result = run_cli("quantize", str(model), "-o", str(out), "--format", "mxfp4", "-q")  # gpt-oss: the default here
+    assert result.returncode == 0, result.stderr
+    t = load_raw(out / "model.safetensors")
+    blocks, scales = t[p + "_blocks"], t[p + "_scales"]
+    assert blocks.shape == (experts, inter2, hidden // 32, 16) and scales.shape == (experts, inter2, hidden // 32)
+    e2m1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
+    codes = np.stack([blocks & 0xF, blocks >> 4], axis=-1).reshape(experts, inter2, hidden)
+    deq = e2m1[codes] * np.repeat(2.0 ** (scales.astype(np.float64) - 127), 32, axis=2)
+    x = gate_up.astype(np.float64)
+    deq = deq.transpose(0, 2, 1)  # back to [E, in, out]
+    sqnr = 10 * np.log10(np.sum(x ** 2) / np.sum((x - deq) ** 2))
+    assert sqnr > 12, sqnr
+    np.testing.assert_array_equal(t[p + "_bias"], bias)  # kept as they were
+    np.testing.assert_array_equal(t["model.layers.0.self_attn.q_proj.weight"], q_proj)
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "mxfp4"
