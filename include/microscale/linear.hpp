@@ -1,6 +1,9 @@
 // microscale/linear.hpp — the quantized Linear layer: y = x W^T + b, forward and backward.
 //
-// x: [..., K] (f32/bf16/f16, leading dims folded into M), W: [N, K], b: [N], y: [..., N] f32.
+// x: [..., K] (f32/bf16/f16, leading dims folded into M), W: [N, K], b: [N], y: [..., N] in x's
+// dtype. As in TransformerEngine, each GEMM accumulates in fp32, adds the bias, and rounds once to
+// its output dtype: y to x's, dx and db to dy's, a returned dW to x's (dW added into an fp32
+// main_grad stays fp32).
 //
 // linear_forward quantizes x and W under the recipe (recipe.hpp) and runs the fprop GEMM
 //   y = x.rowwise * W.rowwise^T          (TE layout "TN"; blocks along K)
@@ -12,8 +15,8 @@
 //   dgrad  dx = dy.rowwise * (W.columnwise)^T        (layout "NN"; blocks along N)
 //   wgrad  dW = dy.columnwise * (x.columnwise)^T     (layout "NT"; blocks along M; RHT on both)
 //   bgrad  db = sum over rows of dy (fp32, from the unquantized dy)
-// The RHT is defined on bf16 tensors (as in TE): under an RHT recipe an f32/f16 x or dy is rounded
-// to bf16 before it is quantized.
+// The RHT is defined on bf16 tensors (as in TE, which takes bf16 only there): under an RHT recipe
+// an f32/f16 x or dy is rounded to bf16 before it is quantized, in training and inference alike.
 // Rule for weight gradients: with `main_grad` (fp32 [N, K]) dW is ADDED into it (+=), as TE's
 // fuse_wgrad_accumulation does across micro-batches; otherwise it is returned (=).
 #pragma once
@@ -34,6 +37,7 @@ struct LinearSaved {
   Tensor input_f32;        ///< HighPrecision: x as f32 [M, K]
   Tensor weight_f32;       ///< HighPrecision: W as f32 [N, K]
   std::vector<int64_t> input_shape;
+  DType input_dtype = DType::F32;  ///< x's: the dtype of a returned weight gradient
   int64_t m = 0, k = 0, n = 0;
 };
 
@@ -45,9 +49,9 @@ struct LinearBackwardOptions {
 };
 
 struct LinearGrads {
-  Tensor grad_input;   ///< [..., K] f32, the shape of x
-  Tensor grad_weight;  ///< [N, K] f32 (undefined when accumulated into main_grad)
-  Tensor grad_bias;    ///< [N] f32
+  Tensor grad_input;   ///< [..., K] in dy's dtype, the shape of x
+  Tensor grad_weight;  ///< [N, K] in x's dtype (undefined when accumulated into main_grad)
+  Tensor grad_bias;    ///< [N] in dy's dtype (the unquantized dy's column sums)
 };
 
 /// @brief y = x W^T (+ bias) under `recipe`; fills `saved` when given (training).
@@ -91,7 +95,7 @@ class Linear {
   uint64_t backward_calls_ = 0;
   int64_t weight_version_ = 0;
   int64_t cached_version_ = -1;
-  std::string cached_recipe_;
+  std::optional<QuantizeOptions> cached_options_;  ///< what cached_weight_ was quantized with
   QuantizedTensor cached_weight_;
   int64_t weight_quantizations_ = 0;
   LinearSaved saved_;

@@ -2,8 +2,10 @@
 #include "microscale/linear.hpp"
 
 #include <cmath>
+#include <optional>
 #include <random>
 #include <string>
+#include <utility>
 
 #include "core/fp_environment.hpp"
 #include "core/input_matrix.hpp"
@@ -34,12 +36,14 @@ TensorView folded(const TensorView& x, int64_t m, int64_t k) {
 bool is_high_precision(const Recipe& r) { return std::holds_alternative<HighPrecision>(r); }
 
 // The RHT is defined on bf16 tensors only (as in TransformerEngine, whose NVFP4 training runs in
-// bf16): under an RHT recipe an f32/f16 activation or gradient is rounded to bf16 first.
-// Returns the tensor to quantize ([rows, cols] view) and keeps the bf16 copy alive in `storage`.
+// bf16): under an RHT recipe an f32/f16 activation or gradient is rounded to bf16 first, for both
+// usages, so that a forward quantizes x alike whether or not it trains (the RHT serves its
+// columnwise copy only). Returns the tensor to quantize ([rows, cols] view) and keeps the bf16
+// copy alive in `storage`.
 TensorView rht_ready(const TensorView& x, int64_t rows, int64_t cols, const QuantizeOptions& o,
                      Tensor& storage) {
   TensorView v = folded(x, rows, cols);
-  if (!o.rht || !o.columnwise || v.dtype == DType::BF16) return v;
+  if (!o.rht || v.dtype == DType::BF16) return v;
   const InputMatrix im = make_input_matrix(v);
   storage = Tensor(DType::BF16, {rows, cols});
   auto* out = storage.data_as<uint16_t>();
@@ -47,6 +51,36 @@ TensorView rht_ready(const TensorView& x, int64_t rows, int64_t cols, const Quan
     for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = float_to_bf16(im.at(r, c));
   }
   return storage.view();
+}
+
+// The sums of the unquantized dy over its rows ([M, N] -> [N]), in `dtype` (as TransformerEngine
+// gives the bias gradient in dy's dtype): in double, rounded to fp32, then to `dtype`.
+Tensor column_sums(const InputMatrix& dy, DType dtype) {
+  Tensor out(dtype, {dy.cols});
+  for (int64_t j = 0; j < dy.cols; ++j) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < dy.rows; ++i) sum += dy.at(i, j);
+    const float value = static_cast<float>(sum);
+    switch (dtype) {
+      case DType::BF16: out.data_as<uint16_t>()[j] = float_to_bf16(value); break;
+      case DType::F16: out.data_as<uint16_t>()[j] = float_to_half(value); break;
+      default: out.data_as<float>()[j] = value; break;
+    }
+  }
+  return out;
+}
+
+// Whether two option sets quantize a tensor to the same bytes (what Linear's weight cache needs).
+bool same_quantization(const QuantizeOptions& a, const QuantizeOptions& b) {
+  const auto sr = [](const QuantizeOptions& o) {
+    return o.stochastic_rounding
+               ? std::optional(std::pair(o.stochastic_rounding->seed, o.stochastic_rounding->offset))
+               : std::nullopt;
+  };
+  return a.scheme == b.scheme && a.rowwise == b.rowwise && a.columnwise == b.columnwise &&
+         a.scale_mode == b.scale_mode && a.tile == b.tile && a.rht == b.rht &&
+         a.rht_sign_mask == b.rht_sign_mask && sr(a) == sr(b) && a.amax_rowwise == b.amax_rowwise &&
+         a.amax_columnwise == b.amax_columnwise && a.scale_layout == b.scale_layout;
 }
 
 // quantize() of one of the layer's tensors; its errors say which tensor ("weight: ...").
@@ -73,6 +107,7 @@ Tensor linear_forward(const TensorView& x, const TensorView& weight, const std::
   const int64_t m = xm.rows, k = xm.cols, n = wm.rows;
   GemmProblem problem;
   if (bias) problem.bias = *bias;
+  problem.out_dtype = x.dtype;  // y in the activation's dtype, rounded once (TE's fprop)
 
   Tensor y;
   if (is_high_precision(recipe)) {
@@ -109,6 +144,7 @@ Tensor linear_forward(const TensorView& x, const TensorView& weight, const std::
   }
   if (saved) {
     saved->recipe = recipe;
+    saved->input_dtype = x.dtype;
     saved->input_shape = x.shape;
     saved->m = m;
     saved->k = k;
@@ -136,24 +172,28 @@ LinearGrads linear_backward(const TensorView& grad_output, const LinearSaved& sa
   }
   const Recipe& recipe = *saved.recipe;
   LinearGrads grads;
-  GemmProblem wgrad_problem;
+  // dx in dy's dtype, a returned dW in the activation's (TE's dgrad and wgrad outputs).
+  GemmProblem dgrad_problem, wgrad_problem;
+  dgrad_problem.out_dtype = grad_output.dtype;
+  wgrad_problem.out_dtype = saved.input_dtype;
   if (options.main_grad) {  // dW += into main_grad: D = 1 * dW + 1 * C with C = D = main_grad
     wgrad_problem.c = *options.main_grad;
     wgrad_problem.beta = 1.0f;
+    wgrad_problem.out_dtype = DType::F32;
   }
 
   if (is_high_precision(recipe)) {
     const Tensor dy = to_f32_matrix(grad_output);
     if (options.compute_grad_input) {
-      grads.grad_input =
-          gemm(GemmOperand::from_dense(dy.view()), GemmOperand::from_dense(transposed(saved.weight_f32)));
+      grads.grad_input = gemm(GemmOperand::from_dense(dy.view()),
+                              GemmOperand::from_dense(transposed(saved.weight_f32)), dgrad_problem);
     }
     const GemmOperand a = GemmOperand::from_dense(transposed(dy)),
                       b = GemmOperand::from_dense(transposed(saved.input_f32));
     if (options.main_grad) {
       gemm_into(a, b, wgrad_problem, *options.main_grad);
     } else {
-      grads.grad_weight = gemm(a, b);
+      grads.grad_weight = gemm(a, b, wgrad_problem);
     }
   } else {
     const QuantizeOptions go = *quantize_options(recipe, TensorRole::GradOutput, options.stochastic_rounding);
@@ -162,25 +202,17 @@ LinearGrads linear_backward(const TensorView& grad_output, const LinearSaved& sa
         quantize_operand(rht_ready(grad_output, saved.m, saved.n, go, dy_bf16), go, "grad_output");
     if (options.compute_grad_input) {
       const auto [first, second] = te_gemm_operands(saved.weight, dyq, "NN");  // dx = dy W
-      grads.grad_input = gemm(first, second);
+      grads.grad_input = gemm(first, second, dgrad_problem);
     }
     const auto [first, second] = te_gemm_operands(saved.input, dyq, "NT");  // dW = dy^T x
     if (options.main_grad) {
       gemm_into(first, second, wgrad_problem, *options.main_grad);
     } else {
-      grads.grad_weight = gemm(first, second);
+      grads.grad_weight = gemm(first, second, wgrad_problem);
     }
   }
   if (grads.grad_input.defined()) grads.grad_input = grads.grad_input.reshaped(saved.input_shape);
-  if (options.compute_grad_bias) {
-    grads.grad_bias = Tensor(DType::F32, {saved.n});
-    float* db = grads.grad_bias.data_as<float>();
-    for (int64_t j = 0; j < saved.n; ++j) {
-      double sum = 0.0;  // over rows of the unquantized dy
-      for (int64_t i = 0; i < saved.m; ++i) sum += dym.at(i, j);
-      db[j] = static_cast<float>(sum);
-    }
-  }
+  if (options.compute_grad_bias) grads.grad_bias = column_sums(dym, grad_output.dtype);
   return grads;
 }
 
@@ -205,11 +237,14 @@ Tensor Linear::forward(const TensorView& x) {
   const Recipe recipe = current_recipe();
   const QuantizedTensor* cached = nullptr;
   if (!std::holds_alternative<HighPrecision>(recipe)) {
-    if (cached_version_ != weight_version_ || cached_recipe_ != recipe_name(recipe)) {
-      cached_weight_ =
-          quantize_operand(weight_.view(), *quantize_options(recipe, TensorRole::Weight), "weight");
+    // Keyed on the weight's options, not the recipe's name: two NVFP4 recipes may quantize the
+    // weight differently (16x16 tiles or 1x16 blocks).
+    const QuantizeOptions options = *quantize_options(recipe, TensorRole::Weight);
+    if (cached_version_ != weight_version_ || !cached_options_ ||
+        !same_quantization(*cached_options_, options)) {
+      cached_weight_ = quantize_operand(weight_.view(), options, "weight");
       cached_version_ = weight_version_;
-      cached_recipe_ = recipe_name(recipe);
+      cached_options_ = options;
       ++weight_quantizations_;
     }
     cached = &cached_weight_;
@@ -231,8 +266,8 @@ Tensor Linear::backward(const TensorView& grad_output) {
   LinearGrads g = linear_backward(grad_output, saved_, o);
   ++backward_calls_;  // after success: a retried backward draws what the first would have
   if (bias_.defined()) {
-    for (int64_t j = 0; j < bias_grad_.numel(); ++j)
-      bias_grad_.data_as<float>()[j] += g.grad_bias.data_as<float>()[j];
+    const Tensor db = to_f32_matrix(g.grad_bias.view());  // in dy's dtype
+    for (int64_t j = 0; j < bias_grad_.numel(); ++j) bias_grad_.data_as<float>()[j] += db.data_as<float>()[j];
   }
   saved_ = LinearSaved{};  // used up (the quantized input freed; the weight's stays cached)
   return g.grad_input;

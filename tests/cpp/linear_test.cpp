@@ -13,6 +13,7 @@
 #include "core/operand_access.hpp"
 #include "microscale/error.hpp"
 #include "microscale/gemm.hpp"
+#include "microscale/half.hpp"
 #include "microscale/recipe.hpp"
 #include "test_data.hpp"
 
@@ -66,6 +67,15 @@ std::vector<double> matmul(const Tensor& a, bool a_t, const Tensor& b, bool b_t,
 struct LinearRun {
   Tensor y, dx, dw;
 };
+
+// Element i of an f32, bf16 or f16 tensor as a float.
+float value_at(const Tensor& t, int64_t i) {
+  switch (t.dtype()) {
+    case DType::BF16: return bf16_to_float(t.data_as<uint16_t>()[i]);
+    case DType::F16: return half_to_float(t.data_as<uint16_t>()[i]);
+    default: return t.data_as<float>()[i];
+  }
+}
 
 LinearRun run_linear(const Recipe& recipe, const Tensor& x, const Tensor& w, const Tensor& dy,
                      uint64_t sr_seed = 5) {
@@ -130,7 +140,7 @@ TEST(Autocast, NestsRestoresAndIsExceptionSafe) {
 }
 
 // TE's module-exact criterion: each GEMM equals float64 on the same dequantized operands within
-// fp32 accumulation (SR off so the gradient is deterministic).
+// fp32 accumulation (SR off so the gradient is deterministic), then rounded once to its bf16 output.
 TEST(Linear, GemmsMatchFloat64OnDequantizedOperands) {
   const int64_t m = 64, k = 128, n = 96;
   const Tensor x = random_tensor(DType::BF16, {2, 32, k}, Fill::Normal, 1);
@@ -165,14 +175,65 @@ TEST(Linear, GemmsMatchFloat64OnDequantizedOperands) {
             s += t;
             mag += std::fabs(t);
           }
-          const double got = outputs[i]->data_as<float>()[r * rb.rows() + c];
-          worst = std::max(worst, std::fabs(got - alpha * s) / (std::fabs(alpha) * mag + 1e-30));
+          ASSERT_EQ(outputs[i]->dtype(), DType::BF16);  // x and dy are bf16: so are y, dx and dW
+          const double got = value_at(*outputs[i], r * rb.rows() + c);
+          const double rounding = std::ldexp(std::fabs(got), -8) * 1.01;  // RN to bf16: half an ulp, at most
+          worst = std::max(worst, (std::fabs(got - alpha * s) - rounding) / (std::fabs(alpha) * mag + 1e-30));
         }
       }
       EXPECT_LT(worst, 1e-6) << recipe_name(recipe) << " " << gemms[i].first;  // TE: atol = rtol = 1e-6
     }
   }
   (void)m;
+}
+
+// Outputs come in the activation's dtype (TE's general_gemm out_dtype), each rounded once from the
+// GEMM's fp32 result with the bias added: y in x's dtype, dx and db in dy's, a returned dW in x's.
+TEST(Linear, OutputsInTheActivationDtypeRoundedOnce) {
+  const Tensor x = random_tensor(DType::BF16, {32, 64}, Fill::Normal, 71);
+  const Tensor w = random_tensor(DType::F32, {64, 64}, Fill::Normal, 72);
+  const Tensor b = random_tensor(DType::BF16, {64}, Fill::Normal, 73);
+  const Tensor dy = random_tensor(DType::F16, {32, 64}, Fill::Normal, 74);
+  const Recipe recipe = MXFP8BlockScaling{};
+  LinearSaved saved;
+  const Tensor y = linear_forward(x.view(), w.view(), b.view(), recipe, &saved);
+  ASSERT_EQ(y.dtype(), DType::BF16);
+  GemmProblem f32;
+  f32.bias = b.view();
+  const auto [first, second] = te_gemm_operands(saved.weight, saved.input, "TN");
+  const Tensor y32 = gemm(first, second, f32);
+  for (int64_t i = 0; i < y.numel(); ++i)
+    EXPECT_EQ(y.data_as<uint16_t>()[i], float_to_bf16(y32.data_as<float>()[i])) << i;
+  const LinearGrads g = linear_backward(dy.view(), saved);
+  EXPECT_EQ(g.grad_input.dtype(), DType::F16);
+  EXPECT_EQ(g.grad_weight.dtype(), DType::BF16);
+  EXPECT_EQ(g.grad_bias.dtype(), DType::F16);
+  const QuantizedTensor dyq = quantize(dy.view(), *quantize_options(recipe, TensorRole::GradOutput));
+  const auto [a, c] = te_gemm_operands(saved.weight, dyq, "NN");
+  const Tensor dx32 = gemm(a, c);
+  for (int64_t i = 0; i < dx32.numel(); ++i)
+    EXPECT_EQ(g.grad_input.data_as<uint16_t>()[i], float_to_half(dx32.data_as<float>()[i])) << i;
+  for (int64_t j = 0; j < 64; ++j) {
+    double s = 0;
+    for (int64_t i = 0; i < 32; ++i) s += half_to_float(dy.data_as<uint16_t>()[i * 64 + j]);
+    EXPECT_EQ(g.grad_bias.data_as<uint16_t>()[j], float_to_half(static_cast<float>(s))) << j;
+  }
+  // f32 in, f32 out.
+  const Tensor x32 = random_tensor(DType::F32, {32, 64}, Fill::Normal, 75);
+  EXPECT_EQ(linear_forward(x32.view(), w.view(), std::nullopt, recipe).dtype(), DType::F32);
+}
+
+// Under an RHT recipe an f32 x is rounded to bf16 before it is quantized, for its rowwise copy too:
+// a forward gives the same y whether it trains (saving X^T for wgrad) or not.
+TEST(Linear, AnRhtRecipeGivesTheSameForwardInTrainingAndInference) {
+  const Tensor x = random_tensor(DType::F32, {32, 64}, Fill::Normal, 81);
+  const Tensor w = random_tensor(DType::F32, {32, 64}, Fill::Normal, 82);
+  const Recipe recipe = NVFP4BlockScaling{};
+  LinearSaved saved;
+  const Tensor trained = linear_forward(x.view(), w.view(), std::nullopt, recipe, &saved);
+  const Tensor inferred = linear_forward(x.view(), w.view(), std::nullopt, recipe);
+  ASSERT_EQ(trained.nbytes(), inferred.nbytes());
+  EXPECT_EQ(0, std::memcmp(trained.data(), inferred.data(), trained.nbytes()));
 }
 
 TEST(Linear, SqnrAgainstUnquantizedProducts) {
@@ -247,6 +308,15 @@ TEST(Linear, WeightQuantizationIsCachedUntilTheWeightChanges) {
     layer.forward(x.view());
   }
   EXPECT_EQ(layer.weight_quantizations(), 3);
+  {
+    // Another NVFP4 recipe whose weight is quantized otherwise (1x16 blocks, not 16x16 tiles).
+    autocast other(NVFP4BlockScaling({.disable_2d_quantization = true}));
+    layer.forward(x.view());
+    layer.backward(dy.view());
+  }
+  EXPECT_EQ(layer.weight_quantizations(), 4);
+  layer.forward(x.view());  // the default NVFP4 recipe again
+  EXPECT_EQ(layer.weight_quantizations(), 5);
 }
 
 TEST(Linear, ClearErrors) {
