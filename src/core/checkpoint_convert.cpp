@@ -129,6 +129,41 @@ QuantizedTensor quantize_gpt_oss_experts(const TensorView& w, const QuantizeOpti
   return all;
 }
 
+// NVFP4: the weights an engine fuses into one GEMM share its single global scale
+// (fused_weight_groups), so each group is quantized with one amax, the max of its members' (found
+// here by a first read of those weights). Returns that amax for each tensor of a group (empty for
+// the others); with `input_amax` (a calibration), the group's members get one input amax too, the
+// max of theirs. A group whose amax is Inf keeps each member's own (an override must be finite;
+// a weight holding Inf is broken at any scale).
+std::vector<std::optional<float>> fused_group_amaxes(const Checkpoint& ckpt,
+                                                     const std::vector<TensorReport>& reports,
+                                                     std::map<std::string, float>* input_amax) {
+  std::vector<std::string> names;
+  std::vector<size_t> tensor_of;  // names[j] is tensor tensor_of[j]
+  for (size_t i = 0; i < reports.size(); ++i) {
+    if (!reports[i].quantized) continue;
+    names.push_back(reports[i].name);
+    tensor_of.push_back(i);
+  }
+  std::vector<std::optional<float>> amaxes(reports.size());
+  for (const std::vector<size_t>& group : fused_weight_groups(names)) {
+    float amax = 0.0f, group_input_amax = 0.0f;
+    for (size_t j : group) {
+      const size_t i = tensor_of[j];
+      const Tensor x = to_f32_matrix(ckpt.shard(ckpt.tensors()[i].shard).view(reports[i].name));
+      for (int64_t e = 0; e < x.numel(); ++e) amax = max_abs_skipping_nan(amax, x.data_as<float>()[e]);
+      if (input_amax)
+        group_input_amax = std::max(group_input_amax, input_amax->at(module_of(reports[i].name)));
+    }
+    for (size_t j : group) {
+      const size_t i = tensor_of[j];
+      if (std::isfinite(amax)) amaxes[i] = amax;
+      if (input_amax) (*input_amax)[module_of(reports[i].name)] = group_input_amax;
+    }
+  }
+  return amaxes;
+}
+
 constexpr float kMinCalibrationAmax = 2688.0f * std::numeric_limits<float>::min();
 
 // Input amax of each quantized Linear (by module name) from the calibration file.
@@ -417,35 +452,10 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
         input + "' has none; MXFP4 of other models: the compressed-tensors convention");
   }
 
-  // NVFP4: the weights an engine fuses into one GEMM share its single global scale
-  // (fused_weight_groups), so each group is quantized with one amax, the max of its members'
-  // (found by a first read of those weights), and with a calibration file one input amax too.
-  // A group whose amax is Inf keeps each member's own (an override must be finite; a weight
-  // holding Inf is broken at any scale).
-  std::vector<std::optional<float>> weight_amax(ckpt.tensors().size());
-  if (o.format == CheckpointFormat::NVFP4) {
-    std::vector<std::string> names;
-    std::vector<size_t> tensor_of;  // names[j] is tensor tensor_of[j]
-    for (size_t i = 0; i < reports.size(); ++i) {
-      if (!reports[i].quantized) continue;
-      names.push_back(reports[i].name);
-      tensor_of.push_back(i);
-    }
-    for (const std::vector<size_t>& group : fused_weight_groups(names)) {
-      float amax = 0.0f, group_input_amax = 0.0f;
-      for (size_t j : group) {
-        const size_t i = tensor_of[j];
-        const Tensor x = to_f32_matrix(ckpt.shard(ckpt.tensors()[i].shard).view(reports[i].name));
-        for (int64_t e = 0; e < x.numel(); ++e) amax = max_abs_skipping_nan(amax, x.data_as<float>()[e]);
-        if (w4a4) group_input_amax = std::max(group_input_amax, input_amax.at(module_of(reports[i].name)));
-      }
-      for (size_t j : group) {
-        const size_t i = tensor_of[j];
-        if (std::isfinite(amax)) weight_amax[i] = amax;
-        if (w4a4) input_amax[module_of(reports[i].name)] = group_input_amax;
-      }
-    }
-  }
+  // NVFP4: the weights an engine fuses share one global scale (fused_group_amaxes).
+  const std::vector<std::optional<float>> weight_amax =
+      o.format == CheckpointFormat::NVFP4 ? fused_group_amaxes(ckpt, reports, w4a4 ? &input_amax : nullptr)
+                                          : std::vector<std::optional<float>>(reports.size());
 
   // Write shard by shard, in the input's order.
   json weight_map = json::object();
