@@ -49,8 +49,13 @@ std::string mb(uint64_t bytes) {
 void run_quantize(const QuantizeArgs& a) {
   ConvertOptions o;
   o.format = parse_checkpoint_format(a.format);
-  o.convention = a.convention.empty() ? default_convention(o.format, Checkpoint::open(a.input))
-                                      : parse_convention(a.convention);
+  if (!a.convention.empty()) {
+    o.convention = parse_convention(a.convention);
+  } else {  // mxfp4's default depends on the model (default_convention); the others' do not
+    o.convention = o.format == CheckpointFormat::MXFP4
+                       ? default_convention(o.format, Checkpoint::open(a.input))
+                       : Convention::ModelOpt;
+  }
   check_supported(o.format, o.convention);
   if (a.scale_mode) {
     if (o.format == CheckpointFormat::NVFP4) throw Error("--scale-mode applies to the MX formats, not nvfp4");
@@ -147,8 +152,8 @@ void add_quantize_command(CLI::App& app) {
   cmd->add_option("--format", a->format, "nvfp4 | mxfp8 | mxfp4")->required();
   cmd->add_option(
       "--convention", a->convention,
-      "modelopt | compressed-tensors | gpt-oss (default: modelopt; for mxfp4 gpt-oss when the model "
-      "has gpt-oss experts, else compressed-tensors)");
+      "modelopt | compressed-tensors | gpt-oss (default: modelopt; for mxfp4 gpt-oss for a gpt-oss "
+      "model, else compressed-tensors)");
   cmd->add_option("--skip", a->skip, "keep tensors matching this pattern (* and ?), repeatable");
   cmd->add_option("--only", a->only, "quantize only tensors matching one of these patterns, repeatable");
   cmd->add_flag("--no-default-skips", a->no_default_skips,

@@ -105,8 +105,10 @@ const char* convention_name(Convention c);
 /// convention quantizes: `*.experts.gate_up_proj` [E, H, 2I] or `*.experts.down_proj` [E, I, H],
 /// that is [experts, in, out] (written as MXFP4 blocks along `in`: `_blocks` [E, out, in/32, 16]).
 bool is_gpt_oss_expert_weight(const std::string& name, const std::vector<int64_t>& shape);
+/// @brief Whether the checkpoint's config.json says model_type "gpt_oss".
+bool is_gpt_oss_model(const Checkpoint& c);
 /// @brief The convention used when none is given: modelopt for nvfp4 and mxfp8; for mxfp4 gpt-oss
-/// when `input` holds gpt-oss expert weights (is_gpt_oss_expert_weight), else compressed-tensors.
+/// for a gpt-oss model (is_gpt_oss_model), else compressed-tensors.
 Convention default_convention(CheckpointFormat f, const Checkpoint& input);
 /// @brief Throws microscale::Error when a convention has no layout for a format.
 void check_supported(CheckpointFormat f, Convention c);

@@ -14,7 +14,7 @@
 // linear_backward quantizes dy (stochastic rounding for NVFP4 grads) and runs
 //   dgrad  dx = dy.rowwise * (W.columnwise)^T        (layout "NN"; blocks along N)
 //   wgrad  dW = dy.columnwise * (x.columnwise)^T     (layout "NT"; blocks along M; RHT on both)
-//   bgrad  db = sum over rows of dy (fp32, from the unquantized dy)
+//   bgrad  db = sum over rows of the unquantized dy (in double, rounded to fp32, then to dy's dtype)
 // The RHT is defined on bf16 tensors (as in TE, which takes bf16 only there): under an RHT recipe
 // an f32/f16 x or dy is rounded to bf16 before it is quantized, in training and inference alike.
 // Rule for weight gradients: with `main_grad` (fp32 [N, K]) dW is ADDED into it (+=), as TE's

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/fp_environment.hpp"
+#include "core/input_matrix.hpp"
 #include "core/quantize_checks.hpp"
 #include "core/scale_math.hpp"
 #include "core/unfinished_outputs.hpp"
@@ -89,6 +90,12 @@ std::vector<OutputSpec> quantized_specs(const std::string& name, const std::vect
   return {};
 }
 
+// The module holding a parameter: the name up to its last dot ("a.b.experts.down_proj" -> "a.b.experts").
+std::string module_of_tensor(const std::string& name) {
+  const size_t dot = name.rfind('.');
+  return dot == std::string::npos ? name : name.substr(0, dot);
+}
+
 std::string module_of(const std::string& weight_name) {
   const std::string suffix = ".weight";
   if (weight_name.size() > suffix.size() &&
@@ -105,6 +112,7 @@ std::string module_of(const std::string& weight_name) {
 QuantizedTensor quantize_gpt_oss_experts(const TensorView& w, const QuantizeOptions& o,
                                          ErrorAccumulator& errors) {
   const int64_t experts = w.shape[0], in = w.shape[1], out = w.shape[2];
+  if (experts * in * out == 0) throw Error("empty tensors cannot be quantized, got " + shape_string(w.shape));
   QuantizedTensor all;
   all.scheme = o.scheme;
   all.rows = experts * out;
@@ -150,8 +158,14 @@ std::vector<std::optional<float>> fused_group_amaxes(const Checkpoint& ckpt,
     float amax = 0.0f, group_input_amax = 0.0f;
     for (size_t j : group) {
       const size_t i = tensor_of[j];
-      const Tensor x = to_f32_matrix(ckpt.shard(ckpt.tensors()[i].shard).view(reports[i].name));
-      for (int64_t e = 0; e < x.numel(); ++e) amax = max_abs_skipping_nan(amax, x.data_as<float>()[e]);
+      try {
+        const InputMatrix x = make_input_matrix(ckpt.shard(ckpt.tensors()[i].shard).view(reports[i].name));
+        for (int64_t r = 0; r < x.rows; ++r) {
+          for (int64_t c = 0; c < x.cols; ++c) amax = max_abs_skipping_nan(amax, x.at(r, c));
+        }
+      } catch (const Error& err) {
+        throw Error("tensor '" + reports[i].name + "': " + err.reason());
+      }
       if (input_amax)
         group_input_amax = std::max(group_input_amax, input_amax->at(module_of(reports[i].name)));
     }
@@ -407,13 +421,19 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
     if (!config.is_object()) throw Error("config.json of the input is not a JSON object");
   }
 
+  // gpt-oss MXFP4 holds gpt-oss's MoE experts only, whose K (their `in`) is the middle dim; other
+  // models may store experts under the same names in another layout.
+  const bool gpt_oss = o.convention == Convention::GptOss;
+  if (gpt_oss && !ckpt.config_json().empty() && !is_gpt_oss_model(ckpt)) {
+    throw Error("the gpt-oss convention is for gpt-oss models, and config.json of '" + input +
+                "' has another model_type; MXFP4 of other models: the compressed-tensors convention");
+  }
+
   // Plan: what each input tensor becomes.
   std::vector<TensorReport> reports(ckpt.tensors().size());
   std::vector<std::vector<OutputSpec>> outputs(ckpt.tensors().size());
   std::vector<std::string> ignored;
-  // gpt-oss MXFP4 holds gpt-oss's MoE experts only, whose K (their `in`) is the middle dim.
-  const bool gpt_oss = o.convention == Convention::GptOss;
-  bool any_expert = false;
+  std::map<std::string, std::pair<int, int>> experts;  // gpt-oss: experts module -> (quantized, kept)
   for (size_t i = 0; i < ckpt.tensors().size(); ++i) {
     const SafetensorsEntry& e = *ckpt.tensors()[i].tensor;
     TensorReport& r = reports[i];
@@ -422,12 +442,21 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
     r.dtype = e.dtype;
     r.bytes_before = e.nbytes;
     const bool expert = gpt_oss && is_gpt_oss_expert_weight(e.name, e.shape);
-    any_expert |= expert;
-    r.kept_because =
-        gpt_oss && !expert
-            ? "not a gpt-oss MoE expert weight"
-            : o.rules.keep_reason(e.name, e.dtype, expert ? swap_last_two(e.shape) : e.shape, block);
+    if (!gpt_oss) {
+      r.kept_because = o.rules.keep_reason(e.name, e.dtype, e.shape, block);
+    } else if (!expert) {
+      r.kept_because = "not a gpt-oss MoE expert weight";
+    } else if (e.shape[1] % block != 0) {
+      r.kept_because =
+          "in (dim 1) " + std::to_string(e.shape[1]) + " not a multiple of " + std::to_string(block);
+    } else {
+      r.kept_because = o.rules.keep_reason(e.name, e.dtype, swap_last_two(e.shape), block);
+    }
     r.quantized = r.kept_because.empty();
+    if (expert) {
+      auto& [quantized, kept] = experts[module_of_tensor(e.name)];
+      ++(r.quantized ? quantized : kept);
+    }
     if (r.quantized) {
       outputs[i] = quantized_specs(e.name, e.shape, o.format, o.convention);
       if (w4a4) {
@@ -445,11 +474,28 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
     }
   }
 
-  if (gpt_oss && !any_expert) {
-    throw Error(
-        "the gpt-oss convention holds gpt-oss's MoE experts (*.experts.gate_up_proj and "
-        "*.experts.down_proj, [experts, in, out]) and '" +
-        input + "' has none; MXFP4 of other models: the compressed-tensors convention");
+  // transformers and vLLM take a layer's experts module whole: its weights all in MXFP4, or (listed
+  // in modules_to_not_convert) none.
+  if (gpt_oss) {
+    bool any_quantized = false;
+    for (const auto& [module, count] : experts) {
+      const auto [quantized, kept] = count;
+      if (quantized > 0 && kept > 0) {
+        throw Error("gpt-oss: the experts of '" + module +
+                    "' would be partly quantized (engines load a layer's experts all in MXFP4 or none); "
+                    "quantize or skip both gate_up_proj and down_proj");
+      }
+      if (quantized == 0) ignored.push_back(module);
+      any_quantized |= quantized > 0;
+    }
+    if (!any_quantized) {
+      throw Error(
+          "the gpt-oss convention holds gpt-oss's MoE experts (*.experts.gate_up_proj and "
+          "*.experts.down_proj, [experts, in, out]), and none of '" +
+          input + "' is quantized" +
+          (experts.empty() ? " (it has none; MXFP4 of other models: the compressed-tensors convention)"
+                           : " (all kept by the layer rules)"));
+    }
   }
 
   // NVFP4: the weights an engine fuses share one global scale (fused_group_amaxes).

@@ -1,4 +1,6 @@
 // Format/convention names and the rules that decide which tensors are quantized.
+#include <nlohmann/json.hpp>
+
 #include "core/ascii_lowercase.hpp"
 #include "microscale/checkpoint.hpp"
 #include "microscale/error.hpp"
@@ -47,12 +49,14 @@ bool is_gpt_oss_expert_weight(const std::string& name, const std::vector<int64_t
   return shape.size() == 3 && (ends_with(".experts.gate_up_proj") || ends_with(".experts.down_proj"));
 }
 
+bool is_gpt_oss_model(const Checkpoint& c) {
+  const nlohmann::json config = nlohmann::json::parse(c.config_json(), nullptr, /*allow_exceptions=*/false);
+  return config.is_object() && config.value("model_type", nlohmann::json()) == "gpt_oss";
+}
+
 Convention default_convention(CheckpointFormat f, const Checkpoint& input) {
   if (f != CheckpointFormat::MXFP4) return Convention::ModelOpt;
-  for (const Checkpoint::Entry& entry : input.tensors()) {
-    if (is_gpt_oss_expert_weight(entry.tensor->name, entry.tensor->shape)) return Convention::GptOss;
-  }
-  return Convention::CompressedTensors;
+  return is_gpt_oss_model(input) ? Convention::GptOss : Convention::CompressedTensors;
 }
 
 void check_supported(CheckpointFormat f, Convention c) {

@@ -361,11 +361,13 @@ MICROSCALE_AVX512 bool quantize_unit16(const Group& g, const std::byte* src, int
   // only with 16x16 tiles, which never have the RHT.
   const RhtUnit* rht_values = kRht ? &rht : nullptr;
   constexpr bool kMaySameCodes = kRows && kCols && !kRht;
-  if (next != nullptr && !g.tile_2d) {
+  // (16x16 tiles never come with the RHT: validate_quantize rejects them, and kRht takes the 1x16
+  // form, which is right for any unit.)
+  if (next != nullptr && (kRht || !g.tile_2d)) {
     encode_unit_form<kIn, kRows, kCols, false, kRht, NextMaxes::ColumnsAndRows>(
         tiny != 0, unbounded != 0, g, src, s, rht_values, stage, line_tile, col_words, next);
   } else if (next != nullptr) {
-    if constexpr (!kRht) {
+    if constexpr (!kRht) {  // 16x16 tiles: the column maxes alone
       if (same_codes) {
         encode_unit_form<kIn, kRows, kCols, kMaySameCodes, false, NextMaxes::Columns>(
             tiny != 0, unbounded != 0, g, src, s, nullptr, stage, line_tile, col_words, next);

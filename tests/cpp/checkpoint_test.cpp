@@ -663,14 +663,25 @@ namespace {
 // along `in`: _blocks [E, out, in/32, 16], _scales [E, out, in/32]; the rest stays as it was.
 TEST(Checkpoint, GptOssQuantizesTheExpertsAlongTheirInput) {
   const fs::path model = make_model("gptoss_in");  // experts.gate_up_proj [2, 32, 64] among others
+  // As a llama (make_model's config), it is no gpt-oss model: MXFP4 defaults to compressed-tensors,
+  // and the gpt-oss convention is an error, since other models may store experts otherwise.
+  EXPECT_EQ(default_convention(CheckpointFormat::MXFP4, Checkpoint::open(model.string())),
+            Convention::CompressedTensors);
+  ConvertOptions o;
+  o.format = CheckpointFormat::MXFP4;
+  o.convention = Convention::GptOss;
+  try {
+    convert_checkpoint(model.string(), fresh_dir("gptoss_llama_out").string(), o);
+    ADD_FAILURE() << "gpt-oss accepted a llama";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("another model_type"), std::string::npos) << e.what();
+  }
+  std::ofstream(model / "config.json") << R"({"model_type": "gpt_oss", "hidden_size": 64})";
   const Checkpoint original = Checkpoint::open(model.string());
   EXPECT_EQ(default_convention(CheckpointFormat::MXFP4, original), Convention::GptOss);
   EXPECT_EQ(default_convention(CheckpointFormat::NVFP4, original), Convention::ModelOpt);
   EXPECT_EQ(default_convention(CheckpointFormat::MXFP8, original), Convention::ModelOpt);
   const fs::path out = fresh_dir("gptoss_out");
-  ConvertOptions o;
-  o.format = CheckpointFormat::MXFP4;
-  o.convention = Convention::GptOss;
   const std::vector<TensorReport> reports = convert_checkpoint(model.string(), out.string(), o);
   const Checkpoint q = Checkpoint::open(out.string());
   const std::string experts = "model.layers.0.mlp.experts.gate_up_proj";
@@ -716,20 +727,39 @@ TEST(Checkpoint, GptOssQuantizesTheExpertsAlongTheirInput) {
   }
   const nlohmann::json config = nlohmann::json::parse(std::ifstream(out / "config.json"));
   EXPECT_EQ(config["quantization_config"]["quant_method"], "mxfp4");
-  // A model without gpt-oss experts has nothing for this convention: an error, not a checkpoint
-  // no engine loads; its MXFP4 default is compressed-tensors.
+  // Errors rather than a checkpoint no engine loads:
+  const auto expect_error = [&](const fs::path& in, const ConvertOptions& options,
+                                const std::string& reason) {
+    try {
+      convert_checkpoint(in.string(), fresh_dir("gptoss_bad_out").string(), options);
+      ADD_FAILURE() << "accepted: " << reason;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(reason), std::string::npos) << e.what();
+    }
+  };
+  // - a model without gpt-oss experts (its MXFP4 default is compressed-tensors);
   const fs::path dense = fresh_dir("gptoss_dense_in");
   const Tensor w = random_tensor(DType::BF16, {64, 64}, Fill::Normal, 7);
   write_safetensors((dense / "model.safetensors").string(),
                     {{"model.layers.0.mlp.up_proj.weight", "BF16", w.shape(), w.data(), w.nbytes()}});
-  EXPECT_EQ(default_convention(CheckpointFormat::MXFP4, Checkpoint::open(dense.string())),
-            Convention::CompressedTensors);
-  try {
-    convert_checkpoint(dense.string(), fresh_dir("gptoss_dense_out").string(), o);
-    ADD_FAILURE() << "gpt-oss accepted a model without experts";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("has none"), std::string::npos) << e.what();
-  }
+  expect_error(dense, o, "it has none");
+  // - every expert kept by the layer rules;
+  ConvertOptions skipped = o;
+  skipped.rules.skip.push_back("*experts*");
+  expect_error(model, skipped, "all kept by the layer rules");
+  // - a layer's experts partly kept: transformers and vLLM take an experts module whole.
+  const fs::path both = fresh_dir("gptoss_both_in");
+  const Tensor gate_up = random_tensor(DType::BF16, {2, 32, 64}, Fill::Normal, 8);
+  const Tensor down = random_tensor(DType::BF16, {2, 32, 32}, Fill::Normal, 9);
+  write_safetensors(
+      (both / "model.safetensors").string(),
+      {{"model.layers.0.mlp.experts.gate_up_proj", "BF16", gate_up.shape(), gate_up.data(), gate_up.nbytes()},
+       {"model.layers.0.mlp.experts.down_proj", "BF16", down.shape(), down.data(), down.nbytes()}});
+  std::ofstream(both / "config.json") << R"({"model_type": "gpt_oss"})";
+  ConvertOptions partly = o;
+  partly.rules.skip.push_back("*down_proj");
+  expect_error(both, partly, "partly quantized");
+  EXPECT_NO_THROW(convert_checkpoint(both.string(), fresh_dir("gptoss_both_out").string(), o));
 }
 
 }  // namespace

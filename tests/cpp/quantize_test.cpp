@@ -476,19 +476,22 @@ TEST(Quantize, FastEqualsReferenceNvfp4F16AmaxGiven) {
 TEST(Quantize, FastEqualsReferenceNvfp4TilesAmaxGiven) {
   // 16x16 tiles of 16-bit inputs with the amaxes given: pass 1 does not run, so no tile maxes are
   // kept for pass 2, and each unit's element loop computes the next unit's column maxes instead.
-  // Five units per band, so that the maxes are carried along a chain; specials with NaN break it
-  // (a NaN unit goes by tiles and the unit after it computes its own maxes).
+  // Five units per band (K = 160), so that the maxes are carried along a chain, or five and a
+  // last 16-column tile (K = 176); specials with NaN break the chain (a NaN unit goes by tiles and
+  // the unit after it computes its own maxes).
   uint32_t seed = 1200;
   for (DType dtype : {DType::BF16, DType::F16}) {
     for (Fill fill : {Fill::Normal, Fill::Heavy, Fill::Specials, Fill::Tiny}) {
-      const Tensor x = random_tensor(dtype, {64, 160}, fill, seed++);
+      const Tensor x = random_tensor(dtype, {64, fill == Fill::Heavy ? 176 : 160}, fill, seed++);
+      QuantizeOptions both;
+      both.rowwise = both.columnwise = true;
+      both.tile = Tile::k16x16;
+      const float found = quantize_ref(x.view(), both).rowwise_amax;
       for (int directions = 0; directions < 3; ++directions) {  // both, rowwise, columnwise
-        QuantizeOptions o;
+        QuantizeOptions o = both;
         o.rowwise = directions != 2;
         o.columnwise = directions != 1;
-        o.tile = Tile::k16x16;
         o.num_threads = 2;
-        const float found = quantize_ref(x.view(), o).rowwise_amax;
         for (float amax : {found, found / 64.0f, 1e4f}) {
           if (!std::isfinite(amax) || amax <= 0.0f) continue;
           o.amax_rowwise = o.amax_columnwise = amax;
