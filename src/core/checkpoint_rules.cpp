@@ -42,11 +42,8 @@ const char* convention_name(Convention c) {
 }
 
 bool is_gpt_oss_expert_weight(const std::string& name, const std::vector<int64_t>& shape) {
-  const auto ends_with = [&](const std::string& suffix) {
-    return name.size() >= suffix.size() &&
-           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
-  return shape.size() == 3 && (ends_with(".experts.gate_up_proj") || ends_with(".experts.down_proj"));
+  return shape.size() == 3 &&
+         (name.ends_with(".experts.gate_up_proj") || name.ends_with(".experts.down_proj"));
 }
 
 bool is_gpt_oss_model(const Checkpoint& c) {

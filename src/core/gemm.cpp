@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/float_store.hpp"
 #include "core/fp_environment.hpp"
 #include "core/operand_access.hpp"
 #include "core/quantize_checks.hpp"
@@ -101,12 +102,7 @@ float value_of(const TensorView& v, int64_t i) {
 }
 
 void store(const TensorView& d, int64_t i, float v) {
-  switch (d.dtype) {
-    case DType::BF16: static_cast<uint16_t*>(d.data)[i] = float_to_bf16(v); break;
-    case DType::F16: static_cast<uint16_t*>(d.data)[i] = float_to_half(v); break;
-    case DType::F32: static_cast<float*>(d.data)[i] = v; break;
-    default: throw Error("gemm output must be f32, bf16 or f16");
-  }
+  if (!store_float(d.dtype, d.data, i, v)) throw Error("gemm output must be f32, bf16 or f16");
 }
 
 // Offset of element (m, n, l) in a 2-D or 3-D view.

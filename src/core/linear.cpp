@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "core/float_store.hpp"
 #include "core/fp_environment.hpp"
 #include "core/input_matrix.hpp"
 #include "microscale/error.hpp"
@@ -60,12 +61,7 @@ Tensor column_sums(const InputMatrix& dy, DType dtype) {
   for (int64_t j = 0; j < dy.cols; ++j) {
     double sum = 0.0;
     for (int64_t i = 0; i < dy.rows; ++i) sum += dy.at(i, j);
-    const float value = static_cast<float>(sum);
-    switch (dtype) {
-      case DType::BF16: out.data_as<uint16_t>()[j] = float_to_bf16(value); break;
-      case DType::F16: out.data_as<uint16_t>()[j] = float_to_half(value); break;
-      default: out.data_as<float>()[j] = value; break;
-    }
+    store_float(dtype, out.data(), j, static_cast<float>(sum));  // dy's dtype: f32, bf16 or f16
   }
   return out;
 }

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/ascii_lowercase.hpp"
+#include "core/float_store.hpp"
 #include "core/fp_environment.hpp"
 #include "core/input_matrix.hpp"
 #include "core/quantize_checks.hpp"
@@ -202,12 +203,7 @@ Tensor compact_scales(const QuantizedTensor& q, Usage usage) {
 }
 
 void store(DType dtype, void* out, int64_t i, float v) {
-  switch (dtype) {
-    case DType::F32: static_cast<float*>(out)[i] = v; break;
-    case DType::BF16: static_cast<uint16_t*>(out)[i] = float_to_bf16(v); break;
-    case DType::F16: static_cast<uint16_t*>(out)[i] = float_to_half(v); break;
-    default: throw Error("dequantize output dtype must be f32, bf16 or f16");
-  }
+  if (!store_float(dtype, out, i, v)) throw Error("dequantize output dtype must be f32, bf16 or f16");
 }
 
 uint8_t code_at(const uint8_t* row, int64_t column, bool packed_fp4) {
