@@ -13,7 +13,7 @@
 //     mxfp8: p.weight F8_E4M3 [N, K],  p.weight_scale U8 (E8M0) [N, K/32]
 //   gpt-oss (OpenAI gpt-oss / transformers `quant_method: mxfp4`): the MoE experts only
 //     mxfp4: <T>_blocks U8 [E, out, in/32, 16], <T>_scales U8 (E8M0) [E, out, in/32], for an
-//            expert weight T [E, in, out] (is_gpt_oss_expert_weight); the rest stays as it was
+//            expert weight T [E, in, out] (is_stacked_expert_weight); the rest stays as it was
 // FP4 codes are packed two per byte, element 2j in the low nibble, in every convention.
 // NVFP4 activations also need a static global scale (W4A4): with a calibration file (the input
 // amax of each Linear, see ConvertOptions::calibration) ModelOpt gets p.input_scale F32 [] =
@@ -101,12 +101,44 @@ CheckpointFormat parse_checkpoint_format(const std::string& name);  ///< nvfp4 |
 Convention parse_convention(const std::string& name);  ///< modelopt | compressed-tensors | gpt-oss
 const char* checkpoint_format_name(CheckpointFormat f);
 const char* convention_name(Convention c);
-/// @brief A gpt-oss MoE expert weight as transformers lays it out, the only tensors the gpt-oss
-/// convention quantizes: `*.experts.gate_up_proj` [E, H, 2I] or `*.experts.down_proj` [E, I, H],
-/// that is [experts, in, out] (written as MXFP4 blocks along `in`: `_blocks` [E, out, in/32, 16]).
-bool is_gpt_oss_expert_weight(const std::string& name, const std::vector<int64_t>& shape);
+/// @brief MoE experts stacked in one tensor per projection, as gpt-oss, Llama 4 and Qwen3-VL-MoE
+/// store them: `*.experts.gate_up_proj` [E, H, 2I] or `*.experts.down_proj` [E, I, H], that is
+/// [experts, in, out]. The gpt-oss convention quantizes these alone (MXFP4 blocks along `in`:
+/// `_blocks` [E, out, in/32, 16]); modelopt and compressed-tensors split them per expert
+/// (split_stacked_experts), as engines load quantized experts.
+bool is_stacked_expert_weight(const std::string& name, const std::vector<int64_t>& shape);
 /// @brief Whether the checkpoint's config.json says model_type "gpt_oss".
 bool is_gpt_oss_model(const Checkpoint& c);
+
+/// @brief Where gate and up lie along the last dim (2I) of a stacked `gate_up_proj`.
+enum class StackedGateUp {
+  Unknown,      ///< no config.json, or a model not known here: not split
+  Halves,       ///< gate = [..., :I], up = [..., I:] (Llama 4, Qwen3-VL-MoE: `chunk(2, dim=-1)`)
+  Interleaved,  ///< gate = [..., 0::2], up = [..., 1::2] (gpt-oss)
+};
+/// @brief The layout of the checkpoint's stacked experts, by config.json's model_type (or its
+/// text_config's).
+StackedGateUp stacked_gate_up_layout(const Checkpoint& c);
+
+/// @brief One expert's Linear weight [out, in] inside a stacked expert weight [E, in, out_total]:
+/// element (o, i) lies at offset + o * out_stride + i * in_stride of the stacked tensor.
+struct ExpertSlice {
+  std::string name;  ///< as a per-expert checkpoint names it: `<prefix>.experts.<e>.gate_proj.weight`
+  int64_t offset = 0;
+  int64_t out = 0, in = 0;
+  int64_t out_stride = 1, in_stride = 0;
+};
+/// @brief The per-expert weights of a stacked expert weight (is_stacked_expert_weight) whose
+/// gate_up_proj holds gate and up as `Halves`, in the order engines and llm-compressor name them:
+/// for each expert e, `gate_up_proj` gives `<prefix>.experts.<e>.gate_proj.weight` and
+/// `.up_proj.weight` [I, H]; `down_proj` gives `<prefix>.experts.<e>.down_proj.weight` [H, I].
+/// Throws microscale::Error for another tensor or an odd 2I.
+std::vector<ExpertSlice> split_stacked_experts(const std::string& name, const std::vector<int64_t>& shape);
+/// @brief Each expert of a stacked expert weight [E, in, out] whole, as [out, in] (gpt-oss), named
+/// `name`.
+std::vector<ExpertSlice> whole_stacked_experts(const std::string& name, const std::vector<int64_t>& shape);
+/// @brief The [out, in] view of `slice` in the stacked tensor `stacked` (no copy).
+TensorView expert_slice_view(const TensorView& stacked, const ExpertSlice& slice);
 /// @brief The convention used when none is given: modelopt for nvfp4 and mxfp8; for mxfp4 gpt-oss
 /// for a gpt-oss model (is_gpt_oss_model), else compressed-tensors.
 Convention default_convention(CheckpointFormat f, const Checkpoint& input);

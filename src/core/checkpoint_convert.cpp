@@ -36,6 +36,15 @@ struct OutputSpec {
   std::vector<int64_t> shape;
 };
 
+// A quantized weight as written: an input tensor whole (gpt-oss: its experts, stacked), or one
+// expert of stacked experts split per expert.
+struct WeightPiece {
+  size_t tensor;                     // index into the checkpoint's tensors
+  std::string name;                  // the written weight's name (the input's, or the expert's)
+  std::optional<ExpertSlice> slice;  // the expert's [out, in] within the input tensor
+  std::vector<OutputSpec> specs;     // what it is written as, in write order (quantized_specs)
+};
+
 int block_of(CheckpointFormat f) { return f == CheckpointFormat::NVFP4 ? 16 : 32; }
 
 Scheme scheme_of(CheckpointFormat f) {
@@ -120,11 +129,9 @@ QuantizedTensor quantize_gpt_oss_experts(const TensorView& w, const QuantizeOpti
   all.shape = {experts * out, in};
   all.rowwise_data = Tensor(DType::U8, {experts * out, in / 2});
   all.rowwise_scale = Tensor(DType::U8, {experts * out, in / 32});
-  for (int64_t e = 0; e < experts; ++e) {
-    TensorView slice = w;
-    slice.data = static_cast<std::byte*>(w.data) + e * in * out * static_cast<int64_t>(dtype_size(w.dtype));
-    slice.shape = {out, in};
-    slice.strides = {1, out};  // [out, in] of the [in, out] slice
+  int64_t e = 0;
+  for (const ExpertSlice& expert : whole_stacked_experts("", w.shape)) {
+    const TensorView slice = expert_slice_view(w, expert);
     const QuantizedTensor q = quantize(slice, o);
     std::memcpy(all.rowwise_data.data_as<uint8_t>() + e * q.rowwise_data.nbytes(), q.rowwise_data.data(),
                 q.rowwise_data.nbytes());
@@ -133,8 +140,35 @@ QuantizedTensor quantize_gpt_oss_experts(const TensorView& w, const QuantizeOpti
     const Tensor deq = dequantize(q, Usage::Rowwise, DType::F32);
     const Tensor ref = to_f32_matrix(slice);
     errors.add(ref.data_as<float>(), deq.data_as<float>(), ref.numel());
+    ++e;
   }
   return all;
+}
+
+// Writes a quantized piece's tensors (its specs, in order): data, scales, and for NVFP4 the global
+// scale and, with a calibration, the activation's static scale, as the convention defines them.
+// Returns the bytes written.
+uint64_t write_quantized_piece(SafetensorsStreamWriter& writer, const WeightPiece& piece,
+                               const QuantizedTensor& q, Convention convention,
+                               const std::map<std::string, float>& input_amax) {
+  const std::vector<OutputSpec>& specs = piece.specs;
+  const bool ct = convention == Convention::CompressedTensors;
+  writer.write(specs[0].name, q.rowwise_data.data(), q.rowwise_data.nbytes());
+  writer.write(specs[1].name, q.rowwise_scale.data(), q.rowwise_scale.nbytes());
+  uint64_t bytes = q.rowwise_data.nbytes() + q.rowwise_scale.nbytes();
+  if (specs.size() >= 3) {  // NVFP4 global scale: ModelOpt's decode 1/S_enc, or CT's S_enc
+    const float s_enc = nvfp4_global_encode_scale(q.rowwise_amax);
+    const float global = ct ? s_enc : 1.0f / s_enc;
+    writer.write(specs[2].name, &global, sizeof global);
+    bytes += sizeof global;
+  }
+  if (specs.size() == 4) {  // the activation's static scale
+    const float amax = input_amax.at(module_of(piece.name));
+    const float input_scale = ct ? 2688.0f / amax : amax / 2688.0f;
+    writer.write(specs[3].name, &input_scale, sizeof input_scale);
+    bytes += sizeof input_scale;
+  }
+  return bytes;
 }
 
 // NVFP4: the weights an engine fuses into one GEMM share its single global scale
@@ -144,35 +178,31 @@ QuantizedTensor quantize_gpt_oss_experts(const TensorView& w, const QuantizeOpti
 // max of theirs. A group whose amax is Inf keeps each member's own (an override must be finite;
 // a weight holding Inf is broken at any scale).
 std::vector<std::optional<float>> fused_group_amaxes(const Checkpoint& ckpt,
-                                                     const std::vector<TensorReport>& reports,
+                                                     const std::vector<WeightPiece>& pieces,
                                                      std::map<std::string, float>* input_amax) {
   std::vector<std::string> names;
-  std::vector<size_t> tensor_of;  // names[j] is tensor tensor_of[j]
-  for (size_t i = 0; i < reports.size(); ++i) {
-    if (!reports[i].quantized) continue;
-    names.push_back(reports[i].name);
-    tensor_of.push_back(i);
-  }
-  std::vector<std::optional<float>> amaxes(reports.size());
+  for (const WeightPiece& piece : pieces) names.push_back(piece.name);
+  std::vector<std::optional<float>> amaxes(pieces.size());
   for (const std::vector<size_t>& group : fused_weight_groups(names)) {
     float amax = 0.0f, group_input_amax = 0.0f;
-    for (size_t j : group) {
-      const size_t i = tensor_of[j];
+    for (size_t p : group) {
+      const WeightPiece& piece = pieces[p];
+      const Checkpoint::Entry& entry = ckpt.tensors()[piece.tensor];
       try {
-        const InputMatrix x = make_input_matrix(ckpt.shard(ckpt.tensors()[i].shard).view(reports[i].name));
+        const TensorView tensor = ckpt.shard(entry.shard).view(entry.tensor->name);
+        const InputMatrix x =
+            make_input_matrix(piece.slice ? expert_slice_view(tensor, *piece.slice) : tensor);
         for (int64_t r = 0; r < x.rows; ++r) {
           for (int64_t c = 0; c < x.cols; ++c) amax = max_abs_skipping_nan(amax, x.at(r, c));
         }
       } catch (const Error& err) {
-        throw Error("tensor '" + reports[i].name + "': " + err.reason());
+        throw Error("tensor '" + entry.tensor->name + "': " + err.reason());
       }
-      if (input_amax)
-        group_input_amax = std::max(group_input_amax, input_amax->at(module_of(reports[i].name)));
+      if (input_amax) group_input_amax = std::max(group_input_amax, input_amax->at(module_of(piece.name)));
     }
-    for (size_t j : group) {
-      const size_t i = tensor_of[j];
-      if (std::isfinite(amax)) amaxes[i] = amax;
-      if (input_amax) (*input_amax)[module_of(reports[i].name)] = group_input_amax;
+    for (size_t p : group) {
+      if (std::isfinite(amax)) amaxes[p] = amax;
+      if (input_amax) (*input_amax)[module_of(pieces[p].name)] = group_input_amax;
     }
   }
   return amaxes;
@@ -428,12 +458,17 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
     throw Error("the gpt-oss convention is for gpt-oss models, and config.json of '" + input +
                 "' has another model_type; MXFP4 of other models: the compressed-tensors convention");
   }
+  // Stacked MoE experts under modelopt and compressed-tensors: engines load quantized experts one
+  // Linear [out, in] per expert (vLLM's and SGLang's expert mappings, llm-compressor's output), so
+  // they are split where the model's gate/up layout is known.
+  const StackedGateUp gate_up_layout = stacked_gate_up_layout(ckpt);
 
   // Plan: what each input tensor becomes.
   std::vector<TensorReport> reports(ckpt.tensors().size());
-  std::vector<std::vector<OutputSpec>> outputs(ckpt.tensors().size());
+  std::vector<WeightPiece> pieces;
+  std::vector<std::vector<size_t>> pieces_of(ckpt.tensors().size());  // indices into pieces
   std::vector<std::string> ignored;
-  std::map<std::string, std::pair<int, int>> experts;  // gpt-oss: experts module -> (quantized, kept)
+  std::map<std::string, std::pair<int, int>> experts;  // stacked experts module -> (quantized, kept)
   for (size_t i = 0; i < ckpt.tensors().size(); ++i) {
     const SafetensorsEntry& e = *ckpt.tensors()[i].tensor;
     TensorReport& r = reports[i];
@@ -441,67 +476,91 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
     r.shape = e.shape;
     r.dtype = e.dtype;
     r.bytes_before = e.nbytes;
-    const bool expert = gpt_oss && is_gpt_oss_expert_weight(e.name, e.shape);
-    if (!gpt_oss) {
-      r.kept_because = o.rules.keep_reason(e.name, e.dtype, e.shape, block);
-    } else if (!expert) {
-      r.kept_because = "not a gpt-oss MoE expert weight";
-    } else if (e.shape[1] % block != 0) {
-      r.kept_because =
-          "in (dim 1) " + std::to_string(e.shape[1]) + " not a multiple of " + std::to_string(block);
+    const bool stacked = is_stacked_expert_weight(e.name, e.shape);
+    std::vector<ExpertSlice> slices;  // split per expert; empty: written as one weight
+    if (gpt_oss) {
+      if (!stacked) {
+        r.kept_because = "not a gpt-oss MoE expert weight";
+      } else if (e.shape[1] % block != 0) {
+        r.kept_because =
+            "in (dim 1) " + std::to_string(e.shape[1]) + " not a multiple of " + std::to_string(block);
+      } else {
+        r.kept_because = o.rules.keep_reason(e.name, e.dtype, swap_last_two(e.shape), block);
+      }
+    } else if (stacked && gate_up_layout == StackedGateUp::Halves) {
+      slices = split_stacked_experts(e.name, e.shape);
+      r.kept_because = o.rules.keep_reason(e.name, e.dtype, {slices[0].out, slices[0].in}, block);
+    } else if (stacked) {
+      r.kept_because = gate_up_layout == StackedGateUp::Interleaved
+                           ? "stacked gpt-oss experts: the gpt-oss convention (mxfp4) quantizes them"
+                           : "stacked MoE experts [E, in, out] of a model whose gate/up layout is not known "
+                             "here (config.json model_type llama4 or qwen3_vl_moe is)";
     } else {
-      r.kept_because = o.rules.keep_reason(e.name, e.dtype, swap_last_two(e.shape), block);
+      r.kept_because = o.rules.keep_reason(e.name, e.dtype, e.shape, block);
     }
     r.quantized = r.kept_because.empty();
-    if (expert) {
+    if (stacked) {
       auto& [quantized, kept] = experts[module_of_tensor(e.name)];
       ++(r.quantized ? quantized : kept);
     }
-    if (r.quantized) {
-      outputs[i] = quantized_specs(e.name, e.shape, o.format, o.convention);
-      if (w4a4) {
-        if (!input_amax.count(module_of(e.name))) {
-          throw Error("the calibration file has no '" + module_of(e.name) +
-                      ".input_amax' (or .input) for the quantized '" + e.name + "'");
-        }
-        const bool ct = o.convention == Convention::CompressedTensors;
-        outputs[i].push_back({module_of(e.name) + (ct ? ".input_global_scale" : ".input_scale"), "F32",
-                              ct ? std::vector<int64_t>{1} : std::vector<int64_t>{}});
-      }
+    if (!r.quantized) {
+      if (e.shape.size() >= 2 && !stacked) ignored.push_back(module_of(e.name));
+      continue;
+    }
+    const size_t first_piece = pieces.size();
+    if (slices.empty()) {
+      pieces.push_back({i, e.name, std::nullopt, quantized_specs(e.name, e.shape, o.format, o.convention)});
     } else {
-      outputs[i] = {{e.name, e.dtype, e.shape}};
-      if (e.shape.size() >= 2) ignored.push_back(module_of(e.name));
+      for (const ExpertSlice& slice : slices)
+        pieces.push_back({i, slice.name, slice,
+                          quantized_specs(slice.name, {slice.out, slice.in}, o.format, o.convention)});
     }
-  }
-
-  // transformers and vLLM take a layer's experts module whole: its weights all in MXFP4, or (listed
-  // in modules_to_not_convert) none.
-  if (gpt_oss) {
-    bool any_quantized = false;
-    for (const auto& [module, count] : experts) {
-      const auto [quantized, kept] = count;
-      if (quantized > 0 && kept > 0) {
-        throw Error("gpt-oss: the experts of '" + module +
-                    "' would be partly quantized (engines load a layer's experts all in MXFP4 or none); "
-                    "quantize or skip both gate_up_proj and down_proj");
+    for (size_t p = first_piece; p < pieces.size(); ++p) {
+      pieces_of[i].push_back(p);
+      if (!w4a4) continue;
+      // A split expert takes its own input amax, else its stacked tensor's (one for all experts).
+      const std::string module = module_of(pieces[p].name);
+      if (!input_amax.count(module)) {
+        const auto whole = input_amax.find(module_of(e.name));
+        if (whole == input_amax.end()) {
+          throw Error("the calibration file has no '" + module +
+                      ".input_amax' (or .input) for the quantized '" + e.name + "'" +
+                      (slices.empty() ? "" : " (nor '" + module_of(e.name) + ".input_amax')"));
+        }
+        input_amax[module] = whole->second;
       }
-      if (quantized == 0) ignored.push_back(module);
-      any_quantized |= quantized > 0;
-    }
-    if (!any_quantized) {
-      throw Error(
-          "the gpt-oss convention holds gpt-oss's MoE experts (*.experts.gate_up_proj and "
-          "*.experts.down_proj, [experts, in, out]), and none of '" +
-          input + "' is quantized" +
-          (experts.empty() ? " (it has none; MXFP4 of other models: the compressed-tensors convention)"
-                           : " (all kept by the layer rules)"));
+      const bool ct = o.convention == Convention::CompressedTensors;
+      pieces[p].specs.push_back({module + (ct ? ".input_global_scale" : ".input_scale"), "F32",
+                                 ct ? std::vector<int64_t>{1} : std::vector<int64_t>{}});
     }
   }
 
-  // NVFP4: the weights an engine fuses share one global scale (fused_group_amaxes).
+  // vLLM, SGLang and transformers take a layer's experts module whole: all its weights quantized,
+  // or (listed in the ignore list / modules_to_not_convert) none.
+  bool any_expert_quantized = false;
+  for (const auto& [module, count] : experts) {
+    const auto [quantized, kept] = count;
+    if (quantized > 0 && kept > 0) {
+      throw Error("the experts of '" + module +
+                  "' would be partly quantized (engines load a layer's experts all quantized or none); "
+                  "quantize or skip both gate_up_proj and down_proj");
+    }
+    if (quantized == 0) ignored.push_back(module);
+    any_expert_quantized |= quantized > 0;
+  }
+  if (gpt_oss && !any_expert_quantized) {
+    throw Error(
+        "the gpt-oss convention holds gpt-oss's MoE experts (*.experts.gate_up_proj and "
+        "*.experts.down_proj, [experts, in, out]), and none of '" +
+        input + "' is quantized" +
+        (experts.empty() ? " (it has none; MXFP4 of other models: the compressed-tensors convention)"
+                         : " (all kept by the layer rules)"));
+  }
+
+  // NVFP4: the weights an engine fuses into one GEMM share its single global scale (fused_group_amaxes).
   const std::vector<std::optional<float>> weight_amax =
-      o.format == CheckpointFormat::NVFP4 ? fused_group_amaxes(ckpt, reports, w4a4 ? &input_amax : nullptr)
-                                          : std::vector<std::optional<float>>(reports.size());
+      o.format == CheckpointFormat::NVFP4 ? fused_group_amaxes(ckpt, pieces, w4a4 ? &input_amax : nullptr)
+                                          : std::vector<std::optional<float>>(pieces.size());
 
   // Write shard by shard, in the input's order.
   json weight_map = json::object();
@@ -511,9 +570,16 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
     SafetensorsStreamWriter writer;
     for (size_t i = 0; i < ckpt.tensors().size(); ++i) {
       if (ckpt.tensors()[i].shard != s) continue;
-      for (const OutputSpec& spec : outputs[i]) {
-        writer.declare(spec.name, spec.dtype, spec.shape);
-        weight_map[spec.name] = ckpt.shard_names()[s];
+      const SafetensorsEntry& e = *ckpt.tensors()[i].tensor;
+      if (!reports[i].quantized) {
+        writer.declare(e.name, e.dtype, e.shape);
+        weight_map[e.name] = ckpt.shard_names()[s];
+      }
+      for (size_t p : pieces_of[i]) {
+        for (const OutputSpec& spec : pieces[p].specs) {
+          writer.declare(spec.name, spec.dtype, spec.shape);
+          weight_map[spec.name] = ckpt.shard_names()[s];
+        }
       }
     }
     const std::string shard_path = (fs::path(output_dir) / ckpt.shard_names()[s]).string();
@@ -527,42 +593,31 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
         r.bytes_after = e.nbytes;
       } else {
         const TensorView view = ckpt.shard(s).view(e.name);
-        QuantizeOptions tensor_options = qo;
-        tensor_options.amax_rowwise = weight_amax[i];  // its fused group's, if any
-        QuantizedTensor q;
         ErrorAccumulator errors;
-        try {
-          if (gpt_oss) {
-            q = quantize_gpt_oss_experts(view, tensor_options, errors);
-          } else {
-            q = quantize(view, tensor_options);
-            const Tensor deq = dequantize(q, Usage::Rowwise, DType::F32);
-            const Tensor ref = to_f32_matrix(view);
-            errors.add(ref.data_as<float>(), deq.data_as<float>(), ref.numel());
+        for (size_t p : pieces_of[i]) {
+          const WeightPiece& piece = pieces[p];
+          QuantizeOptions piece_options = qo;
+          piece_options.amax_rowwise = weight_amax[p];  // its fused group's, if any
+          QuantizedTensor q;
+          try {
+            if (gpt_oss) {
+              q = quantize_gpt_oss_experts(view, piece_options, errors);
+            } else {
+              const TensorView weight = piece.slice ? expert_slice_view(view, *piece.slice) : view;
+              q = quantize(weight, piece_options);
+              const Tensor deq = dequantize(q, Usage::Rowwise, DType::F32);
+              const Tensor ref = to_f32_matrix(weight);
+              errors.add(ref.data_as<float>(), deq.data_as<float>(), ref.numel());
+            }
+          } catch (const Error& err) {
+            throw Error("tensor '" + e.name + "'" + (piece.slice ? " ('" + piece.name + "')" : "") + ": " +
+                        err.reason());
           }
-        } catch (const Error& err) {
-          throw Error("tensor '" + e.name + "': " + err.reason());
+          r.bytes_after += write_quantized_piece(writer, piece, q, o.convention, input_amax);
         }
         const ErrorStats stats = errors.result();
         r.sqnr_db = stats.sqnr_db;
         r.max_abs_error = stats.max_abs_error;
-        const std::vector<OutputSpec>& specs = outputs[i];
-        writer.write(specs[0].name, q.rowwise_data.data(), q.rowwise_data.nbytes());
-        writer.write(specs[1].name, q.rowwise_scale.data(), q.rowwise_scale.nbytes());
-        r.bytes_after = q.rowwise_data.nbytes() + q.rowwise_scale.nbytes();
-        if (specs.size() >= 3) {  // NVFP4 global scale: ModelOpt's decode 1/S_enc, or CT's S_enc
-          const float s_enc = nvfp4_global_encode_scale(q.rowwise_amax);
-          const float global = o.convention == Convention::CompressedTensors ? s_enc : 1.0f / s_enc;
-          writer.write(specs[2].name, &global, sizeof global);
-          r.bytes_after += sizeof global;
-        }
-        if (specs.size() == 4) {  // the activation's static scale, as the convention defines it
-          const float amax = input_amax.at(module_of(e.name));
-          const float input_scale =
-              o.convention == Convention::CompressedTensors ? 2688.0f / amax : amax / 2688.0f;
-          writer.write(specs[3].name, &input_scale, sizeof input_scale);
-          r.bytes_after += sizeof input_scale;
-        }
       }
       total_size += r.bytes_after;
       if (o.progress) o.progress(++done, reports.size(), r);

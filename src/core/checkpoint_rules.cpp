@@ -41,11 +41,6 @@ const char* convention_name(Convention c) {
   return "?";
 }
 
-bool is_gpt_oss_expert_weight(const std::string& name, const std::vector<int64_t>& shape) {
-  return shape.size() == 3 &&
-         (name.ends_with(".experts.gate_up_proj") || name.ends_with(".experts.down_proj"));
-}
-
 bool is_gpt_oss_model(const Checkpoint& c) {
   const nlohmann::json config = nlohmann::json::parse(c.config_json(), nullptr, /*allow_exceptions=*/false);
   return config.is_object() && config.value("model_type", nlohmann::json()) == "gpt_oss";
