@@ -116,9 +116,22 @@ enum class StackedGateUp {
   Halves,       ///< gate = [..., :I], up = [..., I:] (Llama 4, Qwen3-VL-MoE: `chunk(2, dim=-1)`)
   Interleaved,  ///< gate = [..., 0::2], up = [..., 1::2] (gpt-oss)
 };
-/// @brief The layout of the checkpoint's stacked experts, by config.json's model_type (or its
-/// text_config's).
-StackedGateUp stacked_gate_up_layout(const Checkpoint& c);
+/// @brief A checkpoint's stacked experts as its config.json describes them (model_type, top-level
+/// or text_config's): the gate/up layout, and the dims that the tensors' shapes must match before
+/// they are split (0 where config.json lacks them): E (num_local_experts / num_experts), H
+/// (hidden_size), I (intermediate_size for Llama 4, moe_intermediate_size for Qwen3-VL-MoE).
+struct StackedExpertLayout {
+  StackedGateUp gate_up = StackedGateUp::Unknown;
+  int64_t experts = 0, hidden = 0, intermediate = 0;
+};
+StackedExpertLayout stacked_expert_layout(const Checkpoint& c);
+/// @brief Why the stacked expert weight `name` [E, in, out] cannot be split per expert under
+/// `layout` (a sentence for the report), or empty when it can: the layout must be `Halves` and the
+/// shape [E, H, 2I] (gate_up_proj) or [E, I, H] (down_proj) with config.json's dims, and not also
+/// readable as the transposed [E, out, in] (H = 2I, or H = I), which Qwen3-VL-MoE checkpoints saved
+/// by transformers 5 may hold.
+std::string stacked_expert_split_problem(const std::string& name, const std::vector<int64_t>& shape,
+                                         const StackedExpertLayout& layout);
 
 /// @brief One expert's Linear weight [out, in] inside a stacked expert weight [E, in, out_total]:
 /// element (o, i) lies at offset + o * out_stride + i * in_stride of the stacked tensor.
@@ -155,7 +168,8 @@ std::vector<std::vector<size_t>> fused_weight_groups(const std::vector<std::stri
 
 /// @brief Which tensors are quantized. Only floating (F32/BF16/F16) tensors of rank >= 2 whose K
 /// is a multiple of the block are candidates; by default embeddings, norms, lm_head, routers and
-/// gates, position tables and classifier/pooler heads stay high precision (`default_skips()`).
+/// gates, position tables, classifier/pooler heads and the vision side of multimodal models stay
+/// high precision (`default_skips()`).
 /// `skip` and `only` are fnmatch-style patterns (`*` and `?`) on the full tensor name: a tensor
 /// matching `skip` is kept; when `only` is non-empty a tensor must match one of its patterns.
 struct LayerRules {

@@ -10,6 +10,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -461,7 +462,12 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
   // Stacked MoE experts under modelopt and compressed-tensors: engines load quantized experts one
   // Linear [out, in] per expert (vLLM's and SGLang's expert mappings, llm-compressor's output), so
   // they are split where the model's gate/up layout is known.
-  const StackedGateUp gate_up_layout = stacked_gate_up_layout(ckpt);
+  const StackedExpertLayout expert_layout = stacked_expert_layout(ckpt);
+  std::set<std::string> stacked_modules;  // the experts modules holding stacked weights
+  for (const Checkpoint::Entry& entry : ckpt.tensors()) {
+    if (is_stacked_expert_weight(entry.tensor->name, entry.tensor->shape))
+      stacked_modules.insert(module_of_tensor(entry.tensor->name));
+  }
 
   // Plan: what each input tensor becomes.
   std::vector<TensorReport> reports(ckpt.tensors().size());
@@ -487,14 +493,15 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
       } else {
         r.kept_because = o.rules.keep_reason(e.name, e.dtype, swap_last_two(e.shape), block);
       }
-    } else if (stacked && gate_up_layout == StackedGateUp::Halves) {
-      slices = split_stacked_experts(e.name, e.shape);
-      r.kept_because = o.rules.keep_reason(e.name, e.dtype, {slices[0].out, slices[0].in}, block);
     } else if (stacked) {
-      r.kept_because = gate_up_layout == StackedGateUp::Interleaved
-                           ? "stacked gpt-oss experts: the gpt-oss convention (mxfp4) quantizes them"
-                           : "stacked MoE experts [E, in, out] of a model whose gate/up layout is not known "
-                             "here (config.json model_type llama4 or qwen3_vl_moe is)";
+      r.kept_because = stacked_expert_split_problem(e.name, e.shape, expert_layout);
+      if (r.kept_because.empty()) {
+        slices = split_stacked_experts(e.name, e.shape);
+        r.kept_because = o.rules.keep_reason(e.name, e.dtype, {slices[0].out, slices[0].in}, block);
+      }
+    } else if (stacked_modules.count(module_of_tensor(e.name))) {
+      // gpt-oss's stacked biases [E, 2I], [E, H]: not Linear weights, kept with their experts.
+      r.kept_because = "not a weight of the stacked experts module '" + module_of_tensor(e.name) + "'";
     } else {
       r.kept_because = o.rules.keep_reason(e.name, e.dtype, e.shape, block);
     }
@@ -504,7 +511,8 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
       ++(r.quantized ? quantized : kept);
     }
     if (!r.quantized) {
-      if (e.shape.size() >= 2 && !stacked) ignored.push_back(module_of(e.name));
+      if (e.shape.size() >= 2 && !stacked && !stacked_modules.count(module_of_tensor(e.name)))
+        ignored.push_back(module_of(e.name));
       continue;
     }
     const size_t first_piece = pieces.size();
@@ -537,7 +545,7 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
 
   // vLLM, SGLang and transformers take a layer's experts module whole: all its weights quantized,
   // or (listed in the ignore list / modules_to_not_convert) none.
-  bool any_expert_quantized = false;
+  int modules_quantized = 0, modules_kept = 0;
   for (const auto& [module, count] : experts) {
     const auto [quantized, kept] = count;
     if (quantized > 0 && kept > 0) {
@@ -545,8 +553,23 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
                   "' would be partly quantized (engines load a layer's experts all quantized or none); "
                   "quantize or skip both gate_up_proj and down_proj");
     }
-    if (quantized == 0) ignored.push_back(module);
-    any_expert_quantized |= quantized > 0;
+    ++(quantized > 0 ? modules_quantized : modules_kept);
+    if (quantized > 0) continue;
+    ignored.push_back(module);
+    // vLLM and SGLang ask compressed-tensors whether a MoE layer is ignored by its first expert's
+    // names (an exact match, no prefix): listed too, for every convention.
+    if (!gpt_oss) {
+      for (const char* projection : {"gate_proj", "up_proj", "down_proj"})
+        ignored.push_back(module + ".0." + projection);
+    }
+  }
+  const bool any_expert_quantized = modules_quantized > 0;
+  // vLLM's Llama 4 and SGLang's Qwen3-VL-MoE loaders read one form of experts per checkpoint: once
+  // they meet stacked names they take every expert name for one.
+  if (!gpt_oss && modules_quantized > 0 && modules_kept > 0) {
+    throw Error(
+        "the experts of some layers would be split per expert and others kept stacked (engines "
+        "read one form per checkpoint); quantize or skip the experts of every layer");
   }
   if (gpt_oss && !any_expert_quantized) {
     throw Error(

@@ -26,19 +26,59 @@ bool is_stacked_expert_weight(const std::string& name, const std::vector<int64_t
   return shape.size() == 3 && (name.ends_with(kGateUp) || name.ends_with(kDown));
 }
 
-StackedGateUp stacked_gate_up_layout(const Checkpoint& c) {
+StackedExpertLayout stacked_expert_layout(const Checkpoint& c) {
+  StackedExpertLayout layout;
   const nlohmann::json config = nlohmann::json::parse(c.config_json(), nullptr, /*allow_exceptions=*/false);
-  if (!config.is_object()) return StackedGateUp::Unknown;
+  if (!config.is_object()) return layout;
   const auto model_type = [](const nlohmann::json& j) {
     const nlohmann::json type = j.value("model_type", nlohmann::json());
     return type.is_string() ? type.get<std::string>() : std::string();
   };
-  const std::string top = model_type(config);
-  if (top == "gpt_oss") return StackedGateUp::Interleaved;
-  const nlohmann::json text = config.value("text_config", nlohmann::json());
-  if (gate_up_in_halves(top) || (text.is_object() && gate_up_in_halves(model_type(text))))
-    return StackedGateUp::Halves;
-  return StackedGateUp::Unknown;
+  if (model_type(config) == "gpt_oss") {
+    layout.gate_up = StackedGateUp::Interleaved;
+    return layout;
+  }
+  // The text model's config: Llama 4 and Qwen3-VL-MoE nest it in text_config.
+  nlohmann::json text = config.value("text_config", nlohmann::json());
+  if (!text.is_object() || !gate_up_in_halves(model_type(text))) text = config;
+  if (!gate_up_in_halves(model_type(text))) return layout;
+  layout.gate_up = StackedGateUp::Halves;
+  const auto dim = [&](const char* key) -> int64_t {
+    const nlohmann::json v = text.value(key, nlohmann::json());
+    return v.is_number_integer() && v.get<int64_t>() > 0 ? v.get<int64_t>() : 0;
+  };
+  const bool qwen = model_type(text).starts_with("qwen3_vl_moe");
+  layout.experts = dim(qwen ? "num_experts" : "num_local_experts");
+  layout.hidden = dim("hidden_size");
+  layout.intermediate = dim(qwen ? "moe_intermediate_size" : "intermediate_size");
+  return layout;
+}
+
+std::string stacked_expert_split_problem(const std::string& name, const std::vector<int64_t>& shape,
+                                         const StackedExpertLayout& layout) {
+  if (layout.gate_up == StackedGateUp::Interleaved)
+    return "stacked gpt-oss experts: the gpt-oss convention (mxfp4) quantizes them";
+  if (layout.gate_up != StackedGateUp::Halves) {
+    return "stacked MoE experts [E, in, out] of a model whose gate/up layout is not known here "
+           "(config.json model_type llama4 or qwen3_vl_moe is)";
+  }
+  if (layout.experts == 0 || layout.hidden == 0 || layout.intermediate == 0) {
+    return "stacked MoE experts: config.json lacks the number of experts, hidden_size or the experts' "
+           "intermediate size, against which the shape is checked";
+  }
+  const bool gate_up = name.ends_with(kGateUp);
+  const int64_t in = gate_up ? layout.hidden : layout.intermediate;
+  const int64_t out = gate_up ? 2 * layout.intermediate : layout.hidden;
+  const std::vector<int64_t> expected = {layout.experts, in, out};
+  if (shape != expected) {
+    return "stacked MoE experts of shape " + shape_string(shape) + ", not the " + shape_string(expected) +
+           " [experts, in, out] of config.json";
+  }
+  if (in == out) {
+    return "stacked MoE experts " + shape_string(shape) +
+           ": square, so [experts, in, out] and a transposed save read alike";
+  }
+  return "";
 }
 
 std::vector<ExpertSlice> split_stacked_experts(const std::string& name, const std::vector<int64_t>& shape) {

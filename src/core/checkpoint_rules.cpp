@@ -85,9 +85,11 @@ bool wildcard_match(const std::string& pattern, const std::string& text) {
 std::vector<std::string> LayerRules::default_skips() {
   // What serving engines keep in high precision (ModelOpt's and llm-compressor's default
   // exclusions, gpt-oss's modules_to_not_convert): embeddings, norms, the output head, MoE
-  // routers/gates, and small heads.
-  return {"*embed*",   "*norm*",   "*Norm*",       "*lm_head*",  "*router*", "*.gate.*",
-          "*mlp.gate", "*pooler*", "*classifier*", "*position*", "*score*"};
+  // routers/gates, and small heads. Also the vision side of multimodal models, which llm-compressor's
+  // recipes ignore and vLLM builds unquantized for some (Llama 4's vision_model and projector).
+  return {"*embed*",  "*norm*",         "*Norm*",         "*lm_head*",    "*router*",
+          "*.gate.*", "*mlp.gate",      "*pooler*",       "*classifier*", "*position*",
+          "*score*",  "*vision_model*", "*vision_tower*", "*visual*",     "*multi_modal_projector*"};
 }
 
 std::string LayerRules::keep_reason(const std::string& name, const std::string& dtype,

@@ -1,8 +1,9 @@
 // Stacked MoE experts ([E, in, out], Llama 4 / Qwen3-VL-MoE) under modelopt and compressed-tensors:
 // split into one [out, in] weight per expert, gate and up sharing an NVFP4 global scale; kept where
-// the model's gate/up layout is not known, and never quantized in part.
+// the model's layout or dims are not known, and never quantized in part.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -26,6 +27,9 @@ using testing_data::random_tensor;
 
 constexpr int64_t kExperts = 2, kHidden = 32, kInter = 64;
 const std::string kPrefix = "language_model.model.layers.0.feed_forward.experts";
+constexpr const char* kLlama4Config =
+    R"({"model_type": "llama4", "text_config": {"model_type": "llama4_text", "num_local_experts": 2,
+        "hidden_size": 32, "intermediate_size": 64}})";
 
 fs::path fresh_dir(const std::string& name) {
   const fs::path p = testing_paths::temp_path(name);
@@ -40,9 +44,10 @@ struct StackedModel {
   Tensor down;     // f32 [E, I, H]
 };
 
-// A Llama 4-like model: stacked experts, a router and an attention projection. Expert 0's up half
-// is 8x larger than its gate half, so a shared global scale differs from the gate's own.
-StackedModel make_stacked_model(const std::string& name, const std::string& config) {
+// A Llama 4-like model: stacked experts, a router and an attention projection (with `biases`, also
+// gpt-oss's stacked expert biases). Expert 0's up half is 8x larger than its gate half, so a shared
+// global scale differs from the gate's own.
+StackedModel make_stacked_model(const std::string& name, const std::string& config, bool biases = false) {
   StackedModel m{fresh_dir(name),
                  random_tensor(DType::F32, {kExperts, kHidden, 2 * kInter}, Fill::Normal, 21),
                  random_tensor(DType::F32, {kExperts, kInter, kHidden}, Fill::Normal, 22)};
@@ -51,19 +56,19 @@ StackedModel make_stacked_model(const std::string& name, const std::string& conf
   }
   const Tensor router = random_tensor(DType::F32, {kExperts, kHidden}, Fill::Normal, 23);
   const Tensor q = random_tensor(DType::F32, {kHidden, kHidden}, Fill::Normal, 24);
-  write_safetensors(
-      (m.dir / "model.safetensors").string(),
-      {{kPrefix + ".gate_up_proj", "F32", m.gate_up.shape(), m.gate_up.data(), m.gate_up.nbytes()},
-       {kPrefix + ".down_proj", "F32", m.down.shape(), m.down.data(), m.down.nbytes()},
-       {"language_model.model.layers.0.feed_forward.router.weight", "F32", router.shape(), router.data(),
-        router.nbytes()},
-       {"language_model.model.layers.0.self_attn.q_proj.weight", "F32", q.shape(), q.data(), q.nbytes()}});
+  const Tensor bias = random_tensor(DType::F32, {kExperts, 2 * kInter}, Fill::Normal, 25);
+  std::vector<SafetensorsTensor> tensors = {
+      {kPrefix + ".gate_up_proj", "F32", m.gate_up.shape(), m.gate_up.data(), m.gate_up.nbytes()},
+      {kPrefix + ".down_proj", "F32", m.down.shape(), m.down.data(), m.down.nbytes()},
+      {"language_model.model.layers.0.feed_forward.router.weight", "F32", router.shape(), router.data(),
+       router.nbytes()},
+      {"language_model.model.layers.0.self_attn.q_proj.weight", "F32", q.shape(), q.data(), q.nbytes()}};
+  if (biases)
+    tensors.push_back({kPrefix + ".gate_up_proj_bias", "F32", bias.shape(), bias.data(), bias.nbytes()});
+  write_safetensors((m.dir / "model.safetensors").string(), tensors);
   std::ofstream(m.dir / "config.json") << config;
   return m;
 }
-
-constexpr const char* kLlama4Config =
-    R"({"model_type": "llama4", "text_config": {"model_type": "llama4_text"}})";
 
 // Expert e's weights [out, in] by index arithmetic on the stacked [E, in, out] (gate_up_proj: gate
 // the first half of the last dim, up the second, as transformers' chunk(2, dim=-1)).
@@ -89,31 +94,82 @@ std::string expert_name(int64_t e, const std::string& which) {
   return kPrefix + "." + std::to_string(e) + "." + which + ".weight";
 }
 
+// The quantization_config's ignore list of a converted model.
+nlohmann::json ignore_list(const fs::path& out) {
+  return nlohmann::json::parse(std::ifstream(out / "config.json"))["quantization_config"]["ignore"];
+}
+
+void expect_conversion_error(const fs::path& in, const ConvertOptions& o, const std::string& reason) {
+  try {
+    convert_checkpoint(in.string(), fresh_dir("stacked_error_out").string(), o);
+    ADD_FAILURE() << "accepted: " << reason;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(reason), std::string::npos) << e.what();
+  }
+}
+
 struct Combo {
   CheckpointFormat format;
   Convention convention;
 };
 
-TEST(StackedExperts, GateUpLayoutFromTheConfig) {
+TEST(StackedExperts, LayoutFromTheConfig) {
   const auto layout = [](const std::string& config) {
     const fs::path dir = fresh_dir("stacked_layout");
     const Tensor w = random_tensor(DType::F32, {16, 16}, Fill::Normal, 1);
     write_safetensors((dir / "model.safetensors").string(), {{"w", "F32", w.shape(), w.data(), w.nbytes()}});
     if (!config.empty()) std::ofstream(dir / "config.json") << config;
-    return stacked_gate_up_layout(Checkpoint::open(dir.string()));
+    return stacked_expert_layout(Checkpoint::open(dir.string()));
   };
-  EXPECT_EQ(layout(kLlama4Config), StackedGateUp::Halves);
-  EXPECT_EQ(layout(R"({"model_type": "llama4_text"})"), StackedGateUp::Halves);
-  EXPECT_EQ(layout(R"({"model_type": "qwen3_vl_moe"})"), StackedGateUp::Halves);
-  EXPECT_EQ(layout(R"({"model_type": "x", "text_config": {"model_type": "qwen3_vl_moe_text"}})"),
-            StackedGateUp::Halves);
-  EXPECT_EQ(layout(R"({"model_type": "gpt_oss"})"), StackedGateUp::Interleaved);
-  EXPECT_EQ(layout(R"({"model_type": "llama"})"), StackedGateUp::Unknown);
-  EXPECT_EQ(layout(R"({"model_type": 4, "text_config": []})"), StackedGateUp::Unknown);
-  EXPECT_EQ(layout(""), StackedGateUp::Unknown);
+  const StackedExpertLayout llama4 = layout(kLlama4Config);
+  EXPECT_EQ(llama4.gate_up, StackedGateUp::Halves);
+  EXPECT_EQ(llama4.experts, kExperts);
+  EXPECT_EQ(llama4.hidden, kHidden);
+  EXPECT_EQ(llama4.intermediate, kInter);
+  EXPECT_EQ(layout(R"({"model_type": "llama4_text"})").gate_up, StackedGateUp::Halves);
+  const StackedExpertLayout qwen = layout(
+      R"({"model_type": "qwen3_vl_moe", "text_config": {"model_type": "qwen3_vl_moe_text", "num_experts": 8,
+          "hidden_size": 16, "moe_intermediate_size": 4, "intermediate_size": 99}})");
+  EXPECT_EQ(qwen.gate_up, StackedGateUp::Halves);
+  EXPECT_EQ(qwen.experts, 8);
+  EXPECT_EQ(qwen.hidden, 16);
+  EXPECT_EQ(qwen.intermediate, 4);  // the experts', not the dense MLP's
+  EXPECT_EQ(layout(R"({"model_type": "qwen3_vl_moe"})").gate_up, StackedGateUp::Halves);
+  EXPECT_EQ(layout(R"({"model_type": "gpt_oss"})").gate_up, StackedGateUp::Interleaved);
+  EXPECT_EQ(layout(R"({"model_type": "llama"})").gate_up, StackedGateUp::Unknown);
+  EXPECT_EQ(layout(R"({"model_type": 4, "text_config": []})").gate_up, StackedGateUp::Unknown);
+  const StackedExpertLayout bad_dims = layout(
+      R"({"model_type": "llama4", "hidden_size": "32", "num_local_experts": -2, "intermediate_size": 2.5})");
+  EXPECT_EQ(bad_dims.hidden, 0);
+  EXPECT_EQ(bad_dims.experts, 0);
+  EXPECT_EQ(bad_dims.intermediate, 0);
+  EXPECT_EQ(layout("").gate_up, StackedGateUp::Unknown);
   EXPECT_THROW(split_stacked_experts("a.experts.gate_up_proj", {2, 4, 7}), Error);  // odd 2I
   EXPECT_THROW(split_stacked_experts("a.experts.up_proj", {2, 4, 8}), Error);
   EXPECT_THROW(split_stacked_experts("a.experts.down_proj", {4, 8}), Error);
+}
+
+// Split only what the config describes: the shapes must be its [E, in, out] and not square.
+TEST(StackedExperts, SplitOnlyShapesTheConfigGives) {
+  StackedExpertLayout l{StackedGateUp::Halves, 2, 32, 64};
+  const auto problem = [&](const std::string& name, const std::vector<int64_t>& shape) {
+    return stacked_expert_split_problem(name, shape, l);
+  };
+  EXPECT_EQ(problem("p.experts.gate_up_proj", {2, 32, 128}), "");
+  EXPECT_EQ(problem("p.experts.down_proj", {2, 64, 32}), "");
+  EXPECT_NE(problem("p.experts.gate_up_proj", {2, 128, 32}).find("not the [2, 32, 128]"), std::string::npos);
+  EXPECT_NE(problem("p.experts.down_proj", {2, 32, 64}).find("not the [2, 64, 32]"), std::string::npos);
+  EXPECT_NE(problem("p.experts.down_proj", {3, 64, 32}), "");  // another number of experts
+  l.intermediate = 16;                                         // 2I = H
+  EXPECT_NE(problem("p.experts.gate_up_proj", {2, 32, 32}).find("square"), std::string::npos);
+  l.intermediate = 32;  // I = H
+  EXPECT_NE(problem("p.experts.down_proj", {2, 32, 32}).find("square"), std::string::npos);
+  l.hidden = 0;
+  EXPECT_NE(problem("p.experts.down_proj", {2, 32, 32}).find("lacks"), std::string::npos);
+  l.gate_up = StackedGateUp::Unknown;
+  EXPECT_NE(problem("p.experts.down_proj", {2, 32, 32}).find("not known"), std::string::npos);
+  l.gate_up = StackedGateUp::Interleaved;
+  EXPECT_NE(problem("p.experts.down_proj", {2, 32, 32}).find("gpt-oss"), std::string::npos);
 }
 
 TEST(StackedExperts, SplitPerExpertInEveryConvention) {
@@ -195,49 +251,67 @@ TEST(StackedExperts, SplitPerExpertInEveryConvention) {
   }
 }
 
-// Without a known gate/up layout the stacked experts stay as they are, their module in the ignore
-// list (engines then load them unquantized); a layer's experts quantized in part is an error.
-TEST(StackedExperts, KeptUnlessTheLayoutIsKnownAndNeverInPart) {
-  for (const std::string config : {R"({"model_type": "some_moe"})", R"({"model_type": "gpt_oss"})"}) {
-    SCOPED_TRACE(config);
-    const StackedModel m = make_stacked_model("stacked_unknown_in", config);
-    const fs::path out = fresh_dir("stacked_unknown_out");
-    const std::vector<TensorReport> reports =
-        convert_checkpoint(m.dir.string(), out.string(), ConvertOptions{});
-    for (const TensorReport& r : reports) {
-      if (!r.name.starts_with(kPrefix)) continue;
-      EXPECT_FALSE(r.quantized) << r.name;
-      EXPECT_NE(r.kept_because.find(config.find("gpt_oss") != std::string::npos ? "gpt-oss convention"
-                                                                                : "layout is not known"),
-                std::string::npos)
-          << r.kept_because;
+// Stacked experts that cannot be split stay as they are, with the rest of their module, the
+// module in the ignore list (engines then load them unquantized); a layer's experts quantized in
+// part, or some layers' split and others kept, is an error.
+TEST(StackedExperts, KeptUnlessSplittableAndNeverInPart) {
+  for (const std::string config :
+       {R"({"model_type": "some_moe"})", R"({"model_type": "gpt_oss"})",
+        R"({"model_type": "llama4", "num_local_experts": 2, "hidden_size": 64, "intermediate_size": 32})"}) {
+    SCOPED_TRACE(config);  // (the last: dims that the tensors do not have)
+    const StackedModel m = make_stacked_model("stacked_kept_in", config, /*biases=*/true);
+    for (Convention convention : {Convention::ModelOpt, Convention::CompressedTensors}) {
+      const fs::path out = fresh_dir("stacked_kept_out");
+      ConvertOptions o;
+      o.convention = convention;
+      for (const TensorReport& r : convert_checkpoint(m.dir.string(), out.string(), o)) {
+        if (!r.name.starts_with(kPrefix)) continue;
+        EXPECT_FALSE(r.quantized) << r.name;
+        const std::string reason = r.name.ends_with("_bias")                      ? "not a weight of"
+                                   : config.find("gpt_oss") != std::string::npos  ? "gpt-oss convention"
+                                   : config.find("some_moe") != std::string::npos ? "layout is not known"
+                                                                                  : "of config.json";
+        EXPECT_NE(r.kept_because.find(reason), std::string::npos) << r.kept_because;
+      }
+      const Checkpoint q = Checkpoint::open(out.string());
+      const Checkpoint original = Checkpoint::open(m.dir.string());
+      for (const std::string& name :
+           {kPrefix + ".gate_up_proj", kPrefix + ".down_proj", kPrefix + ".gate_up_proj_bias"}) {
+        ASSERT_TRUE(q.contains(name)) << name;
+        EXPECT_EQ(0, std::memcmp(q.at(name).data, original.at(name).data, original.at(name).nbytes)) << name;
+      }
+      // The module, and (vLLM and SGLang ask compressed-tensors by the first expert's names) those.
+      const nlohmann::json ignored = ignore_list(out);
+      for (const std::string& module :
+           {kPrefix, kPrefix + ".0.gate_proj", kPrefix + ".0.up_proj", kPrefix + ".0.down_proj"})
+        EXPECT_EQ(std::count(ignored.begin(), ignored.end(), module), 1) << module;
+      EXPECT_EQ(std::count(ignored.begin(), ignored.end(), kPrefix + ".gate_up_proj_bias"), 0);
     }
-    const Checkpoint q = Checkpoint::open(out.string());
-    const Checkpoint original = Checkpoint::open(m.dir.string());
-    for (const std::string& name : {kPrefix + ".gate_up_proj", kPrefix + ".down_proj"}) {
-      ASSERT_TRUE(q.contains(name)) << name;
-      EXPECT_EQ(0, std::memcmp(q.at(name).data, original.at(name).data, original.at(name).nbytes)) << name;
-    }
-    const nlohmann::json config_out = nlohmann::json::parse(std::ifstream(out / "config.json"));
-    const nlohmann::json ignored = config_out["quantization_config"]["ignore"];
-    EXPECT_EQ(std::count(ignored.begin(), ignored.end(), kPrefix), 1);
   }
   const StackedModel m = make_stacked_model("stacked_part_in", kLlama4Config);
   ConvertOptions partly;
   partly.rules.skip.push_back("*down_proj");
-  try {
-    convert_checkpoint(m.dir.string(), fresh_dir("stacked_part_out").string(), partly);
-    ADD_FAILURE() << "experts quantized in part";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("partly quantized"), std::string::npos) << e.what();
-  }
+  expect_conversion_error(m.dir, partly, "partly quantized");
   ConvertOptions none;
   none.rules.skip.push_back("*experts*");
   const fs::path out = fresh_dir("stacked_none_out");
   convert_checkpoint(m.dir.string(), out.string(), none);
-  const nlohmann::json config = nlohmann::json::parse(std::ifstream(out / "config.json"));
-  const nlohmann::json ignored = config["quantization_config"]["ignore"];
+  const nlohmann::json ignored = ignore_list(out);
   EXPECT_EQ(std::count(ignored.begin(), ignored.end(), kPrefix), 1);
+  // Some layers' experts split and others kept stacked: engines read one form per checkpoint.
+  const fs::path two = fresh_dir("stacked_two_layers_in");
+  const std::string layer1 = "language_model.model.layers.1.feed_forward.experts";
+  write_safetensors(
+      (two / "model.safetensors").string(),
+      {{kPrefix + ".gate_up_proj", "F32", m.gate_up.shape(), m.gate_up.data(), m.gate_up.nbytes()},
+       {kPrefix + ".down_proj", "F32", m.down.shape(), m.down.data(), m.down.nbytes()},
+       {layer1 + ".gate_up_proj", "F32", m.gate_up.shape(), m.gate_up.data(), m.gate_up.nbytes()},
+       {layer1 + ".down_proj", "F32", m.down.shape(), m.down.data(), m.down.nbytes()}});
+  std::ofstream(two / "config.json") << kLlama4Config;
+  ConvertOptions one_layer;
+  one_layer.rules.skip.push_back("*layers.1.*");
+  expect_conversion_error(two, one_layer, "every layer");
+  EXPECT_NO_THROW(convert_checkpoint(two.string(), fresh_dir("stacked_two_out").string(), ConvertOptions{}));
 }
 
 // NVFP4 W4A4: each expert's input scale from its own calibration entry, else from its stacked

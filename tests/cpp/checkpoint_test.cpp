@@ -307,6 +307,11 @@ TEST(Checkpoint, LayerRules) {
   EXPECT_NE(rules.keep_reason("model.layers.0.mlp.gate.weight", "BF16", {64, 64}, 16), "");
   EXPECT_NE(rules.keep_reason("model.layers.0.mlp.router.weight", "BF16", {64, 64}, 16), "");
   EXPECT_NE(rules.keep_reason("model.norm.weight", "BF16", {64}, 16), "");
+  // The vision side of multimodal models (Llama 4, Qwen-VL, LLaVA-like names).
+  for (const char* vision :
+       {"vision_model.model.layers.0.self_attn.q_proj.weight", "multi_modal_projector.linear_1.weight",
+        "model.visual.blocks.0.attn.qkv.weight", "model.vision_tower.encoder.layers.0.mlp.fc1.weight"})
+    EXPECT_NE(rules.keep_reason(vision, "BF16", {64, 64}, 16), "") << vision;
   EXPECT_NE(rules.keep_reason("x.weight", "I64", {64, 64}, 16), "");
   EXPECT_NE(rules.keep_reason("x.weight", "F32", {64, 40}, 32), "");
   LayerRules only;
