@@ -112,6 +112,26 @@ MICROSCALE_AVX512_INLINE __m512i exponent_spread(__m512i col_max, __m512i min_le
                           _mm512_srli_epi16(_mm512_add_epi16(min_less_one, _mm512_set1_epi16(1)), 7));
 }
 
+// Per column (16-bit lanes, column l in word l), whether fp32 can hold its sums: normal inputs
+// (subnormal ones carry fewer bits) below 2^121 (no sum overflows), at most 16 binades apart (a
+// column over 16 binades fails rht_unit_bf16's check anyway: the outputs' max is at least
+// max |x| / 4, the inputs being the butterfly's first partial sums).
+MICROSCALE_AVX512_INLINE __mmask32 rht_fp32_columns(__m512i col_max, __m512i min_less_one) {
+  const __m512i spread = exponent_spread(col_max, min_less_one);
+  return _mm512_cmplt_epu16_mask(col_max, _mm512_set1_epi16(0x7C00)) &
+         _mm512_cmpge_epu16_mask(min_less_one, _mm512_set1_epi16(0x7F)) &
+         _mm512_cmple_epi16_mask(spread, _mm512_set1_epi16(16));
+}
+
+// rht_unit_bf16's bound per column (16-bit lanes, column l in word l) on its outputs' bf16 max:
+// (1 - 2^-7) 2^(e + 15), that is exponent e + 14 and significand at most 1.1111110b, e the
+// exponent of the column's smallest nonzero |x|.
+MICROSCALE_AVX512_INLINE __m512i rht_exact_max_limit(__m512i min_less_one) {
+  return _mm512_add_epi16(
+      _mm512_and_si512(_mm512_add_epi16(min_less_one, _mm512_set1_epi16(1)), _mm512_set1_epi16(0x7F80)),
+      _mm512_set1_epi16((14 << 7) | 0x7E));
+}
+
 // One half's outputs in fp32: the input signs and 1/4 (input_scale), then the butterfly.
 MICROSCALE_AVX512_INLINE void rht_half_float(const std::byte* src, int64_t row_bytes, int half,
                                              const float* input_scale, __m512 z[16]) {
@@ -173,15 +193,9 @@ template <bool kKeep>
 MICROSCALE_AVX512_INLINE bool rht_unit_bf16(const std::byte* src, int64_t row_bytes, __m512i col_max,
                                             __m512i min_less_one, const RhtCoefficients& c,
                                             const float* input_scale, RhtUnit& out) {
-  // fp32 needs normal inputs (subnormal ones carry fewer bits) below 2^121 (no sum overflows).
-  // A column over 16 binades fails the check anyway (the outputs' max is at least max |x| / 4:
-  // the inputs are the butterfly's first partial sums), so the tested form goes first there and
-  // data of a wide range do not pay for both forms.
-  const __m512i spread = exponent_spread(col_max, min_less_one);
-  const __mmask32 fp32 = _mm512_cmplt_epu16_mask(col_max, _mm512_set1_epi16(0x7C00)) &
-                         _mm512_cmpge_epu16_mask(min_less_one, _mm512_set1_epi16(0x7F)) &
-                         _mm512_cmple_epi16_mask(spread, _mm512_set1_epi16(16));
-  if (fp32 != ~__mmask32{0})
+  // Columns fp32 cannot take go to the tested form first, so that data of a wide range do not pay
+  // for both forms.
+  if (rht_fp32_columns(col_max, min_less_one) != ~__mmask32{0})
     return rht_unit_bf16_tested<kKeep>(src, row_bytes, col_max, min_less_one, c, input_scale, out);
   const bool normal_range = kKeep && rht_outputs_in_normal_range(col_max, min_less_one) == ~__mmask32{0};
   __m512 z[2][16];  // [even / odd columns][output j]
@@ -193,13 +207,9 @@ MICROSCALE_AVX512_INLINE bool rht_unit_bf16(const std::byte* src, int64_t row_by
     out.max[0] = rounded_max(z[0]);
     out.max[1] = rounded_max(z[1]);
   }
-  // The check, on bf16 patterns (word l: column l): max |y| <= (1 - 2^-7) 2^(e + 15), that is
-  // exponent e + 14 and significand at most 1.1111110b.
+  // The check, on bf16 patterns (word l: column l).
   const __m512i max16 = _mm512_or_si512(_mm512_srli_epi32(out.max[0], 16), out.max[1]);
-  const __m512i limit = _mm512_add_epi16(
-      _mm512_and_si512(_mm512_add_epi16(min_less_one, _mm512_set1_epi16(1)), _mm512_set1_epi16(0x7F80)),
-      _mm512_set1_epi16((14 << 7) | 0x7E));
-  if (_mm512_cmple_epu16_mask(max16, limit) != ~__mmask32{0})
+  if (_mm512_cmple_epu16_mask(max16, rht_exact_max_limit(min_less_one)) != ~__mmask32{0})
     return rht_unit_bf16_tested<kKeep>(src, row_bytes, col_max, min_less_one, c, input_scale, out);
   return true;
 }

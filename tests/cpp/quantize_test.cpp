@@ -393,6 +393,12 @@ TEST(Quantize, FastEqualsReferenceNvfp4RhtSumNotExactInFp32) {
             const uint8_t code0 = ref.columnwise_data.data_as<uint8_t>()[column * 8] & 0xF;  // output 0
             EXPECT_EQ(code0, 6) << what;  // the tie at 5 went to 4: the case this test is for
             expect_fast_equals_ref(x.view(), o, what + " amax given");
+            // The lane's other column (column ^ 1, the other half of the unit) at 2^-4: its outputs
+            // (at most 2^-2) pass this column's bound on exact outputs (below 1), and its own bound
+            // (near 2^11) would pass this column's inexact 2.5; neither may stand in for the other.
+            for (int i = 0; i < 16; ++i)
+              x.data_as<uint16_t>()[i * width + (column ^ 1)] = float_to_bf16(0x1p-4f);
+            expect_fast_equals_ref(x.view(), o, what + " amax given, beside 2^-4");
           }
         }
       }
