@@ -6,7 +6,6 @@
 #include <cstdint>
 
 #include "cpu/nvfp4_avx512_group.hpp"
-#include "cpu/nvfp4_avx512_rht_columns.hpp"
 #include "cpu/nvfp4_avx512_rht_unit.hpp"
 
 #ifdef MICROSCALE_HAVE_AVX512_KERNELS
@@ -88,6 +87,39 @@ MICROSCALE_AVX512_INLINE __m512i shift_lanes(__m512i v, int bits) {
   return v;
 }
 
+// A half's (even or odd lanes') columnwise codes of a unit's 16 rows as the columnwise output
+// holds them: row i's code (already shifted to nibble i % 8) ORed into packed[i / 8]. Rows go in
+// pairs, one three-way OR per two codes.
+struct ColumnCodes {
+  __m512i packed[2];
+  __m512i held;  // an even row's code, until the odd row's comes
+
+  MICROSCALE_AVX512_INLINE void add(int i, __m512i code) {
+    if (i % 2 == 0) {
+      held = code;
+    } else if (i % 8 == 1) {
+      packed[i / 8] = _mm512_or_si512(held, code);
+    } else {
+      packed[i / 8] = _mm512_ternarylogic_epi32(packed[i / 8], held, code, 0xFE);  // a | b | c
+    }
+  }
+};
+
+// A unit's columnwise output words from its two halves' codes. Column 2j + p's 8 bytes: word j of
+// half p's packed[0] (rows 0-7), then of its packed[1]. Interleaving even and odd columns, then rows
+// 0-7 and 8-15, leaves in 128-bit chunk l of words[w] the qwords of columns 8l + 2w and 8l + 2w + 1.
+MICROSCALE_AVX512_INLINE void column_words(const ColumnCodes& even, const ColumnCodes& odd,
+                                           __m512i words[4]) {
+  const __m512i lo_a = _mm512_unpacklo_epi32(even.packed[0], odd.packed[0]);  // 8l + 0..3
+  const __m512i lo_b = _mm512_unpackhi_epi32(even.packed[0], odd.packed[0]);  // 8l + 4..7
+  const __m512i hi_a = _mm512_unpacklo_epi32(even.packed[1], odd.packed[1]);
+  const __m512i hi_b = _mm512_unpackhi_epi32(even.packed[1], odd.packed[1]);
+  words[0] = _mm512_unpacklo_epi32(lo_a, hi_a);
+  words[1] = _mm512_unpackhi_epi32(lo_a, hi_a);
+  words[2] = _mm512_unpacklo_epi32(lo_b, hi_b);
+  words[3] = _mm512_unpackhi_epi32(lo_b, hi_b);
+}
+
 // The scales of a unit, per direction: rowwise in transpose_max16x2 order (row_scale[h] for rows
 // 8h..8h+7), columnwise per even and odd lane.
 struct UnitScales {
@@ -129,7 +161,7 @@ MICROSCALE_AVX512_INLINE void encode_unit(const Group& g, const std::byte* src, 
   __m512i row_packed = _mm512_setzero_si512();
   ColumnCodes col_even, col_odd;  // the columnwise codes of the even and the odd lanes
   // NOTE: fully unrolled, every table, shift and scale index is a constant (GCC does not unroll
-  // this body by itself: rolled, it computes them per row and keeps col_packed on the stack).
+  // this body by itself: rolled, it computes them per row and keeps the column codes on the stack).
 #pragma GCC unroll 16
   for (int i = 0; i < kBlock; ++i) {
     prefetch_unit_row<_MM_HINT_T1>(src + i * g.row_bytes);
@@ -213,6 +245,14 @@ MICROSCALE_AVX512_INLINE __m512i half_max(__m512i v) {
   return _mm512_max_epu32(v, _mm512_shuffle_epi32(v, _MM_PERM_CDAB));
 }
 
+// Blocks whose amax times encode scale may reach 7 (or is NaN: an Inf amax): their products are
+// beyond nvfp4_e2m1_index<true, true>. A normal E4M3 block scale rounds amax / 6 by at most 1/16,
+// so only subnormal or saturated block scales (an amax override below the data's) get there.
+MICROSCALE_AVX512_INLINE __mmask16 block_may_reach_seven(__m512i amax_bits, __m512 encode_scale) {
+  return _mm512_cmp_ps_mask(_mm512_mul_ps(_mm512_castsi512_ps(amax_bits), encode_scale), _mm512_set1_ps(7.0f),
+                            _CMP_NLT_UQ);
+}
+
 // encode_unit in the fastest form the unit allows: kSharedSign unless a scale is tiny, kBounded
 // unless a block may reach 7 (block_may_reach_seven).
 template <DType kIn, bool kRows, bool kCols, bool kSameCodes, bool kRht, NextMaxes kNext>
@@ -264,28 +304,13 @@ MICROSCALE_AVX512 bool quantize_unit16(const Group& g, const std::byte* src, int
   if (_mm512_cmpgt_epu16_mask(col_max, _mm512_set1_epi16(kInf16Bits<kIn>)) != 0) return false;
   __m512i even_max = _mm512_castps_si512(widen_half_lanes<kIn, false>(col_max));  // fp32 bits
   __m512i odd_max = _mm512_castps_si512(widen_half_lanes<kIn, true>(col_max));
-  // The RHT (columnwise only; never with 16x16 tiles): where fp32 sums in the normal range are
-  // possible, the columnwise codes and scales a half at a time (rht_half_columns); else, or where
-  // its check fails, the columnwise values and their maxes (rht_unit_bf16), encoded below.
+  // The RHT (columnwise only; never with 16x16 tiles): the columnwise values and their maxes.
   [[maybe_unused]] RhtUnit rht;
-  [[maybe_unused]] RhtHalfColumns rht_columns[2];
-  bool rht_in_registers = false;
   if constexpr (kRht) {
-    if ((rht_fp32_columns(col_max, min_less_one) & rht_outputs_in_normal_range(col_max, min_less_one)) ==
-        ~__mmask32{0}) {
-      const __m512i limit = rht_exact_max_limit(min_less_one);  // per column, 16-bit lanes
-      rht_in_registers =
-          rht_half_columns(src, g.row_bytes, 0, g.rht_input_scale,
-                           _mm512_and_si512(limit, _mm512_set1_epi32(0xFFFF)), g.col, rht_columns[0]) &&
-          rht_half_columns(src, g.row_bytes, 1, g.rht_input_scale, _mm512_srli_epi32(limit, 16), g.col,
-                           rht_columns[1]);
-    }
-    if (!rht_in_registers) {
-      if (!rht_unit_bf16<true>(src, g.row_bytes, col_max, min_less_one, *g.rht, g.rht_input_scale, rht))
-        return false;
-      even_max = rht.max[0];
-      odd_max = rht.max[1];
-    }
+    if (!rht_unit_bf16<true>(src, g.row_bytes, col_max, min_less_one, *g.rht, g.rht_input_scale, rht))
+      return false;
+    even_max = rht.max[0];
+    odd_max = rht.max[1];
   }
   // 16x16: the tile's max in each lane (lanes 0-7: columns 0-15, lanes 8-15: columns 16-31).
   const __m512i tile_max = g.tile_2d ? half_max(_mm512_max_epu32(even_max, odd_max)) : _mm512_setzero_si512();
@@ -322,10 +347,7 @@ MICROSCALE_AVX512 bool quantize_unit16(const Group& g, const std::byte* src, int
   }
   if constexpr (kCols) {
     __m512i even_codes, odd_codes;
-    if (rht_in_registers) {  // its own choice of encoder, by half
-      even_codes = rht_columns[0].scale_codes;
-      odd_codes = rht_columns[1].scale_codes;
-    } else if (g.tile_2d) {
+    if (g.tile_2d) {
       s.col_even = s.col_odd =
           nvfp4_block_scales(tile_max, g.col.multiplier, g.col.encode_scale, &even_codes);
       odd_codes = even_codes;
@@ -333,12 +355,10 @@ MICROSCALE_AVX512 bool quantize_unit16(const Group& g, const std::byte* src, int
       s.col_even = nvfp4_block_scales(even_max, g.col.multiplier, g.col.encode_scale, &even_codes);
       s.col_odd = nvfp4_block_scales(odd_max, g.col.multiplier, g.col.encode_scale, &odd_codes);
     }
-    if (!rht_in_registers) {
-      tiny |= _mm512_cmp_ps_mask(s.col_even, min_shared, _CMP_LT_OQ) |
-              _mm512_cmp_ps_mask(s.col_odd, min_shared, _CMP_LT_OQ);
-      unbounded |= block_may_reach_seven(g.tile_2d ? tile_max : even_max, s.col_even) |
-                   block_may_reach_seven(g.tile_2d ? tile_max : odd_max, s.col_odd);
-    }
+    tiny |= _mm512_cmp_ps_mask(s.col_even, min_shared, _CMP_LT_OQ) |
+            _mm512_cmp_ps_mask(s.col_odd, min_shared, _CMP_LT_OQ);
+    unbounded |= block_may_reach_seven(g.tile_2d ? tile_max : even_max, s.col_even) |
+                 block_may_reach_seven(g.tile_2d ? tile_max : odd_max, s.col_odd);
     const __m128i e = _mm512_cvtepi32_epi8(even_codes), o = _mm512_cvtepi32_epi8(odd_codes);
     uint8_t* scale = cs.scale + band * g.k + col;  // 32 bytes in column order
     _mm_storeu_si128(reinterpret_cast<__m128i*>(scale), _mm_unpacklo_epi8(e, o));
@@ -354,18 +374,7 @@ MICROSCALE_AVX512 bool quantize_unit16(const Group& g, const std::byte* src, int
   constexpr bool kMaySameCodes = kRows && kCols && !kRht;
   // (16x16 tiles never come with the RHT: validate_quantize rejects them, and kRht takes the 1x16
   // form, which is right for any unit.)
-  if (kRht && rht_in_registers) {  // the rows alone (and the next unit's maxes)
-    if constexpr (kRht) {
-      column_words(rht_columns[0].codes, rht_columns[1].codes, col_words);
-      if (next != nullptr) {
-        encode_unit_form<kIn, kRows, false, false, kRht, NextMaxes::ColumnsAndRows>(
-            tiny != 0, unbounded != 0, g, src, s, nullptr, stage, line_tile, col_words, next);
-      } else {
-        encode_unit_form<kIn, kRows, false, false, kRht, NextMaxes::None>(
-            tiny != 0, unbounded != 0, g, src, s, nullptr, stage, line_tile, col_words, nullptr);
-      }
-    }
-  } else if (next != nullptr && (kRht || !g.tile_2d)) {
+  if (next != nullptr && (kRht || !g.tile_2d)) {
     encode_unit_form<kIn, kRows, kCols, false, kRht, NextMaxes::ColumnsAndRows>(
         tiny != 0, unbounded != 0, g, src, s, rht_values, stage, line_tile, col_words, next);
   } else if (next != nullptr) {
