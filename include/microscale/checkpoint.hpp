@@ -150,8 +150,11 @@ std::vector<ExpertSlice> split_stacked_experts(const std::string& name, const st
 /// @brief Each expert of a stacked expert weight [E, in, out] whole, as [out, in] (gpt-oss), named
 /// `name`.
 std::vector<ExpertSlice> whole_stacked_experts(const std::string& name, const std::vector<int64_t>& shape);
-/// @brief The [out, in] view of `slice` in the stacked tensor `stacked` (no copy).
+/// @brief The [out, in] view of `slice` in the stacked tensor `stacked` (no copy; strided).
 TensorView expert_slice_view(const TensorView& stacked, const ExpertSlice& slice);
+/// @brief `slice` of the CPU tensor `stacked` copied into a contiguous [out, in] tensor of its dtype
+/// (the quantizers' fast paths take contiguous rows).
+Tensor copy_expert_slice(const TensorView& stacked, const ExpertSlice& slice);
 /// @brief The convention used when none is given: modelopt for nvfp4 and mxfp8; for mxfp4 gpt-oss
 /// for a gpt-oss model (is_gpt_oss_model), else compressed-tensors.
 Convention default_convention(CheckpointFormat f, const Checkpoint& input);

@@ -70,7 +70,7 @@ std::vector<int64_t> swap_last_two(std::vector<int64_t> shape) {
 }
 
 // The tensors a quantized weight `name` [..., N, K] becomes (see checkpoint.hpp), in write order.
-// gpt-oss: an expert weight [E, in, out] (is_gpt_oss_expert_weight), stored along `in`.
+// gpt-oss: an expert weight [E, in, out] (is_stacked_expert_weight), stored along `in`.
 std::vector<OutputSpec> quantized_specs(const std::string& name, const std::vector<int64_t>& shape,
                                         CheckpointFormat f, Convention c) {
   const int64_t k = shape.back();
@@ -115,8 +115,8 @@ std::string module_of(const std::string& weight_name) {
   return weight_name;
 }
 
-// A gpt-oss expert weight w [E, in, out] quantized as E weights [out, in], each expert's slice read
-// transposed (a strided view, no copy): rowwise data [E * out, in/2] and scales [E * out, in/32],
+// A gpt-oss expert weight w [E, in, out] quantized as E weights [out, in], each expert's slice
+// copied transposed (copy_expert_slice): rowwise data [E * out, in/2] and scales [E * out, in/32],
 // which are the bytes of _blocks [E, out, in/32, 16] and _scales [E, out, in/32]. `errors` gets
 // each expert's dequantized values against its slice.
 QuantizedTensor quantize_gpt_oss_experts(const TensorView& w, const QuantizeOptions& o,
@@ -132,14 +132,14 @@ QuantizedTensor quantize_gpt_oss_experts(const TensorView& w, const QuantizeOpti
   all.rowwise_scale = Tensor(DType::U8, {experts * out, in / 32});
   int64_t e = 0;
   for (const ExpertSlice& expert : whole_stacked_experts("", w.shape)) {
-    const TensorView slice = expert_slice_view(w, expert);
-    const QuantizedTensor q = quantize(slice, o);
+    const Tensor slice = copy_expert_slice(w, expert);  // contiguous rows: the fast path
+    const QuantizedTensor q = quantize(slice.view(), o);
     std::memcpy(all.rowwise_data.data_as<uint8_t>() + e * q.rowwise_data.nbytes(), q.rowwise_data.data(),
                 q.rowwise_data.nbytes());
     std::memcpy(all.rowwise_scale.data_as<uint8_t>() + e * q.rowwise_scale.nbytes(), q.rowwise_scale.data(),
                 q.rowwise_scale.nbytes());
     const Tensor deq = dequantize(q, Usage::Rowwise, DType::F32);
-    const Tensor ref = to_f32_matrix(slice);
+    const Tensor ref = to_f32_matrix(slice.view());
     errors.add(ref.data_as<float>(), deq.data_as<float>(), ref.numel());
     ++e;
   }
@@ -468,13 +468,21 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
     if (is_stacked_expert_weight(entry.tensor->name, entry.tensor->shape))
       stacked_modules.insert(module_of_tensor(entry.tensor->name));
   }
+  // A tensor of such a module besides its stacked weights (gpt-oss's biases): one, by module.
+  std::map<std::string, std::string> stacked_module_other;
+  for (const Checkpoint::Entry& entry : ckpt.tensors()) {
+    const std::string module = module_of_tensor(entry.tensor->name);
+    if (stacked_modules.count(module) && !is_stacked_expert_weight(entry.tensor->name, entry.tensor->shape))
+      stacked_module_other.emplace(module, entry.tensor->name);
+  }
 
   // Plan: what each input tensor becomes.
   std::vector<TensorReport> reports(ckpt.tensors().size());
   std::vector<WeightPiece> pieces;
   std::vector<std::vector<size_t>> pieces_of(ckpt.tensors().size());  // indices into pieces
   std::vector<std::string> ignored;
-  std::map<std::string, std::pair<int, int>> experts;  // stacked experts module -> (quantized, kept)
+  std::map<std::string, std::pair<int, int>> experts;      // stacked experts module -> (quantized, kept)
+  std::map<std::string, std::string> expert_kept_because;  // a kept stacked tensor and why, by module
   for (size_t i = 0; i < ckpt.tensors().size(); ++i) {
     const SafetensorsEntry& e = *ckpt.tensors()[i].tensor;
     TensorReport& r = reports[i];
@@ -495,6 +503,13 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
       }
     } else if (stacked) {
       r.kept_because = stacked_expert_split_problem(e.name, e.shape, expert_layout);
+      const auto other = stacked_module_other.find(module_of_tensor(e.name));
+      if (r.kept_because.empty() && other != stacked_module_other.end()) {
+        // Split, its module's other tensors would keep their stacked names, which make vLLM's Llama 4
+        // loader take every expert tensor for a stacked one.
+        r.kept_because =
+            "its experts module also holds '" + other->second + "', which has no per-expert form here";
+      }
       if (r.kept_because.empty()) {
         slices = split_stacked_experts(e.name, e.shape);
         r.kept_because = o.rules.keep_reason(e.name, e.dtype, {slices[0].out, slices[0].in}, block);
@@ -509,6 +524,7 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
     if (stacked) {
       auto& [quantized, kept] = experts[module_of_tensor(e.name)];
       ++(r.quantized ? quantized : kept);
+      if (!r.quantized) expert_kept_because.emplace(module_of_tensor(e.name), e.name + ": " + r.kept_because);
     }
     if (!r.quantized) {
       if (e.shape.size() >= 2 && !stacked && !stacked_modules.count(module_of_tensor(e.name)))
@@ -526,16 +542,25 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
     for (size_t p = first_piece; p < pieces.size(); ++p) {
       pieces_of[i].push_back(p);
       if (!w4a4) continue;
-      // A split expert takes its own input amax, else its stacked tensor's (one for all experts).
+      // A split expert takes its own input amax, else its stacked tensor's (one for all experts),
+      // else, for gate and up, which see the experts module's input, that module's.
       const std::string module = module_of(pieces[p].name);
       if (!input_amax.count(module)) {
-        const auto whole = input_amax.find(module_of(e.name));
-        if (whole == input_amax.end()) {
+        std::vector<std::string> keys;
+        if (!slices.empty()) {
+          keys.push_back(module_of(e.name));
+          if (e.name.ends_with(".gate_up_proj")) keys.push_back(module_of_tensor(e.name));
+        }
+        const auto found = std::find_if(keys.begin(), keys.end(),
+                                        [&](const std::string& k) { return input_amax.count(k) != 0; });
+        if (found == keys.end()) {
+          std::string also;
+          for (const std::string& k : keys) also += (also.empty() ? " (nor '" : "', '") + k + ".input_amax";
           throw Error("the calibration file has no '" + module +
                       ".input_amax' (or .input) for the quantized '" + e.name + "'" +
-                      (slices.empty() ? "" : " (nor '" + module_of(e.name) + ".input_amax')"));
+                      (also.empty() ? "" : also + "')"));
         }
-        input_amax[module] = whole->second;
+        input_amax[module] = input_amax.at(*found);
       }
       const bool ct = o.convention == Convention::CompressedTensors;
       pieces[p].specs.push_back({module + (ct ? ".input_global_scale" : ".input_scale"), "F32",
@@ -545,15 +570,16 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
 
   // vLLM, SGLang and transformers take a layer's experts module whole: all its weights quantized,
   // or (listed in the ignore list / modules_to_not_convert) none.
-  int modules_quantized = 0, modules_kept = 0;
+  std::string a_module_quantized, a_module_kept;
   for (const auto& [module, count] : experts) {
     const auto [quantized, kept] = count;
     if (quantized > 0 && kept > 0) {
       throw Error("the experts of '" + module +
                   "' would be partly quantized (engines load a layer's experts all quantized or none); "
-                  "quantize or skip both gate_up_proj and down_proj");
+                  "quantize or skip both gate_up_proj and down_proj (kept: " +
+                  expert_kept_because.at(module) + ")");
     }
-    ++(quantized > 0 ? modules_quantized : modules_kept);
+    (quantized > 0 ? a_module_quantized : a_module_kept) = module;
     if (quantized > 0) continue;
     ignored.push_back(module);
     // vLLM and SGLang ask compressed-tensors whether a MoE layer is ignored by its first expert's
@@ -563,13 +589,14 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
         ignored.push_back(module + ".0." + projection);
     }
   }
-  const bool any_expert_quantized = modules_quantized > 0;
+  const bool any_expert_quantized = !a_module_quantized.empty();
   // vLLM's Llama 4 and SGLang's Qwen3-VL-MoE loaders read one form of experts per checkpoint: once
   // they meet stacked names they take every expert name for one.
-  if (!gpt_oss && modules_quantized > 0 && modules_kept > 0) {
+  if (!gpt_oss && !a_module_quantized.empty() && !a_module_kept.empty()) {
     throw Error(
         "the experts of some layers would be split per expert and others kept stacked (engines "
-        "read one form per checkpoint); quantize or skip the experts of every layer");
+        "read one form per checkpoint); quantize or skip the experts of every layer (split: '" +
+        a_module_quantized + "'; kept: " + expert_kept_because.at(a_module_kept) + ")");
   }
   if (gpt_oss && !any_expert_quantized) {
     throw Error(
@@ -626,7 +653,9 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
             if (gpt_oss) {
               q = quantize_gpt_oss_experts(view, piece_options, errors);
             } else {
-              const TensorView weight = piece.slice ? expert_slice_view(view, *piece.slice) : view;
+              // An expert copied out whole: the quantizers' fast paths take contiguous rows.
+              const Tensor copy = piece.slice ? copy_expert_slice(view, *piece.slice) : Tensor();
+              const TensorView weight = piece.slice ? copy.view() : view;
               q = quantize(weight, piece_options);
               const Tensor deq = dequantize(q, Usage::Rowwise, DType::F32);
               const Tensor ref = to_f32_matrix(weight);

@@ -1,5 +1,7 @@
 // MoE experts stacked in one tensor per projection ([experts, in, out]: gpt-oss, Llama 4,
 // Qwen3-VL-MoE), and the per-expert [out, in] weights that quantized checkpoints hold instead.
+#include <algorithm>
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -111,6 +113,38 @@ std::vector<ExpertSlice> whole_stacked_experts(const std::string& name, const st
   std::vector<ExpertSlice> slices;
   for (int64_t e = 0; e < experts; ++e) slices.push_back({name, e * in * out, out, in, 1, out});
   return slices;
+}
+
+namespace {
+
+// out[o * in + i] = src[o * out_stride + i * in_stride], in 64 x 64 tiles so that both sides stay
+// in L1 (one side is read or written with a stride of a whole row).
+template <typename T>
+void copy_transposing(const T* src, const ExpertSlice& s, T* out) {
+  constexpr int64_t kTile = 64;
+  for (int64_t i0 = 0; i0 < s.in; i0 += kTile) {
+    for (int64_t o0 = 0; o0 < s.out; o0 += kTile) {
+      const int64_t i1 = std::min(i0 + kTile, s.in), o1 = std::min(o0 + kTile, s.out);
+      for (int64_t i = i0; i < i1; ++i) {
+        for (int64_t o = o0; o < o1; ++o) out[o * s.in + i] = src[o * s.out_stride + i * s.in_stride];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+Tensor copy_expert_slice(const TensorView& stacked, const ExpertSlice& slice) {
+  Tensor w(stacked.dtype, {slice.out, slice.in});
+  const std::byte* src = static_cast<const std::byte*>(stacked.data) +
+                         slice.offset * static_cast<int64_t>(dtype_size(stacked.dtype));
+  switch (dtype_size(stacked.dtype)) {
+    case 2: copy_transposing(reinterpret_cast<const uint16_t*>(src), slice, w.data_as<uint16_t>()); break;
+    case 4: copy_transposing(reinterpret_cast<const uint32_t*>(src), slice, w.data_as<uint32_t>()); break;
+    default:
+      throw Error("stacked experts of dtype " + std::string(dtype_name(stacked.dtype)) + " cannot be split");
+  }
+  return w;
 }
 
 TensorView expert_slice_view(const TensorView& stacked, const ExpertSlice& slice) {

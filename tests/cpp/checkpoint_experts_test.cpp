@@ -149,6 +149,28 @@ TEST(StackedExperts, LayoutFromTheConfig) {
   EXPECT_THROW(split_stacked_experts("a.experts.down_proj", {4, 8}), Error);
 }
 
+// copy_expert_slice: each expert's [out, in], contiguous, across several 64 x 64 tiles.
+TEST(StackedExperts, CopyOfAnExpertSlice) {
+  for (DType dtype : {DType::BF16, DType::F32}) {
+    const int64_t experts = 3, in = 130, inter = 70;
+    const Tensor stacked = random_tensor(dtype, {experts, in, 2 * inter}, Fill::Normal, 31);
+    const Tensor f = to_f32_matrix(stacked.view());  // [E * in, 2I]
+    for (const ExpertSlice& slice : split_stacked_experts("p.experts.gate_up_proj", stacked.shape())) {
+      const Tensor copy = copy_expert_slice(stacked.view(), slice);
+      ASSERT_EQ(copy.shape(), (std::vector<int64_t>{inter, in}));
+      ASSERT_EQ(copy.dtype(), dtype);
+      const Tensor got = to_f32_matrix(copy.view());
+      const int64_t e = slice.offset / (in * 2 * inter), first = slice.offset % (in * 2 * inter);
+      int64_t bad = 0;
+      for (int64_t o = 0; o < inter; ++o) {
+        for (int64_t i = 0; i < in; ++i)
+          bad += got.data_as<float>()[o * in + i] != f.data_as<float>()[(e * in + i) * 2 * inter + first + o];
+      }
+      EXPECT_EQ(bad, 0) << slice.name;
+    }
+  }
+}
+
 // Split only what the config describes: the shapes must be its [E, in, out] and not square.
 TEST(StackedExperts, SplitOnlyShapesTheConfigGives) {
   StackedExpertLayout l{StackedGateUp::Halves, 2, 32, 64};
@@ -255,10 +277,13 @@ TEST(StackedExperts, SplitPerExpertInEveryConvention) {
 // module in the ignore list (engines then load them unquantized); a layer's experts quantized in
 // part, or some layers' split and others kept, is an error.
 TEST(StackedExperts, KeptUnlessSplittableAndNeverInPart) {
-  for (const std::string config :
-       {R"({"model_type": "some_moe"})", R"({"model_type": "gpt_oss"})",
-        R"({"model_type": "llama4", "num_local_experts": 2, "hidden_size": 64, "intermediate_size": 32})"}) {
-    SCOPED_TRACE(config);  // (the last: dims that the tensors do not have)
+  for (
+      const std::string& config :
+      {std::string(R"({"model_type": "some_moe"})"), std::string(R"({"model_type": "gpt_oss"})"),
+       std::string(
+           R"({"model_type": "llama4", "num_local_experts": 2, "hidden_size": 64, "intermediate_size": 32})"),
+       std::string(kLlama4Config)}) {
+    SCOPED_TRACE(config);  // (the third: dims that the tensors do not have; the last: a bias beside them)
     const StackedModel m = make_stacked_model("stacked_kept_in", config, /*biases=*/true);
     for (Convention convention : {Convention::ModelOpt, Convention::CompressedTensors}) {
       const fs::path out = fresh_dir("stacked_kept_out");
@@ -267,10 +292,11 @@ TEST(StackedExperts, KeptUnlessSplittableAndNeverInPart) {
       for (const TensorReport& r : convert_checkpoint(m.dir.string(), out.string(), o)) {
         if (!r.name.starts_with(kPrefix)) continue;
         EXPECT_FALSE(r.quantized) << r.name;
-        const std::string reason = r.name.ends_with("_bias")                      ? "not a weight of"
-                                   : config.find("gpt_oss") != std::string::npos  ? "gpt-oss convention"
-                                   : config.find("some_moe") != std::string::npos ? "layout is not known"
-                                                                                  : "of config.json";
+        const std::string reason = r.name.ends_with("_bias")                         ? "not a weight of"
+                                   : config.find("gpt_oss") != std::string::npos     ? "gpt-oss convention"
+                                   : config.find("some_moe") != std::string::npos    ? "layout is not known"
+                                   : config.find("text_config") != std::string::npos ? "also holds"
+                                                                                     : "of config.json";
         EXPECT_NE(r.kept_because.find(reason), std::string::npos) << r.kept_because;
       }
       const Checkpoint q = Checkpoint::open(out.string());
@@ -292,6 +318,7 @@ TEST(StackedExperts, KeptUnlessSplittableAndNeverInPart) {
   ConvertOptions partly;
   partly.rules.skip.push_back("*down_proj");
   expect_conversion_error(m.dir, partly, "partly quantized");
+  expect_conversion_error(m.dir, partly, "(kept: " + kPrefix + ".down_proj: skip pattern '*down_proj')");
   ConvertOptions none;
   none.rules.skip.push_back("*experts*");
   const fs::path out = fresh_dir("stacked_none_out");
@@ -311,6 +338,8 @@ TEST(StackedExperts, KeptUnlessSplittableAndNeverInPart) {
   ConvertOptions one_layer;
   one_layer.rules.skip.push_back("*layers.1.*");
   expect_conversion_error(two, one_layer, "every layer");
+  expect_conversion_error(two, one_layer,
+                          "(split: '" + kPrefix + "'; kept: " + layer1 + ".gate_up_proj: skip pattern");
   EXPECT_NO_THROW(convert_checkpoint(two.string(), fresh_dir("stacked_two_out").string(), ConvertOptions{}));
 }
 
@@ -342,6 +371,21 @@ TEST(StackedExperts, CalibrationPerExpertOrStacked) {
   EXPECT_FLOAT_EQ(input_amax(1, "gate_proj"), up1_amax);  // the max of gate's 3 and up's own 11
   EXPECT_FLOAT_EQ(input_amax(1, "up_proj"), up1_amax);
   EXPECT_FLOAT_EQ(input_amax(1, "down_proj"), down1_amax);
+  // gate and up see the experts module's input: its entry serves them too.
+  const fs::path by_module = fresh_dir("stacked_calib_module") / "calibration.safetensors";
+  write_safetensors(by_module.string(),
+                    {{"language_model.model.layers.0.self_attn.q_proj.input_amax", "F32", {}, &q_amax, 4},
+                     {kPrefix + ".input_amax", "F32", {}, &gate_up_amax, 4},
+                     {kPrefix + ".down_proj.input_amax", "F32", {}, &down_amax, 4}});
+  o.calibration = by_module.string();
+  const fs::path out_module = fresh_dir("stacked_calib_module_out");
+  convert_checkpoint(m.dir.string(), out_module.string(), o);
+  const Checkpoint qm = Checkpoint::open(out_module.string());
+  for (const std::string which : {"gate_proj", "up_proj", "down_proj"}) {
+    float v;
+    std::memcpy(&v, qm.at(kPrefix + ".1." + which + ".input_scale").data, 4);
+    EXPECT_FLOAT_EQ(v * 2688.0f, which == "down_proj" ? down_amax : gate_up_amax) << which;
+  }
   // Neither the expert's entry nor the stacked tensor's: an error naming both.
   const fs::path missing = fresh_dir("stacked_calib_missing") / "calibration.safetensors";
   write_safetensors(missing.string(),
