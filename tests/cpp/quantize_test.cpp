@@ -671,6 +671,32 @@ TEST(Quantize, DequantizeReconstructs) {
   }
 }
 
+// A block whose scale byte is 0xFF dequantizes to the canonical NaN in every element, whatever its
+// codes (a NaN code keeps no sign or payload of its own, a zero or finite code gives no Inf).
+TEST(Quantize, DequantizeMxNanScaleBlock) {
+  Tensor x(DType::F32, {2, 64});
+  float* v = x.data_as<float>();
+  for (int i = 0; i < 128; ++i) v[i] = (i % 3 == 0) ? 0.0f : (i % 2 ? -1.5f : 2.0f);
+  v[5] = -NAN;       // block 0 of row 0: scale 0xFF
+  v[64] = INFINITY;  // block 0 of row 1: scale 0xFF
+  for (Scheme scheme : {Scheme::MXFP8_E4M3, Scheme::MXFP8_E5M2, Scheme::MXFP6_E2M3, Scheme::MXFP4}) {
+    QuantizeOptions o;
+    o.scheme = scheme;
+    const QuantizedTensor q = quantize(x.view(), o);
+    ASSERT_EQ(q.rowwise_scale.data_as<uint8_t>()[0], 0xFF) << scheme_name(scheme);
+    ASSERT_EQ(q.rowwise_scale.data_as<uint8_t>()[2], 0xFF) << scheme_name(scheme);
+    const Tensor d = dequantize(q, Usage::Rowwise, DType::F32);
+    for (int row = 0; row < 2; ++row) {
+      for (int i = 0; i < 32; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, d.data_as<float>() + row * 64 + i, 4);
+        EXPECT_EQ(bits, 0x7FC00000u) << scheme_name(scheme) << " row " << row << " element " << i;
+      }
+      for (int i = 32; i < 64; ++i) EXPECT_EQ(d.data_as<float>()[row * 64 + i], v[row * 64 + i]);
+    }
+  }
+}
+
 TEST(Quantize, MxSpecialValueSemantics) {
   // numerics-mx.md §3.6: [1000, .5, -17, 3] style checks on a 32-block: an Inf or NaN makes the
   // scale 0xFF and FP8 elements NaN; zeros give scale 0; 2^-126 blocks give scale 0 and 2.0.
