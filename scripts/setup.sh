@@ -23,13 +23,14 @@ if [ "${#missing[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-# Python oracles for the Python tests (numpy, ml_dtypes, safetensors, pytest) in a venv, so a
+# Python oracles for the Python tests (numpy, ml_dtypes, safetensors, pytest) and nanobind (the
+# release build makes the extension microscale._C with this venv's Python) in a venv, so a
 # system Python that refuses pip installs (PEP 668) is left alone.
 if [ ! -x build/venv/bin/python ]; then
   mkdir -p build
   python3 -m venv build/venv
 fi
-if ! build/venv/bin/python -c "import numpy, ml_dtypes, safetensors, pytest" 2>/dev/null; then
+if ! build/venv/bin/python -c "import numpy, ml_dtypes, safetensors, pytest, nanobind" 2>/dev/null; then
   build/venv/bin/python -m pip install -q --disable-pip-version-check -r tests/python/requirements.txt
 fi
 

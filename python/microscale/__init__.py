@@ -1,0 +1,65 @@
+"""microscale: block-scaled low-precision numerics (NVFP4, MXFP8, MXFP6, MXFP4), bit-exact with
+TransformerEngine and torchao, on the CPU (and Hopper GPUs through microscale.torch).
+
+Arrays in and out are numpy arrays (anything with DLPack or the buffer protocol goes in);
+``microscale.torch`` has the PyTorch layer: Linear, autocast and torch.library ops.
+"""
+
+import numpy as np
+
+from . import _C, recipe
+from ._C import Error, QuantizedTensor, QuantizeOptions
+
+__all__ = ["Error", "QuantizedTensor", "QuantizeOptions", "dequantize", "quantize", "recipe"]
+
+
+def quantize(
+    x,
+    scheme="nvfp4",
+    *,
+    rowwise=True,
+    columnwise=False,
+    scale_mode="rceil",
+    tile="1x16",
+    rht=False,
+    sr_seed=None,
+    sr_offset=0,
+    amax_rowwise=None,
+    amax_columnwise=None,
+    swizzle=False,
+    num_threads=0,
+    reference=False,
+):
+    """Quantizes a CPU array (float32, float16 or, through DLPack, bfloat16; N-D, any strides).
+
+    Names and defaults are the CLI's (``microscale quantize-tensors``): ``scheme`` is one of nvfp4,
+    mxfp8_e4m3, mxfp8_e5m2, mxfp6_e2m3, mxfp6_e3m2, mxfp4; ``scale_mode`` (MX) floor, ceil, even or
+    rceil; ``tile`` (NVFP4) 1x16 or 16x16; ``rht`` (NVFP4, bf16 input) the 16-point random
+    Hadamard transform on the columnwise output; ``sr_seed`` turns on NVFP4 stochastic rounding.
+    ``reference=True`` runs the plain-loop reference path (the same bytes, slowly).
+    Returns a QuantizedTensor whose arrays share its memory.
+    """
+    options = QuantizeOptions(
+        scheme=scheme,
+        rowwise=rowwise,
+        columnwise=columnwise,
+        scale_mode=scale_mode,
+        tile=tile,
+        rht=rht,
+        sr_seed=sr_seed,
+        sr_offset=sr_offset,
+        amax_rowwise=amax_rowwise,
+        amax_columnwise=amax_columnwise,
+        swizzle=swizzle,
+        num_threads=num_threads,
+    )
+    return _C.quantize(x, options, reference)
+
+
+def dequantize(q, usage="rowwise", dtype="float32"):
+    """One usage of ``q`` as a numpy array of float32 or float16 (rowwise [M, K], reshaped to the
+    input's shape; NVFP4 columnwise X^T [K, M]; MX columnwise [M, K]). For bfloat16 output use
+    microscale.torch.dequantize (numpy has no bfloat16)."""
+    if dtype not in ("float32", "float16"):
+        raise Error(f"microscale.dequantize: dtype must be 'float32' or 'float16' for numpy, not {dtype!r}")
+    return np.asarray(_C.dequantize(q, usage, dtype))

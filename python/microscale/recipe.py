@@ -1,0 +1,15 @@
+"""Training recipes under TransformerEngine's names (transformer_engine.common.recipe).
+
+- ``NVFP4BlockScaling(disable_rht=False, disable_stochastic_rounding=False,
+  disable_2d_quantization=False)``: inputs 1x16 blocks with the RHT on the columnwise (wgrad)
+  output; weights 16x16 blocks; gradients 1x16 with the RHT and stochastic rounding.
+- ``MXFP8BlockScaling(fp8_format=Format.E4M3)``: blocks of 32, E8M0 scales (RCEIL); HYBRID takes
+  E5M2 for gradients.
+- ``HighPrecision()``: no quantization.
+
+Recipes are immutable values (docs/training.md states their numerics).
+"""
+
+from ._C import Format, HighPrecision, MXFP8BlockScaling, NVFP4BlockScaling
+
+__all__ = ["Format", "HighPrecision", "MXFP8BlockScaling", "NVFP4BlockScaling"]

@@ -1,0 +1,27 @@
+"""microscale for PyTorch: the quantized Linear, the autocast scope and quantize / dequantize ops.
+
+    import microscale.torch as mst
+    from microscale.recipe import NVFP4BlockScaling
+
+    layer = mst.Linear(1024, 1024)
+    with mst.autocast(recipe=NVFP4BlockScaling()):
+        y = layer(x)          # fprop in NVFP4; backward follows the recipe too
+    y.sum().backward()
+
+Outside an enabled autocast scope a Linear runs in high precision, as TransformerEngine's modules
+do outside theirs. Everything here runs on CPU tensors (CUDA tensors: not yet).
+"""
+
+from .autocast import autocast, autocast_enabled, current_recipe
+from .linear import Linear
+from .ops import QuantizedTensor, dequantize, quantize
+
+__all__ = [
+    "Linear",
+    "QuantizedTensor",
+    "autocast",
+    "autocast_enabled",
+    "current_recipe",
+    "dequantize",
+    "quantize",
+]

@@ -1,0 +1,183 @@
+"""quantize / dequantize on torch tensors, registered with torch.library (so torch.compile traces
+them): CPU tensors run the library's fast CPU path. (CUDA tensors are not taken yet: the Hopper
+kernels' entry points, microscale/cuda.hpp, take caller-allocated outputs and a stream, made for
+this frontend, but the binding is not written and tested.)"""
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+
+from .. import _C
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+@dataclass(frozen=True)
+class QuantizeSpec:
+    """What a QuantizedTensor was quantized with (the arguments of quantize that shape its bytes)."""
+
+    scheme: str
+    rowwise: bool
+    columnwise: bool
+    scale_mode: str
+    tile: str
+    rht: bool
+    swizzle: bool
+
+
+@dataclass(frozen=True)
+class QuantizedTensor:
+    """A quantization's outputs as uint8 tensors (None where not asked for), in the layouts of
+    docs/layouts.md. ``amax`` (NVFP4) is float32 [2]: the rowwise and the columnwise amax."""
+
+    rowwise_data: Optional[torch.Tensor]
+    rowwise_scale: Optional[torch.Tensor]
+    columnwise_data: Optional[torch.Tensor]
+    columnwise_scale: Optional[torch.Tensor]
+    amax: Optional[torch.Tensor]
+    shape: tuple
+    options: QuantizeSpec
+
+    @property
+    def rowwise_amax(self):
+        return None if self.amax is None or self.rowwise_data is None else self.amax[0]
+
+    @property
+    def columnwise_amax(self):
+        return None if self.amax is None or self.columnwise_data is None else self.amax[1]
+
+
+def _options(scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
+             amax_columnwise, swizzle):
+    """The C++ options (the op's arguments, in QuantizeOptions' order)."""
+    return _C.QuantizeOptions(scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
+                              amax_columnwise, swizzle)
+
+
+def _empty_u8(device):
+    return torch.empty(0, dtype=torch.uint8, device=device)
+
+
+@torch.library.custom_op("microscale::quantize", mutates_args=())
+def _quantize_op(
+    x: torch.Tensor,
+    scheme: str,
+    rowwise: bool,
+    columnwise: bool,
+    scale_mode: str,
+    tile: str,
+    rht: bool,
+    sr_seed: Optional[int],
+    sr_offset: int,
+    amax_rowwise: Optional[float],
+    amax_columnwise: Optional[float],
+    swizzle: bool,
+) -> List[torch.Tensor]:
+    options = _options(scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
+                       amax_columnwise, swizzle)
+    x = x.detach()
+    if x.device.type == "cpu":
+        q = _C.quantize(x, options, False)
+        parts = [q.rowwise_data, q.rowwise_scale, q.columnwise_data, q.columnwise_scale]
+        outs = [torch.from_dlpack(p) if p is not None else _empty_u8(x.device) for p in parts]
+        amax = torch.tensor([q.rowwise_amax or 0.0, q.columnwise_amax or 0.0], dtype=torch.float32)
+        return outs + [amax]
+    raise _C.Error(f"microscale.torch.quantize: tensors on {x.device.type} are not supported yet (cpu)")
+
+
+@_quantize_op.register_fake
+def _(x, *option_args):
+    shapes = _C.quantized_shapes(list(x.shape), _options(*option_args))
+    names = ["rowwise_data", "rowwise_scale", "columnwise_data", "columnwise_scale"]
+    outs = [x.new_empty(shapes[n] or [0], dtype=torch.uint8) for n in names]
+    return outs + [x.new_empty(2, dtype=torch.float32)]
+
+
+def quantize(x, scheme="nvfp4", *, rowwise=True, columnwise=False, scale_mode="rceil", tile="1x16", rht=False,
+             sr_seed=None, sr_offset=0, amax_rowwise=None, amax_columnwise=None, swizzle=False):
+    """Quantizes a float32 / bfloat16 / float16 tensor (arguments as microscale.quantize's).
+    Returns a QuantizedTensor of uint8 tensors."""
+    parts = _quantize_op(x, scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
+                         amax_columnwise, swizzle)
+    rd, rs, cd, cs, amax = parts
+    return QuantizedTensor(
+        rowwise_data=rd if rowwise else None,
+        rowwise_scale=rs if rowwise else None,
+        columnwise_data=cd if columnwise else None,
+        columnwise_scale=cs if columnwise else None,
+        amax=amax if scheme == "nvfp4" else None,
+        shape=tuple(x.shape),
+        options=QuantizeSpec(scheme, rowwise, columnwise, scale_mode, tile, rht, swizzle),
+    )
+
+
+def _dequantized_shape(shape, scheme, usage):
+    """dequantize's output shape: NVFP4 columnwise is X^T [K, M]; the rest the input's shape."""
+    if scheme == "nvfp4" and usage == "columnwise":
+        rows = 1
+        for d in shape[:-1]:
+            rows *= d
+        return [shape[-1], rows]
+    return list(shape)
+
+
+@torch.library.custom_op("microscale::dequantize", mutates_args=())
+def _dequantize_op(
+    rowwise_data: torch.Tensor,
+    rowwise_scale: torch.Tensor,
+    columnwise_data: torch.Tensor,
+    columnwise_scale: torch.Tensor,
+    amax: torch.Tensor,
+    shape: List[int],
+    scheme: str,
+    rowwise: bool,
+    columnwise: bool,
+    scale_mode: str,
+    tile: str,
+    rht: bool,
+    swizzle: bool,
+    usage: str,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    options = _options(scheme, rowwise, columnwise, scale_mode, tile, rht, None, 0, None, None, swizzle)
+    if dtype not in _DTYPE_NAMES:
+        raise _C.Error(f"microscale.torch.dequantize: dtype must be float32, bfloat16 or float16, not {dtype}")
+    device = rowwise_data.device if rowwise else columnwise_data.device
+    if device.type == "cpu":
+        amax_values = amax.tolist() if amax.numel() == 2 else [0.0, 0.0]
+        q = _C.quantized_tensor(
+            list(shape), options,
+            rowwise_data.contiguous() if rowwise else None, rowwise_scale.contiguous() if rowwise else None,
+            columnwise_data.contiguous() if columnwise else None,
+            columnwise_scale.contiguous() if columnwise else None,
+            amax_values[0], amax_values[1])
+        return torch.from_dlpack(_C.dequantize(q, usage, _DTYPE_NAMES[dtype])).reshape(
+            _dequantized_shape(shape, scheme, usage))
+    raise _C.Error(f"microscale.torch.dequantize: tensors on {device.type} are not supported yet (cpu)")
+
+
+@_dequantize_op.register_fake
+def _(rowwise_data, rowwise_scale, columnwise_data, columnwise_scale, amax, shape, scheme, rowwise, columnwise,
+      scale_mode, tile, rht, swizzle, usage, dtype):
+    like = rowwise_data if rowwise else columnwise_data
+    return like.new_empty(_dequantized_shape(shape, scheme, usage), dtype=dtype)
+
+
+def dequantize(q, usage="rowwise", dtype=torch.float32):
+    """One usage of a QuantizedTensor back to ``dtype`` (float32, bfloat16, float16): rowwise in
+    the input's shape; NVFP4 columnwise X^T [K, M] (RHT(X^T) with the RHT); MX columnwise in the
+    input's shape."""
+    o = q.options
+    if usage not in ("rowwise", "columnwise"):
+        raise _C.Error(f"unknown usage '{usage}' (rowwise, columnwise)")
+    if (usage == "rowwise" and not o.rowwise) or (usage == "columnwise" and not o.columnwise):
+        raise _C.Error(f"microscale.torch.dequantize: the tensor has no {usage} output")
+    like = q.rowwise_data if o.rowwise else q.columnwise_data
+    empty = _empty_u8(like.device)
+    amax = q.amax if q.amax is not None else torch.zeros(2, dtype=torch.float32, device=like.device)
+    return _dequantize_op(
+        q.rowwise_data if o.rowwise else empty, q.rowwise_scale if o.rowwise else empty,
+        q.columnwise_data if o.columnwise else empty, q.columnwise_scale if o.columnwise else empty,
+        amax, list(q.shape), o.scheme, o.rowwise, o.columnwise, o.scale_mode, o.tile, o.rht, o.swizzle, usage,
+        dtype)

@@ -1,0 +1,155 @@
+// Training for Python: the recipes (TransformerEngine's names), the quantize options they give
+// per tensor role, and the quantized Linear's forward / backward as functions; the PyTorch
+// module (python/microscale/torch) holds the parameters and the autograd state.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/variant.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "array_bridge.hpp"
+#include "bindings.hpp"
+#include "microscale/error.hpp"
+#include "microscale/linear.hpp"
+#include "microscale/recipe.hpp"
+
+namespace microscale::python {
+namespace {
+
+TensorRole parse_role(const std::string& name) {
+  if (name == "input") return TensorRole::Input;
+  if (name == "weight") return TensorRole::Weight;
+  if (name == "grad_output") return TensorRole::GradOutput;
+  throw Error("unknown tensor role '" + name + "' (input, weight, grad_output)");
+}
+
+TensorView cpu_view(const AnyArray& a, const char* what) {
+  TensorView v = view_of(a, what);
+  if (v.device != Device::CPU) throw Error(std::string(what) + ": the Linear runs on the CPU only for now");
+  return v;
+}
+
+std::optional<ResultArray> array_or_none(Tensor t) {
+  if (!t.defined()) return std::nullopt;
+  return to_array(std::move(t));
+}
+
+}  // namespace
+
+void bind_training(nb::module_& m) {
+  nb::enum_<MXFP8BlockScaling::Fp8Format>(m, "Format",
+                                          "MXFP8 element formats: E4M3 everywhere, or HYBRID "
+                                          "(E4M3 forward, E5M2 gradients)")
+      .value("E4M3", MXFP8BlockScaling::Fp8Format::E4M3)
+      .value("HYBRID", MXFP8BlockScaling::Fp8Format::HYBRID);
+
+  nb::class_<NVFP4BlockScaling>(m, "NVFP4BlockScaling",
+                                "TransformerEngine's NVFP4 recipe: inputs 1x16 with the RHT on columnwise, "
+                                "weights 16x16, gradients 1x16 with the RHT and stochastic rounding.")
+      .def(
+          "__init__",
+          [](NVFP4BlockScaling* self, bool disable_rht, bool disable_stochastic_rounding,
+             bool disable_2d_quantization) {
+            new (self) NVFP4BlockScaling(NVFP4BlockScaling::Options{disable_rht, disable_stochastic_rounding,
+                                                                    disable_2d_quantization});
+          },
+          nb::kw_only(), nb::arg("disable_rht") = false, nb::arg("disable_stochastic_rounding") = false,
+          nb::arg("disable_2d_quantization") = false)
+      .def_prop_ro("disable_rht", &NVFP4BlockScaling::disable_rht)
+      .def_prop_ro("disable_stochastic_rounding", &NVFP4BlockScaling::disable_stochastic_rounding)
+      .def_prop_ro("disable_2d_quantization", &NVFP4BlockScaling::disable_2d_quantization)
+      .def("__repr__", [](const NVFP4BlockScaling& r) {
+        return std::string("NVFP4BlockScaling(disable_rht=") + (r.disable_rht() ? "True" : "False") +
+               ", disable_stochastic_rounding=" + (r.disable_stochastic_rounding() ? "True" : "False") +
+               ", disable_2d_quantization=" + (r.disable_2d_quantization() ? "True" : "False") + ")";
+      });
+
+  nb::class_<MXFP8BlockScaling>(m, "MXFP8BlockScaling",
+                                "TransformerEngine's MXFP8 recipe: blocks of 32, E8M0 scales (RCEIL), "
+                                "round to nearest.")
+      .def(nb::init<MXFP8BlockScaling::Fp8Format>(), nb::kw_only(),
+           nb::arg("fp8_format") = MXFP8BlockScaling::Fp8Format::E4M3)
+      .def_prop_ro("fp8_format", &MXFP8BlockScaling::fp8_format)
+      .def("__repr__", [](const MXFP8BlockScaling& r) {
+        return std::string("MXFP8BlockScaling(fp8_format=Format.") +
+               (r.fp8_format() == MXFP8BlockScaling::Fp8Format::HYBRID ? "HYBRID" : "E4M3") + ")";
+      });
+
+  nb::class_<HighPrecision>(m, "HighPrecision", "No quantization: fp32 GEMMs on the inputs.")
+      .def(nb::init<>())
+      .def("__repr__", [](const HighPrecision&) { return std::string("HighPrecision()"); });
+
+  m.def(
+      "recipe_name", [](const Recipe& r) { return std::string(microscale::recipe_name(r)); },
+      nb::arg("recipe"));
+
+  m.def(
+      "quantize_options",
+      [](const Recipe& recipe, const std::string& role, uint64_t sr_seed, uint64_t sr_offset) {
+        return microscale::quantize_options(recipe, parse_role(role), StochasticRounding{sr_seed, sr_offset});
+      },
+      nb::arg("recipe"), nb::arg("role"), nb::arg("sr_seed") = 0, nb::arg("sr_offset") = 0,
+      "How the recipe quantizes a tensor of this role (both usages); None for HighPrecision.");
+
+  nb::class_<LinearSaved>(m, "LinearContext", "What linear_forward keeps for linear_backward.")
+      .def_prop_ro("recipe_name", [](const LinearSaved& s) {
+        return std::string(s.recipe ? microscale::recipe_name(*s.recipe) : "none");
+      });
+
+  m.def(
+      "linear_forward",
+      [](const AnyArray& x, const AnyArray& weight, std::optional<AnyArray> bias, const Recipe& recipe,
+         bool training, const QuantizedTensor* cached_weight) {
+        const TensorView xv = cpu_view(x, "linear input"), wv = cpu_view(weight, "linear weight");
+        std::optional<TensorView> bv;
+        if (bias) bv = cpu_view(*bias, "linear bias");
+        std::optional<LinearSaved> saved;
+        if (training) saved.emplace();
+        Tensor y;
+        {
+          nb::gil_scoped_release released;
+          y = microscale::linear_forward(xv, wv, bv, recipe, saved ? &*saved : nullptr, cached_weight);
+        }
+        return std::make_pair(to_array(std::move(y)), std::move(saved));
+      },
+      nb::arg("x"), nb::arg("weight"), nb::arg("bias").none(), nb::arg("recipe"), nb::arg("training") = true,
+      nb::arg("cached_weight").none() = nb::none(),
+      "y = x W^T (+ b) under the recipe; returns (y, context for linear_backward or None).");
+
+  m.def(
+      "linear_backward",
+      [](const AnyArray& grad_output, const LinearSaved& saved, bool compute_grad_input,
+         bool compute_grad_bias, std::optional<nb::ndarray<>> main_grad, uint64_t sr_seed,
+         uint64_t sr_offset) {
+        LinearBackwardOptions o;
+        o.compute_grad_input = compute_grad_input;
+        o.compute_grad_bias = compute_grad_bias;
+        o.stochastic_rounding = StochasticRounding{sr_seed, sr_offset};
+        if (main_grad) {
+          o.main_grad = view_of_output(*main_grad, "main_grad");
+          if (o.main_grad->device != Device::CPU)
+            throw Error("main_grad: the Linear runs on the CPU only for now");
+        }
+        const TensorView dy = cpu_view(grad_output, "linear grad_output");
+        LinearGrads g;
+        {
+          nb::gil_scoped_release released;
+          g = microscale::linear_backward(dy, saved, o);
+        }
+        return std::make_tuple(array_or_none(std::move(g.grad_input)),
+                               array_or_none(std::move(g.grad_weight)),
+                               array_or_none(std::move(g.grad_bias)));
+      },
+      nb::arg("grad_output"), nb::arg("context"), nb::arg("compute_grad_input") = true,
+      nb::arg("compute_grad_bias") = true, nb::arg("main_grad").none() = nb::none(), nb::arg("sr_seed") = 0,
+      nb::arg("sr_offset") = 0,
+      "(dx, dW, db) of linear_forward; with main_grad (float32 [N, K]) dW is added there and None returned.");
+}
+
+}  // namespace microscale::python

@@ -1,0 +1,202 @@
+"""microscale.torch: the quantize / dequantize ops (eager and traced by torch.compile), the
+quantized Linear against a float64 computation on the same dequantized operands, the autocast
+scope, the weight cache and stochastic rounding's seed.
+
+Needs the extension built (scripts/test.sh sets PYTHONPATH=build/release/python) and torch."""
+
+import numpy as np
+import pytest
+import torch
+
+import microscale as ms
+import microscale.torch as mst
+from microscale.recipe import Format, HighPrecision, MXFP8BlockScaling, NVFP4BlockScaling
+
+
+def test_ops_match_the_numpy_level_bytes_and_values():
+    x = torch.randn(64, 128, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
+    q = mst.quantize(x, "nvfp4", columnwise=True, rht=True)
+    ref = ms.quantize(x, "nvfp4", columnwise=True, rht=True, reference=True)
+    for name in ("rowwise_data", "rowwise_scale", "columnwise_data", "columnwise_scale"):
+        ours = getattr(q, name)
+        assert ours.dtype == torch.uint8
+        assert np.array_equal(ours.numpy(), np.asarray(getattr(ref, name))), name
+    assert q.rowwise_amax.item() == ref.rowwise_amax and q.columnwise_amax.item() == ref.columnwise_amax
+    for usage in ("rowwise", "columnwise"):
+        want = np.asarray(ms.dequantize(ref, usage))
+        got = mst.dequantize(q, usage, torch.float32)
+        assert got.shape == want.shape and np.array_equal(got.numpy(), want), usage
+        assert mst.dequantize(q, usage, torch.bfloat16).dtype == torch.bfloat16
+    assert mst.dequantize(q, "columnwise").shape == (128, 64)  # NVFP4 columnwise: RHT(X^T)
+
+
+def test_mx_ops_keep_the_input_shape():
+    x = torch.randn(2, 32, 64)
+    q = mst.quantize(x, "mxfp8_e4m3", columnwise=True, scale_mode="floor")
+    assert q.amax is None and q.rowwise_data.shape == (64, 64) and q.columnwise_scale.shape == (2, 64)
+    for usage in ("rowwise", "columnwise"):
+        y = mst.dequantize(q, usage)
+        sqnr = 10 * torch.log10(x.pow(2).sum() / (y - x).pow(2).sum())
+        assert y.shape == x.shape and sqnr > 25, (usage, sqnr)
+
+
+def test_torch_compile_traces_the_ops():
+    x = torch.randn(32, 64, dtype=torch.bfloat16)
+
+    def round_trip(t):
+        return mst.dequantize(mst.quantize(t, "nvfp4", columnwise=True, rht=True), "columnwise")
+
+    compiled = torch.compile(round_trip, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(x), round_trip(x))
+
+
+def test_op_errors_are_microscale_errors():
+    with pytest.raises(ms.Error, match="unsupported dtype"):
+        mst.quantize(torch.ones(16, 16, dtype=torch.int32))
+    q = mst.quantize(torch.ones(16, 16))
+    with pytest.raises(ms.Error, match="no columnwise output"):
+        mst.dequantize(q, "columnwise")
+
+
+def dequantized(x, options, usage):
+    return torch.from_numpy(ms.dequantize(ms.quantize(x, **options), usage)).double()
+
+
+def option_args(options):
+    return dict(scheme=options.scheme, columnwise=True, scale_mode=options.scale_mode, tile=options.tile,
+                rht=options.rht)
+
+
+def assert_close_by_fp32_accumulation(got, want, bound):
+    """|got - want| within fp32 accumulation error: K * 2^-23 of the sum of |products|, plus the
+    output's own rounding."""
+    err = (got.double() - want).abs()
+    assert bool((err <= bound).all()), f"max excess {(err - bound).max().item()}"
+
+
+@pytest.mark.parametrize(
+    "recipe", [NVFP4BlockScaling(disable_stochastic_rounding=True), MXFP8BlockScaling(),
+               MXFP8BlockScaling(fp8_format=Format.HYBRID)], ids=repr)
+def test_linear_matches_float64_on_the_dequantized_operands(recipe):
+    torch.manual_seed(0)
+    m, k, n = 64, 96, 32
+    layer = mst.Linear(k, n)
+    x = torch.randn(m, k, requires_grad=True)
+    with mst.autocast(recipe=recipe):
+        y = layer(x)
+    dy = torch.randn(m, n)
+    y.backward(dy)
+
+    xo = option_args(ms._C.quantize_options(recipe, "input"))
+    wo = option_args(ms._C.quantize_options(recipe, "weight"))
+    go = option_args(ms._C.quantize_options(recipe, "grad_output"))
+    # RHT recipes round f32 x and dy to bf16 first (linear.hpp); the quantizers see those values.
+    to_q = (lambda t: t.detach().to(torch.bfloat16)) if xo["rht"] else (lambda t: t.detach())
+    xq, wq, dyq = to_q(x), layer.weight.detach(), to_q(dy)
+    x_row, w_row = dequantized(xq, xo, "rowwise"), dequantized(wq, wo, "rowwise")
+    w_col, dy_row = dequantized(wq, wo, "columnwise"), dequantized(dyq, go, "rowwise")
+    x_col, dy_col = dequantized(xq, xo, "columnwise"), dequantized(dyq, go, "columnwise")
+    if go["scheme"].startswith("mx"):  # MX columnwise is stored untransposed: [M, K] blocks along M
+        x_col, dy_col, w_col = x_col.T, dy_col.T, w_col.T
+
+    eps = k * 2.0**-23
+    want_y = x_row @ w_row.T + layer.bias.detach().double()
+    assert_close_by_fp32_accumulation(y, want_y, eps * (x_row.abs() @ w_row.abs().T) + want_y.abs() * 2.0**-23)
+    want_dx = dy_row @ w_col.T  # W columnwise is W^T [K, N]
+    assert_close_by_fp32_accumulation(x.grad, want_dx, n * 2.0**-23 * (dy_row.abs() @ w_col.abs().T) +
+                                      want_dx.abs() * 2.0**-23)
+    want_dw = dy_col @ x_col.T  # [N, M] x [M, K]
+    assert_close_by_fp32_accumulation(layer.weight.grad, want_dw, m * 2.0**-23 * (dy_col.abs() @ x_col.abs().T) +
+                                      want_dw.abs() * 2.0**-23)
+    assert torch.allclose(layer.bias.grad.double(), dy.double().sum(0), rtol=2.0**-22, atol=0)
+
+
+def test_linear_mxfp8_output_close_to_unquantized():
+    torch.manual_seed(1)
+    layer = mst.Linear(256, 128)
+    x = torch.randn(64, 256)
+    with mst.autocast(recipe=MXFP8BlockScaling()):
+        y = layer(x)
+    want = torch.nn.functional.linear(x, layer.weight, layer.bias).detach()
+    sqnr = 10 * torch.log10(want.pow(2).sum() / (y.detach() - want).pow(2).sum())
+    assert sqnr >= 27  # torchao's MXFP8 floor for the output
+
+
+def test_outside_autocast_and_high_precision_are_torch_linear():
+    torch.manual_seed(2)
+    layer = mst.Linear(32, 16)
+    x = torch.randn(16, 32)
+    want = torch.nn.functional.linear(x, layer.weight, layer.bias)
+    assert torch.equal(layer(x), want)
+    with mst.autocast(recipe=NVFP4BlockScaling()), mst.autocast(enabled=False):
+        assert torch.equal(layer(x), want)
+    with mst.autocast(recipe=HighPrecision()):
+        assert torch.equal(layer(x), want)
+
+
+def test_autocast_nests_and_restores_on_exceptions():
+    assert not mst.autocast_enabled() and isinstance(mst.current_recipe(), HighPrecision)
+    with mst.autocast(recipe=MXFP8BlockScaling()):
+        with mst.autocast(recipe=NVFP4BlockScaling(disable_rht=True)):
+            assert mst.current_recipe().disable_rht
+        assert isinstance(mst.current_recipe(), MXFP8BlockScaling)
+        with pytest.raises(KeyError):
+            with mst.autocast(enabled=False):
+                assert not mst.autocast_enabled()
+                raise KeyError("inside")
+        assert mst.autocast_enabled() and isinstance(mst.current_recipe(), MXFP8BlockScaling)
+    assert not mst.autocast_enabled()
+
+
+def test_weight_quantized_once_until_it_changes():
+    torch.manual_seed(3)
+    layer = mst.Linear(32, 32)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    x = torch.randn(32, 32)
+    with mst.autocast(recipe=NVFP4BlockScaling()):
+        first = layer(x)
+        layer(x).sum().backward()
+        assert layer.weight_quantizations == 1
+        opt.step()  # updates the weight in place
+        second = layer(x)
+        assert layer.weight_quantizations == 2 and not torch.equal(first, second)
+        layer(x)
+        with mst.autocast(recipe=MXFP8BlockScaling()):  # another recipe quantizes again
+            layer(x)
+        assert layer.weight_quantizations == 3
+
+
+def test_stochastic_rounding_follows_torch_manual_seed():
+    def grads(seed):
+        torch.manual_seed(seed)
+        layer = mst.Linear(64, 32, bias=False)
+        x = torch.randn(32, 64, requires_grad=True)
+        with mst.autocast(recipe=NVFP4BlockScaling()):
+            layer(x).square().sum().backward()
+        return x.grad.clone(), layer.weight.grad.clone()
+
+    a, b = grads(4), grads(4)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    torch.manual_seed(4)
+    layer = mst.Linear(64, 32, bias=False)
+    x = torch.randn(32, 64, requires_grad=True)
+    with mst.autocast(recipe=NVFP4BlockScaling()):
+        y = layer(x).square().sum()
+    torch.manual_seed(5)  # another stream for the backward's draws
+    y.backward()
+    assert not torch.equal(x.grad, a[0])
+
+
+def test_linear_bf16_activations_and_errors():
+    torch.manual_seed(6)
+    layer = mst.Linear(64, 32)
+    x = torch.randn(2, 16, 64, dtype=torch.bfloat16, requires_grad=True)
+    with mst.autocast(recipe=NVFP4BlockScaling()):
+        y = layer(x)
+        assert y.dtype == torch.bfloat16 and y.shape == (2, 16, 32)
+        y.float().sum().backward()
+        assert x.grad.dtype == torch.bfloat16 and layer.weight.grad.dtype == torch.float32
+        with pytest.raises(ms.Error, match="divisible by 16"):
+            layer(torch.randn(8, 64))  # NVFP4's columnwise blocks need M % 16 == 0
+        with torch.no_grad():
+            assert layer(torch.randn(16, 64)).shape == (16, 32)  # inference keeps no context
