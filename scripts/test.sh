@@ -38,6 +38,8 @@ PYTHONPATH=build/release/python MICROSCALE_CLI=build/release/microscale \
   build/venv/bin/python -m pytest -q tests/python
 
 echo "== pip install . (the package as a user installs it; CPU only, to keep CI short)"
-if [ ! -x build/pip-venv/bin/python ]; then python3 -m venv build/pip-venv; fi
-build/pip-venv/bin/python -m pip install -q --disable-pip-version-check . -C cmake.define.MICROSCALE_CUDA=OFF
+rm -rf build/pip-venv && python3 -m venv build/pip-venv
+# --config-settings, not -C: Debian 12's venv pip (23.0) has no short form.
+build/pip-venv/bin/python -m pip install -q --disable-pip-version-check . \
+  --config-settings=cmake.define.MICROSCALE_CUDA=OFF
 (cd build && pip-venv/bin/python -c "import microscale, numpy as np; q = microscale.quantize(np.ones((16, 32), np.float32)); assert np.asarray(microscale.dequantize(q)).min() == 1.0; print('pip-installed microscale', microscale.__file__)")

@@ -1,8 +1,10 @@
 """microscale: block-scaled low-precision numerics (NVFP4, MXFP8, MXFP6, MXFP4), bit-exact with
-TransformerEngine and torchao, on the CPU (and Hopper GPUs through microscale.torch).
+TransformerEngine and torchao, on the CPU.
 
-Arrays in and out are numpy arrays (anything with DLPack or the buffer protocol goes in);
-``microscale.torch`` has the PyTorch layer: Linear, autocast and torch.library ops.
+Arrays go in as anything with DLPack or the buffer protocol (numpy, torch); a QuantizedTensor's
+arrays come out as array objects with both, which np.asarray and torch.from_dlpack take without a
+copy; dequantize returns numpy arrays. ``microscale.torch`` has the PyTorch layer: Linear,
+autocast and torch.library ops.
 """
 
 import numpy as np
@@ -30,14 +32,16 @@ def quantize(
     num_threads=0,
     reference=False,
 ):
-    """Quantizes a CPU array (float32, float16 or, through DLPack, bfloat16; N-D, any strides).
+    """Quantizes a CPU array (float32, float16 or, through DLPack, bfloat16; N-D, any strides that
+    fold to [M, K]).
 
     Names and defaults are the CLI's (``microscale quantize-tensors``): ``scheme`` is one of nvfp4,
     mxfp8_e4m3, mxfp8_e5m2, mxfp6_e2m3, mxfp6_e3m2, mxfp4; ``scale_mode`` (MX) floor, ceil, even or
     rceil; ``tile`` (NVFP4) 1x16 or 16x16; ``rht`` (NVFP4, bf16 input) the 16-point random
     Hadamard transform on the columnwise output; ``sr_seed`` turns on NVFP4 stochastic rounding.
     ``reference=True`` runs the plain-loop reference path (the same bytes, slowly).
-    Returns a QuantizedTensor whose arrays share its memory.
+    ``scale_mode`` defaults to rceil, TransformerEngine's MXFP8 choice (torchao's to_mx defaults
+    to floor). Returns a QuantizedTensor whose arrays share its memory.
     """
     options = QuantizeOptions(
         scheme=scheme,

@@ -166,6 +166,33 @@ def test_weight_quantized_once_until_it_changes():
         assert layer.weight_quantizations == 3
 
 
+def test_is_first_microbatch_and_writes_through_data():
+    torch.manual_seed(7)
+    layer = mst.Linear(32, 32)
+    x = torch.randn(32, 32)
+    with mst.autocast(recipe=MXFP8BlockScaling()):
+        first = layer(x, is_first_microbatch=False)  # nothing cached yet: quantizes
+        with torch.no_grad():
+            layer.weight.data.mul_(2)  # the version counter does not see this
+        assert torch.equal(layer(x), first) and layer.weight_quantizations == 1
+        assert torch.equal(layer(x, is_first_microbatch=False), first)
+        second = layer(x, is_first_microbatch=True)
+        assert layer.weight_quantizations == 2 and not torch.equal(second, first)
+
+
+def test_backward_is_once_differentiable_and_takes_strided_inputs():
+    torch.manual_seed(8)
+    layer = mst.Linear(64, 32)
+    x = torch.randn(16, 2, 64).transpose(0, 1).requires_grad_()  # strides that do not fold to [32, 64]
+    with mst.autocast(recipe=MXFP8BlockScaling()):
+        y = layer(x)
+    assert y.shape == (2, 16, 32)
+    (gx,) = torch.autograd.grad(y.square().sum(), x, create_graph=True)
+    assert gx.shape == x.shape
+    with pytest.raises(RuntimeError, match="once_differentiable|differentiate"):
+        gx.sum().backward()
+
+
 def test_stochastic_rounding_follows_torch_manual_seed():
     def grads(seed):
         torch.manual_seed(seed)

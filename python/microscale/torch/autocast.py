@@ -1,7 +1,7 @@
 """The autocast scope: which recipe the Linear layers of this thread run under.
 
-A thread-local stack, as TransformerEngine's ``autocast`` (``fp8_autocast``) is: scopes nest, the
-inner one wins, leaving a scope (also by an exception) restores the outer state. Backward passes
+A stack per thread: scopes nest, the inner one wins, leaving a scope (also by an exception)
+restores the outer state. (TransformerEngine's ``autocast`` / ``fp8_autocast`` nest the same way.) Backward passes
 use the recipe their forward ran under, whatever scope they run in.
 """
 
@@ -20,7 +20,7 @@ def _stack():
 
 
 @contextlib.contextmanager
-def autocast(enabled=True, recipe=None):
+def autocast(enabled=True, *, recipe=None):
     """Runs the block under ``recipe`` (default NVFP4BlockScaling()) when ``enabled``; a disabled
     scope runs its block in high precision, even inside an enabled one."""
     if recipe is None:

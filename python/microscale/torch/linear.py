@@ -3,12 +3,12 @@
 Forward and backward are the C++ library's linear_forward / linear_backward (docs/training.md):
 fprop x.rowwise x W.rowwise; dgrad dy.rowwise x W.columnwise; wgrad dy.columnwise x x.columnwise;
 each GEMM accumulates in fp32 over exactly dequantized blocks and rounds once to its output dtype
-(y to x's, dx and db to dy's; dW to the weight's here). Stochastic rounding of NVFP4 gradients
+(y to x's dtype, dx and db to dy's, dW to x's and then, here, to the weight's). Stochastic rounding of NVFP4 gradients
 draws its seed from torch's default generator, so torch.manual_seed makes a run repeatable.
 
 The weight's quantization is cached until the weight changes (its version counter or storage),
-so micro-batches between optimizer steps quantize it once (TransformerEngine asks the caller,
-is_first_microbatch; here the tensor tells).
+so micro-batches between optimizer steps quantize it once; forward's is_first_microbatch
+(TransformerEngine's argument) forces or skips the check.
 """
 
 import math
@@ -16,7 +16,7 @@ import math
 import torch
 
 from .. import _C
-from ..recipe import HighPrecision
+from ..recipe import HighPrecision, NVFP4BlockScaling
 from .autocast import autocast_enabled, current_recipe
 
 
@@ -27,25 +27,31 @@ def _tensor(array):
 class _LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, recipe, cached_weight, training):
-        y, context = _C.linear_forward(
-            x.detach(), weight.detach(), None if bias is None else bias.detach(), recipe, training, cached_weight)
+        # contiguous: the library folds x to [M, K] in place only where its strides allow
+        y, context = _C.linear_forward(x.detach().contiguous(), weight.detach(),
+                                       None if bias is None else bias.detach(), recipe, training, cached_weight)
         ctx.context = context
+        ctx.draws_seed = isinstance(recipe, NVFP4BlockScaling) and not recipe.disable_stochastic_rounding
         ctx.weight_dtype = weight.dtype
         ctx.bias_dtype = None if bias is None else bias.dtype
         return _tensor(y)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
         if ctx.context is None:
             raise RuntimeError("microscale.torch.Linear: backward through a forward that kept no context "
                                "(a second backward, or a forward without inputs that need grad)")
-        sr_seed = int(torch.randint(0, 2**62, (1,)).item())
+        # Only stochastic rounding draws from torch's generator (other recipes leave its stream alone).
+        sr_seed = int(torch.randint(0, 2**62, (1,)).item()) if ctx.draws_seed else 0
         dx, dw, db = _C.linear_backward(
             grad_output.detach().contiguous(), ctx.context,
             compute_grad_input=ctx.needs_input_grad[0],
             compute_grad_bias=ctx.bias_dtype is not None and ctx.needs_input_grad[2],
             sr_seed=sr_seed)
-        ctx.context = None  # frees the saved quantized operands, as autograd frees saved tensors
+        # Frees the saved quantized operands, as autograd frees saved tensors (so a second backward,
+        # even with retain_graph=True, is the error above).
+        ctx.context = None
         grad_input = _tensor(dx) if ctx.needs_input_grad[0] else None
         grad_weight = _tensor(dw).to(ctx.weight_dtype) if ctx.needs_input_grad[1] else None
         grad_bias = _tensor(db).to(ctx.bias_dtype) if ctx.bias_dtype is not None and ctx.needs_input_grad[2] else None
@@ -54,11 +60,14 @@ class _LinearFunction(torch.autograd.Function):
 
 class Linear(torch.nn.Module):
     """y = x W^T + b, quantized under microscale.torch.autocast (CPU tensors; x float32, bfloat16 or
-    float16 [..., in_features]). Parameters as torch.nn.Linear's: weight [out_features,
-    in_features], bias [out_features], initialised the same way."""
+    float16 [..., in_features]). Parameters shaped and initialised as torch.nn.Linear's: weight
+    [out_features, in_features], bias [out_features], of params_dtype (default: torch's default
+    dtype)."""
 
-    def __init__(self, in_features, out_features, bias=True, *, params_dtype=torch.float32, device=None):
+    def __init__(self, in_features, out_features, bias=True, *, params_dtype=None, device=None):
         super().__init__()
+        if params_dtype is None:  # as TransformerEngine's modules
+            params_dtype = torch.get_default_dtype()
         self.in_features = in_features
         self.out_features = out_features
         self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, dtype=params_dtype, device=device))
@@ -77,16 +86,22 @@ class Linear(torch.nn.Module):
             bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
             torch.nn.init.uniform_(self.bias, -bound, bound)
 
-    def _quantized_weight(self, recipe):
-        key = (self.weight._version, self.weight.data_ptr(), self.weight.dtype, repr(recipe))
-        if key != self._cache_key:
+    def _quantized_weight(self, recipe, is_first_microbatch):
+        key = (self.weight._version, self.weight.data_ptr(), tuple(self.weight.shape), self.weight.dtype, repr(recipe))
+        # Another shape, dtype or recipe needs a new quantization whatever the caller says.
+        unusable = self._cache_key is None or self._cache_key[2:] != key[2:]
+        if is_first_microbatch or unusable or (is_first_microbatch is None and key != self._cache_key):
             options = _C.quantize_options(recipe, "weight")
             self._cached_weight = _C.quantize(self.weight.detach(), options, False)
             self._cache_key = key
             self.weight_quantizations += 1
         return self._cached_weight
 
-    def forward(self, x):
+    def forward(self, x, is_first_microbatch=None):
+        """``is_first_microbatch`` (TransformerEngine's argument): None finds out from the weight's
+        version counter and storage whether to quantize it again; True quantizes it (say so after
+        writing the weight through ``.data``, which its version counter does not see); False reuses
+        the cached quantization (of the same recipe) even if the weight changed."""
         recipe = current_recipe() if autocast_enabled() else HighPrecision()
         if isinstance(recipe, HighPrecision):
             return torch.nn.functional.linear(x, self.weight, self.bias)
@@ -94,7 +109,8 @@ class Linear(torch.nn.Module):
             raise _C.Error("microscale.torch.Linear: the quantized Linear runs on CPU tensors only for now")
         training = torch.is_grad_enabled() and (
             x.requires_grad or self.weight.requires_grad or (self.bias is not None and self.bias.requires_grad))
-        return _LinearFunction.apply(x, self.weight, self.bias, recipe, self._quantized_weight(recipe), training)
+        cached = self._quantized_weight(recipe, is_first_microbatch)
+        return _LinearFunction.apply(x, self.weight, self.bias, recipe, cached, training)
 
     def extra_repr(self):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

@@ -96,7 +96,8 @@ def _(x, *option_args):
 
 def quantize(x, scheme="nvfp4", *, rowwise=True, columnwise=False, scale_mode="rceil", tile="1x16", rht=False,
              sr_seed=None, sr_offset=0, amax_rowwise=None, amax_columnwise=None, swizzle=False):
-    """Quantizes a float32 / bfloat16 / float16 tensor (arguments as microscale.quantize's).
+    """Quantizes a float32 / bfloat16 / float16 tensor (arguments as microscale.quantize's, but for
+    num_threads and reference).
     Returns a QuantizedTensor of uint8 tensors."""
     parts = _quantize_op(x, scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
                          amax_columnwise, swizzle)
