@@ -10,9 +10,9 @@ autocast and torch.library ops.
 import numpy as np
 
 from . import _C, recipe
-from ._C import Error, QuantizedTensor, QuantizeOptions
+from ._C import Error, GemmOperand, QuantizedTensor, QuantizeOptions
 
-__all__ = ["Error", "QuantizedTensor", "QuantizeOptions", "dequantize", "quantize", "recipe"]
+__all__ = ["Error", "GemmOperand", "QuantizedTensor", "QuantizeOptions", "dequantize", "gemm", "quantize", "recipe"]
 
 
 def quantize(
@@ -67,3 +67,25 @@ def dequantize(q, usage="rowwise", dtype="float32"):
     if dtype not in ("float32", "float16"):
         raise Error(f"microscale.dequantize: dtype must be 'float32' or 'float16' for numpy, not {dtype!r}")
     return np.asarray(_C.dequantize(q, usage, dtype))
+
+
+def _gemm_operand(x, usage):
+    if isinstance(x, GemmOperand):
+        return x
+    if isinstance(x, QuantizedTensor):
+        return GemmOperand.from_quantized(x, usage)
+    return GemmOperand.dense(x)
+
+
+def gemm(a, b, *, a_usage="rowwise", b_usage="rowwise", alpha=1.0, beta=0.0, c=None, bias=None,
+         out_dtype="float32"):
+    """D = alpha * A B^T (+ beta C) (+ bias) on the CPU, A a logical [M, K] and B an [N, K] matrix
+    (a batch dim L may follow K): each a QuantizedTensor (its ``a_usage`` / ``b_usage`` output), a
+    GemmOperand (raw codes and scales: GemmOperand.quantized) or a float array (dense: the mixed
+    GEMMs). Blocks are dequantized exactly and accumulated in fp32 (docs/training.md); NVFP4
+    operands with amaxes scale by their global scales. Returns a numpy array, float32 or float16,
+    [M, N] (or [M, N, L])."""
+    if out_dtype not in ("float32", "float16"):
+        raise Error(f"microscale.gemm: out_dtype must be 'float32' or 'float16' for numpy, not {out_dtype!r}")
+    d = _C.gemm(_gemm_operand(a, a_usage), _gemm_operand(b, b_usage), alpha, beta, c, bias, out_dtype)
+    return np.asarray(d)

@@ -10,5 +10,7 @@ NB_MODULE(_C, m) {
   m.doc() = "microscale's C++ library (block-scaled NVFP4 / MXFP8 / MXFP6 / MXFP4 numerics)";
   nb::exception<microscale::Error>(m, "Error", PyExc_ValueError);
   microscale::python::bind_quantize(m);
+  microscale::python::bind_gemm(m);
   microscale::python::bind_training(m);
+  microscale::python::bind_cuda(m);
 }

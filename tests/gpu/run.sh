@@ -3,7 +3,8 @@
 # commands (no gtest, CLI11 or Google Benchmark needed; nlohmann-json from .gpu/include when the
 # system has none), runs the bit-exact GPU test (random shapes vs the CPU oracle + golden cases
 # from .gpu/golden), compute-sanitizer memcheck and racecheck on a quick run, the benchmark and the
-# torch.compile baseline; logs and JSON go to RESULTS_DIR, a short table is printed last. (CMake also
+# torch.compile baseline, and the Python frontend's CUDA tests (a CMake build of the extension);
+# logs and JSON go to RESULTS_DIR, a short table is printed last. (CMake also
 # builds the test and benchmark, unrun, so that CI compiles them: tests/gpu/CMakeLists.txt.)
 # Usage: tests/gpu/run.sh RESULTS_DIR   (from anywhere; needs nvcc, g++, python3 with torch)
 set -uo pipefail
@@ -78,6 +79,21 @@ summary "microscale bench (GPU part): rc=$rc"
 echo "== torch.compile baseline"
 timeout 300 python3 bench/torch_nvfp4_baseline.py "$OUTDIR/torch_baseline.json" > "$OUTDIR/torch_baseline.log" 2>&1 || summary "torch baseline: FAILED rc=$?"
 tail -2 "$OUTDIR/torch_baseline.log"
+
+echo "== Python frontend on CUDA tensors (CMake build of microscale._C; tests/gpu/test_frontend_cuda.py)"
+PYBUILD="$BUILD/python-build"
+if cmake -S "$ROOT" -B "$PYBUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMICROSCALE_PYTHON=ON \
+     -DMICROSCALE_BUILD_TESTS=OFF -DMICROSCALE_BUILD_BENCH=OFF -DMICROSCALE_BUILD_PROGRAMS=OFF \
+     -DPython_EXECUTABLE="$(command -v python3)" > "$OUTDIR/python_build.log" 2>&1 &&
+   cmake --build "$PYBUILD" -j "$JOBS" --target _C >> "$OUTDIR/python_build.log" 2>&1; then
+  PYTHONPATH="$PYBUILD/python" timeout 600 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_frontend_cuda.py \
+    > "$OUTDIR/python_frontend.log" 2>&1; rc=$?
+  tail -3 "$OUTDIR/python_frontend.log"
+  summary "python frontend (CUDA): rc=$rc; $(tail -1 "$OUTDIR/python_frontend.log")"
+else
+  tail -20 "$OUTDIR/python_build.log"
+  summary "python frontend (CUDA): build FAILED"
+fi
 
 echo
 echo "================ summary ================"

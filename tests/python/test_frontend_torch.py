@@ -50,6 +50,12 @@ def test_torch_compile_traces_the_ops():
     assert torch.equal(compiled(x), round_trip(x))
 
 
+def test_quantizing_a_parameter_gives_tensors_without_grad():
+    w = torch.nn.Parameter(torch.randn(32, 64))
+    q = mst.quantize(w, columnwise=True)
+    assert not q.amax.requires_grad and not mst.dequantize(q).requires_grad
+
+
 def test_op_errors_are_microscale_errors():
     with pytest.raises(ms.Error, match="unsupported dtype"):
         mst.quantize(torch.ones(16, 16, dtype=torch.int32))

@@ -9,12 +9,13 @@
     y.sum().backward()
 
 Outside an enabled autocast scope a Linear runs in high precision, as TransformerEngine's modules
-do outside theirs. Everything here runs on CPU tensors (CUDA tensors: not yet).
+do outside theirs. The Linear runs on CPU tensors; quantize / dequantize also take CUDA tensors
+when microscale was built with its CUDA backend (the Hopper kernels, the same bytes).
 """
 
 from .autocast import autocast, autocast_enabled, current_recipe
 from .linear import Linear
-from .ops import QuantizedTensor, dequantize, quantize
+from .ops import QuantizedTensor, dequantize, gemm, quantize
 
 __all__ = [
     "Linear",
@@ -23,5 +24,6 @@ __all__ = [
     "autocast_enabled",
     "current_recipe",
     "dequantize",
+    "gemm",
     "quantize",
 ]

@@ -1,8 +1,8 @@
 """quantize / dequantize on torch tensors, registered with torch.library (so torch.compile traces
-them): CPU tensors run the library's fast CPU path. (CUDA tensors are not taken yet: the Hopper
-kernels' entry points, microscale/cuda.hpp, take caller-allocated outputs and a stream, made for
-this frontend, but the binding is not written and tested.)"""
+them): CPU tensors run the library's fast CPU path, CUDA tensors its Hopper kernels (builds with
+the CUDA backend) on the current stream, into tensors of PyTorch's allocator. Same bytes on both."""
 
+import math
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -49,10 +49,18 @@ class QuantizedTensor:
 
 
 def _options(scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
-             amax_columnwise, swizzle):
+             amax_columnwise, swizzle, num_threads=0):
     """The C++ options (the op's arguments, in QuantizeOptions' order)."""
     return _C.QuantizeOptions(scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
-                              amax_columnwise, swizzle)
+                              amax_columnwise, swizzle, num_threads)
+
+
+_PARTS = ["rowwise_data", "rowwise_scale", "columnwise_data", "columnwise_scale"]
+
+
+def _stream(device):
+    """The current CUDA stream of `device` as an integer (cudaStream_t): the kernels run there."""
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 def _empty_u8(device):
@@ -74,8 +82,9 @@ def _quantize_op(
     amax_columnwise: Optional[float],
     swizzle: bool,
 ) -> List[torch.Tensor]:
+    # CPU threads: as many as torch's intra-op pool (torch.set_num_threads), as torch's own ops use
     options = _options(scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
-                       amax_columnwise, swizzle)
+                       amax_columnwise, swizzle, torch.get_num_threads())
     x = x.detach()
     if x.device.type == "cpu":
         q = _C.quantize(x, options, False)
@@ -83,23 +92,34 @@ def _quantize_op(
         outs = [torch.from_dlpack(p) if p is not None else _empty_u8(x.device) for p in parts]
         amax = torch.tensor([q.rowwise_amax or 0.0, q.columnwise_amax or 0.0], dtype=torch.float32)
         return outs + [amax]
-    raise _C.Error(f"microscale.torch.quantize: tensors on {x.device.type} are not supported yet (cpu)")
+    if x.device.type == "cuda":
+        if not _C.cuda_built():
+            raise _C.Error("microscale was built without its CUDA backend: quantize takes CPU tensors only")
+        shapes = _C.quantized_shapes(list(x.shape), options)
+        outs = [torch.empty(shapes[n], dtype=torch.uint8, device=x.device) if shapes[n] else _empty_u8(x.device)
+                for n in _PARTS]
+        amax = torch.zeros(2, dtype=torch.float32, device=x.device)
+        given = [o if shapes[n] else None for o, n in zip(outs, _PARTS)]
+        _C.quantize_cuda(x, options, *given, amax if scheme == "nvfp4" else None, _stream(x.device))
+        return outs + [amax]
+    raise _C.Error(f"microscale.torch.quantize: tensors on {x.device.type} are not supported (cpu, cuda)")
 
 
 @_quantize_op.register_fake
 def _(x, *option_args):
     shapes = _C.quantized_shapes(list(x.shape), _options(*option_args))
-    names = ["rowwise_data", "rowwise_scale", "columnwise_data", "columnwise_scale"]
-    outs = [x.new_empty(shapes[n] or [0], dtype=torch.uint8) for n in names]
+    outs = [x.new_empty(shapes[n] or [0], dtype=torch.uint8) for n in _PARTS]
     return outs + [x.new_empty(2, dtype=torch.float32)]
 
 
 def quantize(x, scheme="nvfp4", *, rowwise=True, columnwise=False, scale_mode="rceil", tile="1x16", rht=False,
              sr_seed=None, sr_offset=0, amax_rowwise=None, amax_columnwise=None, swizzle=False):
     """Quantizes a float32 / bfloat16 / float16 tensor (arguments as microscale.quantize's, but for
-    num_threads and reference).
-    Returns a QuantizedTensor of uint8 tensors."""
-    parts = _quantize_op(x, scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
+    num_threads, which is torch.get_num_threads(), and reference).
+    Returns a QuantizedTensor of uint8 tensors on x's device (CPU, or CUDA with the CUDA backend)."""
+    # Quantization has no gradient (the Linear's autograd function carries them): detached, the
+    # float amax output does not claim one either.
+    parts = _quantize_op(x.detach(), scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
                          amax_columnwise, swizzle)
     rd, rs, cd, cs, amax = parts
     return QuantizedTensor(
@@ -116,10 +136,7 @@ def quantize(x, scheme="nvfp4", *, rowwise=True, columnwise=False, scale_mode="r
 def _dequantized_shape(shape, scheme, usage):
     """dequantize's output shape: NVFP4 columnwise is X^T [K, M]; the rest the input's shape."""
     if scheme == "nvfp4" and usage == "columnwise":
-        rows = 1
-        for d in shape[:-1]:
-            rows *= d
-        return [shape[-1], rows]
+        return [shape[-1], math.prod(shape[:-1])]
     return list(shape)
 
 
@@ -155,7 +172,18 @@ def _dequantize_op(
             amax_values[0], amax_values[1])
         return torch.from_dlpack(_C.dequantize(q, usage, _DTYPE_NAMES[dtype])).reshape(
             _dequantized_shape(shape, scheme, usage))
-    raise _C.Error(f"microscale.torch.dequantize: tensors on {device.type} are not supported yet (cpu)")
+    if device.type == "cuda":
+        if not _C.cuda_built():
+            raise _C.Error("microscale was built without its CUDA backend: dequantize takes CPU tensors only")
+        rows = math.prod(shape[:-1])
+        transposed = scheme == "nvfp4" and usage == "columnwise"
+        out = torch.empty([shape[-1], rows] if transposed else [rows, shape[-1]], dtype=dtype, device=device)
+        _C.dequantize_cuda(
+            rowwise_data if rowwise else None, rowwise_scale if rowwise else None,
+            columnwise_data if columnwise else None, columnwise_scale if columnwise else None,
+            amax if scheme == "nvfp4" else None, list(shape), options, usage, out, _stream(device))
+        return out.reshape(_dequantized_shape(shape, scheme, usage))
+    raise _C.Error(f"microscale.torch.dequantize: tensors on {device.type} are not supported (cpu, cuda)")
 
 
 @_dequantize_op.register_fake
@@ -182,3 +210,30 @@ def dequantize(q, usage="rowwise", dtype=torch.float32):
         q.columnwise_data if o.columnwise else empty, q.columnwise_scale if o.columnwise else empty,
         amax, list(q.shape), o.scheme, o.rowwise, o.columnwise, o.scale_mode, o.tile, o.rht, o.swizzle, usage,
         dtype)
+
+
+def _gemm_operand(x, usage):
+    if isinstance(x, torch.Tensor):
+        return _C.GemmOperand.dense(x.detach())
+    o = x.options
+    if usage not in ("rowwise", "columnwise") or not getattr(o, usage):
+        raise _C.Error(f"microscale.torch.gemm: the quantized operand has no {usage} output")
+    data, scales = (x.rowwise_data, x.rowwise_scale) if usage == "rowwise" else (x.columnwise_data, x.columnwise_scale)
+    amax = None
+    if x.amax is not None:
+        amax = float(x.amax[0 if usage == "rowwise" else 1])
+    return _C.GemmOperand.quantized(o.scheme, data, scales, swizzle=o.swizzle, amax=amax,
+                                    stored_transposed=usage == "columnwise" and o.scheme != "nvfp4")
+
+
+def gemm(a, b, *, a_usage="rowwise", b_usage="rowwise", alpha=1.0, beta=0.0, c=None, bias=None,
+         out_dtype=torch.float32):
+    """microscale.gemm on CPU tensors: a and b each a QuantizedTensor of this module (its a_usage /
+    b_usage output) or a float tensor (dense). Returns a tensor of out_dtype (float32, bfloat16,
+    float16). Not a torch.library op (not traced by torch.compile) and not on CUDA tensors (the
+    Hopper GEMMs are not written)."""
+    if out_dtype not in _DTYPE_NAMES:
+        raise _C.Error(f"microscale.torch.gemm: out_dtype must be float32, bfloat16 or float16, not {out_dtype}")
+    d = _C.gemm(_gemm_operand(a, a_usage), _gemm_operand(b, b_usage), alpha, beta,
+                None if c is None else c.detach(), None if bias is None else bias.detach(), _DTYPE_NAMES[out_dtype])
+    return torch.from_dlpack(d)

@@ -1,0 +1,90 @@
+// Device quantization for Python, built with the library's CUDA backend (microscale/cuda.hpp):
+// the caller, the PyTorch frontend, allocates the outputs with its own allocator and passes its
+// current stream, so nothing here allocates or synchronizes.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "array_bridge.hpp"
+#include "bindings.hpp"
+#include "microscale/cuda.hpp"
+#include "microscale/error.hpp"
+
+namespace microscale::python {
+namespace {
+
+using DeviceArray = std::optional<nb::ndarray<>>;
+
+TensorView device_view(const DeviceArray& a, const char* what) {
+  if (!a) return {};
+  TensorView v = view_of_output(*a, what);
+  if (v.device != Device::CUDA) throw Error(std::string(what) + ": must be in CUDA memory");
+  return v;
+}
+
+// The outputs of a quantization as cuda::QuantizedViews (amax: float32 [2], or absent for MX).
+cuda::QuantizedViews device_views(const DeviceArray& rowwise_data, const DeviceArray& rowwise_scale,
+                                  const DeviceArray& columnwise_data, const DeviceArray& columnwise_scale,
+                                  const DeviceArray& amax) {
+  cuda::QuantizedViews out;
+  out.rowwise_data = device_view(rowwise_data, "rowwise_data");
+  out.rowwise_scale = device_view(rowwise_scale, "rowwise_scale");
+  out.columnwise_data = device_view(columnwise_data, "columnwise_data");
+  out.columnwise_scale = device_view(columnwise_scale, "columnwise_scale");
+  if (amax) {
+    const TensorView a = device_view(amax, "amax");
+    if (a.dtype != DType::F32 || a.numel() != 2 || !a.is_contiguous())
+      throw Error("amax: must be a contiguous float32 CUDA array of 2 elements");
+    out.amax = static_cast<float*>(a.data);
+  }
+  return out;
+}
+
+void* as_stream(uintptr_t stream) { return reinterpret_cast<void*>(stream); }
+
+}  // namespace
+
+void bind_cuda(nb::module_& m) {
+  m.def(
+      "cuda_built", []() { return true; }, "Whether this build has the CUDA backend.");
+
+  m.def(
+      "quantize_cuda",
+      [](const AnyArray& x, const QuantizeOptions& options, DeviceArray rowwise_data,
+         DeviceArray rowwise_scale, DeviceArray columnwise_data, DeviceArray columnwise_scale,
+         DeviceArray amax, uintptr_t stream) {
+        const TensorView input = view_of(x, "quantize input");
+        if (input.device != Device::CUDA) throw Error("quantize_cuda: the input must be in CUDA memory");
+        cuda::quantize(input, options,
+                       device_views(rowwise_data, rowwise_scale, columnwise_data, columnwise_scale, amax),
+                       as_stream(stream));
+      },
+      nb::arg("x"), nb::arg("options"), nb::arg("rowwise_data").none(), nb::arg("rowwise_scale").none(),
+      nb::arg("columnwise_data").none(), nb::arg("columnwise_scale").none(), nb::arg("amax").none(),
+      nb::arg("stream"),
+      "Quantizes a CUDA array into caller-allocated CUDA outputs (uint8, shaped as quantized_shapes "
+      "gives; amax float32 [2] for NVFP4), asynchronously on `stream` (a cudaStream_t as an integer).");
+
+  m.def(
+      "dequantize_cuda",
+      [](DeviceArray rowwise_data, DeviceArray rowwise_scale, DeviceArray columnwise_data,
+         DeviceArray columnwise_scale, DeviceArray amax, const std::vector<int64_t>& shape,
+         const QuantizeOptions& options, const std::string& usage, nb::ndarray<> output, uintptr_t stream) {
+        const cuda::QuantizedViews q =
+            device_views(rowwise_data, rowwise_scale, columnwise_data, columnwise_scale, amax);
+        cuda::dequantize(q, shape, options, parse_usage(usage), device_view(output, "dequantize output"),
+                         as_stream(stream));
+      },
+      nb::arg("rowwise_data").none(), nb::arg("rowwise_scale").none(), nb::arg("columnwise_data").none(),
+      nb::arg("columnwise_scale").none(), nb::arg("amax").none(), nb::arg("shape"), nb::arg("options"),
+      nb::arg("usage"), nb::arg("output"), nb::arg("stream"),
+      "Dequantizes one usage of quantize_cuda's outputs into a caller-allocated CUDA array.");
+}
+
+}  // namespace microscale::python
