@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "core/buffer_pool.hpp"
 #include "microscale/error.hpp"
 
 namespace microscale {
@@ -99,10 +100,11 @@ Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(
   const size_t bytes = static_cast<size_t>(checked_numel(shape_, static_cast<int64_t>(dtype_size(dtype_)))) *
                        dtype_size(dtype_);
   // Data 64-byte aligned (a cache line, a ZMM register): the quantizers write whole output lines.
-  // NOTE: plain new[] plus an offset, not aligned new: glibc serves large aligned allocations
-  // with fresh pages every time (page faults measured at ~40 % of a 4096 x 4096 quantize).
+  // NOTE: a plain buffer plus an offset, not aligned new: glibc serves large aligned allocations
+  // with fresh pages every time (page faults measured at ~40 % of a 4096 x 4096 quantize); and
+  // large buffers from zeroed_buffer's pool, which reuses them (buffer_pool.hpp says why).
   constexpr size_t kAlignment = 64;
-  const std::shared_ptr<std::byte[]> owner(new std::byte[bytes + kAlignment]());
+  const std::shared_ptr<std::byte[]> owner = detail::zeroed_buffer(bytes + kAlignment);
   const size_t offset = (kAlignment - reinterpret_cast<uintptr_t>(owner.get()) % kAlignment) % kAlignment;
   storage_ = std::shared_ptr<std::byte[]>(owner, owner.get() + offset);
 }

@@ -1,0 +1,83 @@
+#include "core/buffer_pool.hpp"
+
+#include <cstring>
+#include <iterator>
+#include <list>
+#include <mutex>
+
+namespace microscale::detail {
+namespace {
+
+struct Block {
+  std::byte* data;
+  size_t capacity;
+};
+
+class BufferPool {
+ public:
+  // A free block of capacity in [bytes, bytes + bytes / 8] (the smallest such), or null.
+  Block take(size_t bytes) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    auto best = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (reusable(it->capacity, bytes) && (best == free_.end() || it->capacity < best->capacity)) best = it;
+    }
+    if (best == free_.end()) return {nullptr, 0};
+    const Block b = *best;
+    free_.erase(best);
+    held_ -= b.capacity;
+    return b;
+  }
+
+  // Keeps `b` (newest first), freeing the oldest blocks beyond kPooledMaxBytes.
+  void give_back(Block b) {
+    std::list<Block> evicted;
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      free_.push_front(b);
+      held_ += b.capacity;
+      while (held_ > kPooledMaxBytes) {
+        held_ -= free_.back().capacity;
+        evicted.splice(evicted.end(), free_, std::prev(free_.end()));
+      }
+    }
+    for (const Block& e : evicted) delete[] e.data;  // outside the lock
+  }
+
+  size_t held() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return held_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::list<Block> free_;
+  size_t held_ = 0;
+};
+
+// Never destroyed: Tensors in static storage may be released after any static pool would be.
+// (The blocks it holds stay reachable, so LeakSanitizer does not count them.)
+BufferPool& pool() {
+  static BufferPool* p = new BufferPool;
+  return *p;
+}
+
+}  // namespace
+
+bool reusable(size_t capacity, size_t bytes) { return capacity >= bytes && capacity - bytes <= bytes / 8; }
+
+std::shared_ptr<std::byte[]> zeroed_buffer(size_t bytes) {
+  if (bytes < kPooledMinBytes) return std::shared_ptr<std::byte[]>(new std::byte[bytes]());
+  Block b = pool().take(bytes);
+  if (b.data != nullptr) {
+    std::memset(b.data, 0, bytes);
+  } else {
+    b = {new std::byte[bytes](), bytes};
+  }
+  const size_t capacity = b.capacity;
+  return std::shared_ptr<std::byte[]>(b.data, [capacity](std::byte* p) { pool().give_back({p, capacity}); });
+}
+
+size_t pooled_bytes() { return pool().held(); }
+
+}  // namespace microscale::detail
