@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# python3-dev: the headers torch.compile's CPU code needs (bench/torchao_cpu_baseline.py).
+# python3-dev: Python's headers, for the extension microscale._C (python/) and for the code
+# torch.compile generates on the CPU (bench/torchao_cpu_baseline.py).
 APT_PACKAGES=(build-essential cmake ninja-build git pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev libopenblas-openmp-dev
   clang libclang-rt-dev

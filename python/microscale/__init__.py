@@ -74,6 +74,9 @@ def _gemm_operand(x, usage):
         return x
     if isinstance(x, QuantizedTensor):
         return GemmOperand.from_quantized(x, usage)
+    if hasattr(x, "options") and hasattr(x, "amax"):  # microscale.torch's QuantizedTensor
+        raise Error("microscale.gemm takes this package's QuantizedTensor; use microscale.torch.gemm for "
+                    "microscale.torch.quantize's")
     return GemmOperand.dense(x)
 
 

@@ -70,4 +70,16 @@ ResultArray to_array(Tensor tensor) {
   return ResultArray(data, shape.size(), shape.data(), owner, nullptr, dtype);
 }
 
+std::optional<ResultArray> array_or_none(const Tensor& tensor) {
+  if (!tensor.defined()) return std::nullopt;
+  return to_array(tensor);
+}
+
+DType parse_float_dtype(const std::string& name) {
+  if (name == "float32") return DType::F32;
+  if (name == "bfloat16") return DType::BF16;
+  if (name == "float16") return DType::F16;
+  throw Error("unknown output dtype '" + name + "' (float32, bfloat16, float16)");
+}
+
 }  // namespace microscale::python

@@ -6,6 +6,9 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <optional>
+#include <string>
+
 #include "microscale/tensor.hpp"
 
 namespace microscale::python {
@@ -26,5 +29,11 @@ TensorView view_of_output(const nb::ndarray<>& array, const char* what);
 
 /// Hands `tensor`'s storage to Python, shaped as it is.
 ResultArray to_array(Tensor tensor);
+
+/// to_array for a defined tensor (sharing its storage), None for an undefined one.
+std::optional<ResultArray> array_or_none(const Tensor& tensor);
+
+/// "float32", "bfloat16", "float16" as a DType (throws microscale::Error otherwise).
+DType parse_float_dtype(const std::string& name);
 
 }  // namespace microscale::python

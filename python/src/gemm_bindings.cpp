@@ -27,13 +27,6 @@ struct PyGemmOperand {
   nb::object quantized;
 };
 
-DType parse_out_dtype(const std::string& name) {
-  if (name == "float32") return DType::F32;
-  if (name == "bfloat16") return DType::BF16;
-  if (name == "float16") return DType::F16;
-  throw Error("unknown output dtype '" + name + "' (float32, bfloat16, float16)");
-}
-
 PyGemmOperand from_quantized(nb::object q, const std::string& usage) {
   PyGemmOperand p;
   p.op = GemmOperand::from(nb::cast<const QuantizedTensor&>(q), parse_usage(usage));
@@ -69,7 +62,7 @@ ResultArray run_gemm(const PyGemmOperand& a, const PyGemmOperand& b, float alpha
   problem.beta = beta;
   if (c) problem.c = view_of(*c, "C");
   if (bias) problem.bias = view_of(*bias, "bias");
-  problem.out_dtype = parse_out_dtype(out_dtype);
+  problem.out_dtype = parse_float_dtype(out_dtype);
   Tensor d;
   {
     nb::gil_scoped_release released;

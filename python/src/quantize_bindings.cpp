@@ -16,18 +16,6 @@
 namespace microscale::python {
 namespace {
 
-std::optional<ResultArray> array_or_none(const Tensor& t) {
-  if (!t.defined()) return std::nullopt;
-  return to_array(t);  // shares the storage
-}
-
-DType parse_float_dtype(const std::string& name) {
-  if (name == "float32") return DType::F32;
-  if (name == "bfloat16") return DType::BF16;
-  if (name == "float16") return DType::F16;
-  throw Error("unknown output dtype '" + name + "' (float32, bfloat16, float16)");
-}
-
 QuantizeOptions make_options(const std::string& scheme, bool rowwise, bool columnwise,
                              const std::string& scale_mode, const std::string& tile, bool rht,
                              std::optional<uint64_t> sr_seed, uint64_t sr_offset,

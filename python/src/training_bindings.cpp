@@ -35,11 +35,6 @@ TensorView cpu_view(const AnyArray& a, const char* what) {
   return v;
 }
 
-std::optional<ResultArray> array_or_none(Tensor t) {
-  if (!t.defined()) return std::nullopt;
-  return to_array(std::move(t));
-}
-
 }  // namespace
 
 void bind_training(nb::module_& m) {

@@ -29,10 +29,16 @@ class BufferPool {
     return b;
   }
 
-  // Keeps `b` (newest first), freeing the oldest blocks beyond kPooledMaxBytes.
-  void give_back(Block b) {
+  // Keeps `b` (newest first), freeing the oldest blocks beyond kPooledMaxBytes. A block larger
+  // than the whole pool is freed at once (kept, it would evict every other block first). Never
+  // throws: it runs in a shared_ptr's deleter.
+  void give_back(Block b) noexcept {
+    if (b.capacity > kPooledMaxBytes) {
+      delete[] b.data;
+      return;
+    }
     std::list<Block> evicted;
-    {
+    try {
       const std::lock_guard<std::mutex> lock(mutex_);
       free_.push_front(b);
       held_ += b.capacity;
@@ -40,6 +46,8 @@ class BufferPool {
         held_ -= free_.back().capacity;
         evicted.splice(evicted.end(), free_, std::prev(free_.end()));
       }
+    } catch (...) {  // no memory for the list node (or a lock error): free the block instead
+      delete[] b.data;
     }
     for (const Block& e : evicted) delete[] e.data;  // outside the lock
   }

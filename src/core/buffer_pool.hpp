@@ -17,8 +17,10 @@ constexpr size_t kPooledMinBytes = size_t{1} << 20;
 /// The most bytes the pool keeps for reuse; beyond it the oldest buffers are freed.
 constexpr size_t kPooledMaxBytes = size_t{512} << 20;
 
-/// @brief `bytes` zero bytes (at least: a reused buffer may be up to 1/8 larger). The last owner's
-/// release gives a pooled buffer back for reuse. Thread-safe.
+/// @brief A buffer whose first `bytes` bytes are zero (a reused one may be up to 1/8 larger; the
+/// rest is not the caller's). The last owner's release gives a pooled buffer back for reuse; the
+/// pool's memory is never returned to the system (at most kPooledMaxBytes). Thread-safe; a process
+/// that forks while another thread allocates may find the pool locked in the child.
 std::shared_ptr<std::byte[]> zeroed_buffer(size_t bytes);
 
 /// @brief Whether a pooled buffer of `capacity` bytes may serve a request for `bytes`: large

@@ -35,7 +35,7 @@ TEST(BufferPool, ATensorsBufferIsReusedAndZeroedAgain) {
   EXPECT_TRUE(all_zero(again));
 }
 
-TEST(BufferPool, ABlockServesRequestsUpToAnEighthSmaller) {
+TEST(BufferPool, ABlockServesRequestsItExceedsByAtMostAnEighth) {
   const size_t mib = size_t{1} << 20;
   EXPECT_TRUE(detail::reusable(2 * mib, 2 * mib));
   EXPECT_TRUE(detail::reusable(2 * mib + mib / 4, 2 * mib));
@@ -70,6 +70,10 @@ TEST(BufferPool, SmallBuffersStayOutAndTheCapHolds) {
   }
   EXPECT_LE(detail::pooled_bytes(), detail::kPooledMaxBytes);
   EXPECT_GE(detail::pooled_bytes(), static_cast<size_t>(big));  // the newest one kept
+  // A block larger than the whole pool is freed at once and evicts nothing.
+  const size_t held = detail::pooled_bytes();
+  { Tensor huge(DType::U8, {static_cast<int64_t>(detail::kPooledMaxBytes + 1)}); }
+  EXPECT_EQ(detail::pooled_bytes(), held);
 }
 
 }  // namespace

@@ -6,7 +6,8 @@
 # torch.compile baseline, and the Python frontend's CUDA tests (a CMake build of the extension);
 # logs and JSON go to RESULTS_DIR, a short table is printed last. (CMake also
 # builds the test and benchmark, unrun, so that CI compiles them: tests/gpu/CMakeLists.txt.)
-# Usage: tests/gpu/run.sh RESULTS_DIR   (from anywhere; needs nvcc, g++, python3 with torch)
+# Usage: tests/gpu/run.sh RESULTS_DIR   (from anywhere; needs nvcc, g++, python3 with torch; the
+# Python step also CMake, Ninja, nanobind, pytest, OpenBLAS and nlohmann-json, as the GPU image has)
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 OUTDIR="$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)"

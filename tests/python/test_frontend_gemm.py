@@ -106,3 +106,8 @@ def test_gemm_errors():
         ms.gemm(a, ms.quantize(np.ones((32, 64), np.float32), "mxfp8_e4m3"))
     with pytest.raises(ms.Error, match="out_dtype"):
         ms.gemm(a, a, out_dtype="bfloat16")
+    torch_q = mst.quantize(torch.ones(16, 64))
+    with pytest.raises(ms.Error, match="microscale.torch.gemm"):
+        ms.gemm(torch_q, torch_q)
+    with pytest.raises(ms.Error, match="QuantizedTensor or tensors"):
+        mst.gemm(a, torch_q)

@@ -51,10 +51,12 @@ def test_nvfp4_golden(case):
 @pytest.mark.parametrize("case", cases("mx_quantize", "mx_quantize_specials"), ids=lambda c: c["file"])
 def test_mx_golden(case):
     t = load_file(str(GOLDEN / case["file"]))
-    q = ms.quantize(t["input"], MX_SCHEMES[case["element"]], scale_mode=case["scale_mode"].lower())
-    expect_bytes(q.rowwise_scale, t["scale"], "scale")
-    if case["kind"] == "mx_quantize":  # blocks with NaN/Inf: only their scale bytes are specified
-        expect_bytes(q.rowwise_data, t["data"], "data")
+    for reference in (False, True):
+        q = ms.quantize(t["input"], MX_SCHEMES[case["element"]], scale_mode=case["scale_mode"].lower(),
+                        reference=reference)
+        expect_bytes(q.rowwise_scale, t["scale"], "scale")
+        if case["kind"] == "mx_quantize":  # blocks with NaN/Inf: only their scale bytes are specified
+            expect_bytes(q.rowwise_data, t["data"], "data")
 
 
 def test_fast_equals_reference_and_dequantizes_in_shape():

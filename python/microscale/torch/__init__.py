@@ -14,8 +14,9 @@ when microscale was built with its CUDA backend (the Hopper kernels, the same by
 """
 
 from .autocast import autocast, autocast_enabled, current_recipe
+from .gemm import gemm
 from .linear import Linear
-from .ops import QuantizedTensor, dequantize, gemm, quantize
+from .ops import QuantizedTensor, dequantize, quantize
 
 __all__ = [
     "Linear",

@@ -50,9 +50,10 @@ class QuantizedTensor:
 
 def _options(scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
              amax_columnwise, swizzle, num_threads=0):
-    """The C++ options (the op's arguments, in QuantizeOptions' order)."""
-    return _C.QuantizeOptions(scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
-                              amax_columnwise, swizzle, num_threads)
+    """The C++ options from the op's arguments."""
+    return _C.QuantizeOptions(scheme=scheme, rowwise=rowwise, columnwise=columnwise, scale_mode=scale_mode, tile=tile,
+                              rht=rht, sr_seed=sr_seed, sr_offset=sr_offset, amax_rowwise=amax_rowwise,
+                              amax_columnwise=amax_columnwise, swizzle=swizzle, num_threads=num_threads)
 
 
 _PARTS = ["rowwise_data", "rowwise_scale", "columnwise_data", "columnwise_scale"]
@@ -100,7 +101,8 @@ def _quantize_op(
                 for n in _PARTS]
         amax = torch.zeros(2, dtype=torch.float32, device=x.device)
         given = [o if shapes[n] else None for o, n in zip(outs, _PARTS)]
-        _C.quantize_cuda(x, options, *given, amax if scheme == "nvfp4" else None, _stream(x.device))
+        with torch.cuda.device(x.device):  # the library launches on the current device
+            _C.quantize_cuda(x, options, *given, amax if scheme == "nvfp4" else None, _stream(x.device))
         return outs + [amax]
     raise _C.Error(f"microscale.torch.quantize: tensors on {x.device.type} are not supported (cpu, cuda)")
 
@@ -164,11 +166,13 @@ def _dequantize_op(
     device = rowwise_data.device if rowwise else columnwise_data.device
     if device.type == "cpu":
         amax_values = amax.tolist() if amax.numel() == 2 else [0.0, 0.0]
+        # Only the usage asked for is copied into the C++ QuantizedTensor.
+        row = usage == "rowwise"
+        one = _options(scheme, row, not row, scale_mode, tile, rht, None, 0, None, None, swizzle)
         q = _C.quantized_tensor(
-            list(shape), options,
-            rowwise_data.contiguous() if rowwise else None, rowwise_scale.contiguous() if rowwise else None,
-            columnwise_data.contiguous() if columnwise else None,
-            columnwise_scale.contiguous() if columnwise else None,
+            list(shape), one,
+            rowwise_data.contiguous() if row else None, rowwise_scale.contiguous() if row else None,
+            None if row else columnwise_data.contiguous(), None if row else columnwise_scale.contiguous(),
             amax_values[0], amax_values[1])
         return torch.from_dlpack(_C.dequantize(q, usage, _DTYPE_NAMES[dtype])).reshape(
             _dequantized_shape(shape, scheme, usage))
@@ -178,10 +182,11 @@ def _dequantize_op(
         rows = math.prod(shape[:-1])
         transposed = scheme == "nvfp4" and usage == "columnwise"
         out = torch.empty([shape[-1], rows] if transposed else [rows, shape[-1]], dtype=dtype, device=device)
-        _C.dequantize_cuda(
-            rowwise_data if rowwise else None, rowwise_scale if rowwise else None,
-            columnwise_data if columnwise else None, columnwise_scale if columnwise else None,
-            amax if scheme == "nvfp4" else None, list(shape), options, usage, out, _stream(device))
+        with torch.cuda.device(device):  # the library launches on the current device
+            _C.dequantize_cuda(
+                rowwise_data if rowwise else None, rowwise_scale if rowwise else None,
+                columnwise_data if columnwise else None, columnwise_scale if columnwise else None,
+                amax if scheme == "nvfp4" else None, list(shape), options, usage, out, _stream(device))
         return out.reshape(_dequantized_shape(shape, scheme, usage))
     raise _C.Error(f"microscale.torch.dequantize: tensors on {device.type} are not supported (cpu, cuda)")
 
@@ -211,29 +216,3 @@ def dequantize(q, usage="rowwise", dtype=torch.float32):
         amax, list(q.shape), o.scheme, o.rowwise, o.columnwise, o.scale_mode, o.tile, o.rht, o.swizzle, usage,
         dtype)
 
-
-def _gemm_operand(x, usage):
-    if isinstance(x, torch.Tensor):
-        return _C.GemmOperand.dense(x.detach())
-    o = x.options
-    if usage not in ("rowwise", "columnwise") or not getattr(o, usage):
-        raise _C.Error(f"microscale.torch.gemm: the quantized operand has no {usage} output")
-    data, scales = (x.rowwise_data, x.rowwise_scale) if usage == "rowwise" else (x.columnwise_data, x.columnwise_scale)
-    amax = None
-    if x.amax is not None:
-        amax = float(x.amax[0 if usage == "rowwise" else 1])
-    return _C.GemmOperand.quantized(o.scheme, data, scales, swizzle=o.swizzle, amax=amax,
-                                    stored_transposed=usage == "columnwise" and o.scheme != "nvfp4")
-
-
-def gemm(a, b, *, a_usage="rowwise", b_usage="rowwise", alpha=1.0, beta=0.0, c=None, bias=None,
-         out_dtype=torch.float32):
-    """microscale.gemm on CPU tensors: a and b each a QuantizedTensor of this module (its a_usage /
-    b_usage output) or a float tensor (dense). Returns a tensor of out_dtype (float32, bfloat16,
-    float16). Not a torch.library op (not traced by torch.compile) and not on CUDA tensors (the
-    Hopper GEMMs are not written)."""
-    if out_dtype not in _DTYPE_NAMES:
-        raise _C.Error(f"microscale.torch.gemm: out_dtype must be float32, bfloat16 or float16, not {out_dtype}")
-    d = _C.gemm(_gemm_operand(a, a_usage), _gemm_operand(b, b_usage), alpha, beta,
-                None if c is None else c.detach(), None if bias is None else bias.detach(), _DTYPE_NAMES[out_dtype])
-    return torch.from_dlpack(d)
