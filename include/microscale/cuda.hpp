@@ -1,7 +1,9 @@
-// microscale/cuda.hpp — the CUDA backend (sm_90a, Hopper): quantize, dequantize and swizzle on the
-// device, into buffers the caller allocated (a PyTorch frontend passes its allocator's tensors).
+// microscale/cuda.hpp — the CUDA backend (sm_90a, Hopper): quantize, dequantize, swizzle and the
+// NVFP4 GEMM on the device, into buffers the caller allocated (a PyTorch frontend passes its
+// allocator's tensors).
 //
-// Same numerics as the CPU backend, byte for byte (data, scales, amaxes, stochastic rounding).
+// Same numerics as the CPU backend: byte for byte for quantization (data, scales, amaxes,
+// stochastic rounding); the GEMM to within fp32 accumulation order (exactly where the sums are).
 // Every call is asynchronous on `stream` (a cudaStream_t; nullptr = the legacy default stream);
 // arguments are checked on the host before anything is launched, and launch failures throw
 // microscale::Error. No managed memory, no allocation: scratch needs none.
@@ -10,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "microscale/gemm.hpp"
 #include "microscale/quantize.hpp"
 #include "microscale/tensor.hpp"
 
@@ -38,6 +41,18 @@ void dequantize(const QuantizedViews& q, const std::vector<int64_t>& shape, cons
 /// @brief Compact u8 [R, C] -> the 128x4 swizzled layout u8 [roundup(R,128), roundup(C,4)] (zero
 /// padding), both on the device.
 void swizzle_scales(const TensorView& compact, const TensorView& swizzled, void* stream);
+
+/// @brief D = alpha * A B^T (+ beta C) (+ bias) on the device, for two NVFP4 operands (K-major
+/// codes with compact or swizzled scales, as GemmOperand::from gives them; optionally batched).
+/// The numerics of microscale::gemm: each block dequantized exactly, fp32 accumulation, alpha
+/// times amax_a * amax_b / (6*6*448*448) when both operands carry an amax. An operand's amax is
+/// either its host value (GemmOperand::amax) or a device float (`a_amax` / `b_amax`, e.g. the
+/// QuantizedViews::amax entry of the usage). D, C and bias are device tensors (f32/bf16/f16; D
+/// and C [M, N(, L)] with any positive strides, bias [N] contiguous); problem.out_dtype is
+/// ignored (D's dtype rules). Needs K % 64 == 0, rows of codes 16-byte aligned and compact scale
+/// rows 4-byte aligned; anything else throws microscale::Error.
+void gemm(const GemmOperand& a, const GemmOperand& b, const GemmProblem& problem, const TensorView& d,
+          void* stream, const float* a_amax = nullptr, const float* b_amax = nullptr);
 
 /// @brief Visible CUDA devices (0 without a driver or device).
 int device_count();

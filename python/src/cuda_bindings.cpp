@@ -1,4 +1,5 @@
-// Device quantization for Python, built with the library's CUDA backend (microscale/cuda.hpp):
+// Device quantization and the NVFP4 GEMM for Python, built with the library's CUDA backend
+// (microscale/cuda.hpp):
 // the caller, the PyTorch frontend, allocates the outputs with its own allocator and passes its
 // current stream, so nothing here allocates or synchronizes.
 #include <nanobind/nanobind.h>
@@ -48,6 +49,26 @@ cuda::QuantizedViews device_views(const DeviceArray& rowwise_data, const DeviceA
 
 void* as_stream(uintptr_t stream) { return reinterpret_cast<void*>(stream); }
 
+// One NVFP4 operand of gemm_cuda: codes and scales in CUDA memory, and the device amax to use
+// (a float32 CUDA array whose first element is the operand's amax), if any.
+GemmOperand nvfp4_operand(const AnyArray& data, const AnyArray& scales, bool swizzle, const char* what) {
+  GemmOperand op;
+  op.quantized = true;
+  op.scheme = Scheme::NVFP4;
+  op.data = view_of(data, what);
+  op.scales = view_of(scales, what);
+  op.scale_layout = swizzle ? ScaleLayout::Swizzled : ScaleLayout::Compact;
+  return op;
+}
+
+const float* device_amax(const DeviceArray& amax, const char* what) {
+  if (!amax) return nullptr;
+  const TensorView a = device_view(amax, what);
+  if (a.dtype != DType::F32 || a.numel() < 1)
+    throw Error(std::string(what) + ": must be a float32 CUDA array");
+  return static_cast<const float*>(a.data);
+}
+
 }  // namespace
 
 void bind_cuda(nb::module_& m) {
@@ -85,6 +106,28 @@ void bind_cuda(nb::module_& m) {
       nb::arg("columnwise_scale").none(), nb::arg("amax").none(), nb::arg("shape"), nb::arg("options"),
       nb::arg("usage"), nb::arg("output"), nb::arg("stream"),
       "Dequantizes one usage of quantize_cuda's outputs into a caller-allocated CUDA array.");
+
+  m.def(
+      "gemm_cuda",
+      [](const AnyArray& a_data, const AnyArray& a_scales, DeviceArray a_amax, bool a_swizzle,
+         const AnyArray& b_data, const AnyArray& b_scales, DeviceArray b_amax, bool b_swizzle, float alpha,
+         float beta, std::optional<AnyArray> c, std::optional<AnyArray> bias, nb::ndarray<> d,
+         uintptr_t stream) {
+        GemmProblem problem;
+        problem.alpha = alpha;
+        problem.beta = beta;
+        if (c) problem.c = view_of(*c, "C");
+        if (bias) problem.bias = view_of(*bias, "bias");
+        cuda::gemm(nvfp4_operand(a_data, a_scales, a_swizzle, "operand A"),
+                   nvfp4_operand(b_data, b_scales, b_swizzle, "operand B"), problem, device_view(d, "D"),
+                   as_stream(stream), device_amax(a_amax, "A's amax"), device_amax(b_amax, "B's amax"));
+      },
+      nb::arg("a_data"), nb::arg("a_scales"), nb::arg("a_amax").none(), nb::arg("a_swizzle"),
+      nb::arg("b_data"), nb::arg("b_scales"), nb::arg("b_amax").none(), nb::arg("b_swizzle"),
+      nb::arg("alpha"), nb::arg("beta"), nb::arg("c").none(), nb::arg("bias").none(), nb::arg("d"),
+      nb::arg("stream"),
+      "D = alpha * A B^T (+ beta C) (+ bias) for two NVFP4 operands in CUDA memory (codes [rows, K/2(, L)], "
+      "compact or swizzled scales, optional device amaxes), into the caller's CUDA array D, on `stream`.");
 }
 
 }  // namespace microscale::python

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# The one GPU script: builds the CUDA backend, its test and its benchmark with plain g++/nvcc
+# The one GPU script: builds the CUDA backend, its tests and its benchmark with plain g++/nvcc
 # commands (no gtest, CLI11 or Google Benchmark needed; nlohmann-json from .gpu/include when the
 # system has none), runs the bit-exact GPU test (random shapes vs the CPU oracle + golden cases
-# from .gpu/golden), compute-sanitizer memcheck and racecheck on a quick run, the benchmark and the
-# torch.compile baseline, and the Python frontend's CUDA tests (a CMake build of the extension);
-# logs and JSON go to RESULTS_DIR, a short table is printed last. (CMake also
+# from .gpu/golden) and the GEMM test (vs a float64 oracle), compute-sanitizer memcheck and
+# racecheck on quick runs of both, the benchmark and the torch.compile baseline, the Python
+# frontend's CUDA tests (a CMake build of the extension) and the GEMM benchmark beside cuBLAS;
+# logs and JSON go to RESULTS_DIR, a short table is printed last. SKIP_QUANTIZE=1 leaves out the
+# quantize test, its sanitizer runs and the quantize benchmarks (for GEMM work), SKIP_PYTHON=1 the
+# Python steps. (CMake also
 # builds the test and benchmark, unrun, so that CI compiles them: tests/gpu/CMakeLists.txt.)
 # Usage: tests/gpu/run.sh RESULTS_DIR   (from anywhere; needs nvcc, g++, python3 with torch; the
 # Python step also CMake, Ninja, nanobind, pytest, OpenBLAS and nlohmann-json, as the GPU image has)
@@ -19,11 +22,10 @@ GOLDEN="${MICROSCALE_GOLDEN_DIR:-$ROOT/.gpu/golden}"
 INC=(-Iinclude -Isrc -I"$ROOT/.gpu/include")
 CXXFLAGS=(-std=c++20 -O2 -fopenmp -ffp-contract=off -fno-fast-math "${INC[@]}")
 NVFLAGS=(-std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --fmad=false -Xcompiler=-ffp-contract=off,-fopenmp -lineinfo "${INC[@]}")
-# The host library: every core and CPU source but the BLAS GEMM (the GPU programs do not use it),
-# as an archive, so that the linker takes the objects the programs need and a new source file
-# needs no edit here.
-CPU_SRC=()
-for f in src/core/*.cpp src/cpu/*.cpp; do [ "$f" = src/cpu/gemm_cpu.cpp ] || CPU_SRC+=("$f"); done
+# The host library: every core and CPU source, as an archive, so that the linker takes the objects
+# the programs need and a new source file needs no edit here (the GEMM test also links OpenBLAS,
+# for the CPU GEMM that comes with GemmOperand::from).
+CPU_SRC=(src/core/*.cpp src/cpu/*.cpp)
 CU_SRC=(src/cuda/*.cu)
 summary() { echo "$1" | tee -a "$OUTDIR/summary.txt"; }
 obj() { echo "$BUILD/obj/${1//\//_}.o"; }  # by the source's path: src/core/x.cpp and src/cpu/x.cpp apart
@@ -34,7 +36,7 @@ echo "== build ($JOBS jobs)"
 t0=$(date +%s)
 pids=()
 for f in "${CPU_SRC[@]}"; do g++ "${CXXFLAGS[@]}" -c "$f" -o "$(obj "$f")" & pids+=($!); done
-for f in "${CU_SRC[@]}" tests/gpu/quantize_gpu_test.cu bench/quantize_cuda_bench.cu; do
+for f in "${CU_SRC[@]}" tests/gpu/quantize_gpu_test.cu tests/gpu/gemm_gpu_test.cu bench/quantize_cuda_bench.cu; do
   nvcc "${NVFLAGS[@]}" --resource-usage -c "$f" -o "$(obj "$f")" 2> "$(obj "$f").log" & pids+=($!)
 done
 fail=0
@@ -49,41 +51,59 @@ LIBOBJ=()
 for f in "${CU_SRC[@]}"; do LIBOBJ+=("$(obj "$f")"); done
 LIBOBJ+=("$BUILD/libmicroscale_host.a")
 nvcc -o "$BUILD/quantize_gpu_test" "$(obj tests/gpu/quantize_gpu_test.cu)" "${LIBOBJ[@]}" -Xcompiler=-fopenmp || { summary "link: FAILED"; exit 1; }
+nvcc -o "$BUILD/gemm_gpu_test" "$(obj tests/gpu/gemm_gpu_test.cu)" "${LIBOBJ[@]}" -lopenblas -Xcompiler=-fopenmp || { summary "link: FAILED"; exit 1; }
 nvcc -o "$BUILD/quantize_cuda_bench" "$(obj bench/quantize_cuda_bench.cu)" "${LIBOBJ[@]}" -Xcompiler=-fopenmp || { summary "link: FAILED"; exit 1; }
 grep -E "registers|stack frame" "$OUTDIR/build.log" | sort | uniq -c | sort -rn | head -12
 summary "build: ok ($(( $(date +%s) - t0 )) s)"
 
-echo "== GPU test (bit-exact vs quantize_ref + golden)"
-"$BUILD/quantize_gpu_test" "$GOLDEN" > "$OUTDIR/test.log" 2>&1; rc=$?
-grep -E "^FAIL" "$OUTDIR/test.log" | head -20
-tail -3 "$OUTDIR/test.log"
-summary "test: rc=$rc; $(tail -1 "$OUTDIR/test.log")"
+QUANTIZE=1
+[ "${SKIP_QUANTIZE:-0}" = 1 ] && QUANTIZE=0
+if [ $QUANTIZE = 1 ]; then
+  echo "== GPU test (bit-exact vs quantize_ref + golden)"
+  "$BUILD/quantize_gpu_test" "$GOLDEN" > "$OUTDIR/test.log" 2>&1; rc=$?
+  grep -E "^FAIL" "$OUTDIR/test.log" | head -20
+  tail -3 "$OUTDIR/test.log"
+  summary "test: rc=$rc; $(tail -1 "$OUTDIR/test.log")"
+fi
+echo "== GPU GEMM test (vs a float64 oracle; exact where the sums are)"
+"$BUILD/gemm_gpu_test" > "$OUTDIR/gemm_test.log" 2>&1; rc=$?
+grep -E "^FAIL" "$OUTDIR/gemm_test.log" | head -20
+tail -1 "$OUTDIR/gemm_test.log"
+summary "gemm test: rc=$rc; $(tail -1 "$OUTDIR/gemm_test.log")"
 
 if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
-  for tool in memcheck racecheck; do
-    echo "== compute-sanitizer $tool (quick run)"
-    timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 99 "$BUILD/quantize_gpu_test" --quick > "$OUTDIR/sanitizer_$tool.log" 2>&1; src=$?
-    tail -4 "$OUTDIR/sanitizer_$tool.log"
-    summary "sanitizer $tool: rc=$src; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUTDIR/sanitizer_$tool.log" | tail -1)"
+  SANITIZED=(gemm_gpu_test)
+  [ $QUANTIZE = 1 ] && SANITIZED=(quantize_gpu_test gemm_gpu_test)
+  for prog in "${SANITIZED[@]}"; do
+    for tool in memcheck racecheck; do
+      echo "== compute-sanitizer $tool on $prog (quick run)"
+      timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 99 "$BUILD/$prog" --quick > "$OUTDIR/sanitizer_${prog}_$tool.log" 2>&1; src=$?
+      tail -4 "$OUTDIR/sanitizer_${prog}_$tool.log"
+      summary "sanitizer $tool ($prog): rc=$src; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUTDIR/sanitizer_${prog}_$tool.log" | tail -1)"
+    done
   done
 fi
 
-echo "== benchmark"
-"$BUILD/quantize_cuda_bench" "$OUTDIR/bench.json" > "$OUTDIR/bench.log" 2>&1 || summary "bench: FAILED rc=$?"
-echo "== microscale bench, GPU part (tools/bench_cuda.cpp)"
-CUDA_INC="$(dirname "$(dirname "$(command -v nvcc)")")/include"
-g++ "${CXXFLAGS[@]}" -Itools -I"$CUDA_INC" -c tools/bench_cuda.cpp -o "$BUILD/obj/bench_cuda.o" &&
-  g++ "${CXXFLAGS[@]}" -Itools -c tests/gpu/bench_cli_main.cpp -o "$BUILD/obj/bench_cli_main.o" &&
-  nvcc -o "$BUILD/bench_cli_gpu" "$BUILD/obj/bench_cuda.o" "$BUILD/obj/bench_cli_main.o" "${LIBOBJ[@]}" -Xcompiler=-fopenmp &&
-  "$BUILD/bench_cli_gpu" > "$OUTDIR/bench_cli.log" 2>&1; rc=$?
-summary "microscale bench (GPU part): rc=$rc"
-echo "== torch.compile baseline"
-timeout 300 python3 bench/torch_nvfp4_baseline.py "$OUTDIR/torch_baseline.json" > "$OUTDIR/torch_baseline.log" 2>&1 || summary "torch baseline: FAILED rc=$?"
-tail -2 "$OUTDIR/torch_baseline.log"
+if [ $QUANTIZE = 1 ]; then
+  echo "== benchmark"
+  "$BUILD/quantize_cuda_bench" "$OUTDIR/bench.json" > "$OUTDIR/bench.log" 2>&1 || summary "bench: FAILED rc=$?"
+  echo "== microscale bench, GPU part (tools/bench_cuda.cpp)"
+  CUDA_INC="$(dirname "$(dirname "$(command -v nvcc)")")/include"
+  g++ "${CXXFLAGS[@]}" -Itools -I"$CUDA_INC" -c tools/bench_cuda.cpp -o "$BUILD/obj/bench_cuda.o" &&
+    g++ "${CXXFLAGS[@]}" -Itools -c tests/gpu/bench_cli_main.cpp -o "$BUILD/obj/bench_cli_main.o" &&
+    nvcc -o "$BUILD/bench_cli_gpu" "$BUILD/obj/bench_cuda.o" "$BUILD/obj/bench_cli_main.o" "${LIBOBJ[@]}" -Xcompiler=-fopenmp &&
+    "$BUILD/bench_cli_gpu" > "$OUTDIR/bench_cli.log" 2>&1; rc=$?
+  summary "microscale bench (GPU part): rc=$rc"
+  echo "== torch.compile baseline"
+  timeout 300 python3 bench/torch_nvfp4_baseline.py "$OUTDIR/torch_baseline.json" > "$OUTDIR/torch_baseline.log" 2>&1 || summary "torch baseline: FAILED rc=$?"
+  tail -2 "$OUTDIR/torch_baseline.log"
+fi
 
 echo "== Python frontend on CUDA tensors (CMake build of microscale._C; tests/gpu/test_frontend_cuda.py)"
 PYBUILD="$BUILD/python-build"
-if cmake -S "$ROOT" -B "$PYBUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMICROSCALE_PYTHON=ON \
+if [ "${SKIP_PYTHON:-0}" = 1 ]; then
+  summary "python frontend (CUDA): skipped (SKIP_PYTHON=1)"
+elif cmake -S "$ROOT" -B "$PYBUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMICROSCALE_PYTHON=ON \
      -DMICROSCALE_BUILD_TESTS=OFF -DMICROSCALE_BUILD_BENCH=OFF -DMICROSCALE_BUILD_PROGRAMS=OFF \
      -DPython_EXECUTABLE="$(command -v python3)" > "$OUTDIR/python_build.log" 2>&1 &&
    cmake --build "$PYBUILD" -j "$JOBS" --target _C >> "$OUTDIR/python_build.log" 2>&1; then
@@ -91,6 +111,9 @@ if cmake -S "$ROOT" -B "$PYBUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMICROSCA
     > "$OUTDIR/python_frontend.log" 2>&1; rc=$?
   tail -3 "$OUTDIR/python_frontend.log"
   summary "python frontend (CUDA): rc=$rc; $(tail -1 "$OUTDIR/python_frontend.log")"
+  echo "== GEMM benchmark beside cuBLAS (bench/gemm_cuda_bench.py)"
+  PYTHONPATH="$PYBUILD/python" timeout 300 python3 bench/gemm_cuda_bench.py "$OUTDIR/gemm_bench.json" \
+    > "$OUTDIR/gemm_bench.log" 2>&1 || summary "gemm bench: FAILED rc=$?"
 else
   tail -20 "$OUTDIR/python_build.log"
   summary "python frontend (CUDA): build FAILED"
@@ -100,6 +123,9 @@ echo
 echo "================ summary ================"
 cat "$OUTDIR/device.txt"
 cat "$OUTDIR/summary.txt"
-sed -n '/kernel (bf16 in)/,$p' "$OUTDIR/bench.log"
-cat "$OUTDIR/bench_cli.log"
-grep "torch.compile" "$OUTDIR/torch_baseline.log"
+if [ $QUANTIZE = 1 ]; then
+  sed -n '/kernel (bf16 in)/,$p' "$OUTDIR/bench.log"
+  cat "$OUTDIR/bench_cli.log"
+  grep "torch.compile" "$OUTDIR/torch_baseline.log"
+fi
+cat "$OUTDIR/gemm_bench.log" 2>/dev/null

@@ -82,3 +82,62 @@ def test_errors():
         mst.quantize(torch.ones(16, 16, device="cuda"), columnwise=True, rht=True)
     with pytest.raises(ms.Error, match="divisible"):
         mst.quantize(torch.ones(16, 24, device="cuda"))
+
+
+def _to_cpu(q):
+    return mst.QuantizedTensor(*[None if t is None else t.cpu() for t in (q.rowwise_data, q.rowwise_scale,
+                                                                          q.columnwise_data, q.columnwise_scale,
+                                                                          q.amax)], q.shape, q.options)
+
+
+@pytest.mark.parametrize("swizzle", [False, True])
+@pytest.mark.parametrize("layout", ["TN", "NT"])
+def test_gemm_on_cuda_matches_the_cpu_gemm(swizzle, layout):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(192, 256, generator=g).to(torch.bfloat16).cuda()
+    w = (torch.randn(320, 256, generator=g) * 0.05).to(torch.bfloat16).cuda()
+    dy = torch.randn(192, 320, generator=g).to(torch.bfloat16).cuda()
+    opts = dict(columnwise=True, swizzle=swizzle)
+    if layout == "TN":  # fprop: y = x W^T
+        a, b, usage = mst.quantize(x, "nvfp4", **opts), mst.quantize(w, "nvfp4", **opts), "rowwise"
+    else:  # wgrad: dW = dy^T x, from the columnwise (transposed) outputs with the RHT
+        a, b, usage = mst.quantize(dy, "nvfp4", rht=True, **opts), mst.quantize(x, "nvfp4", rht=True, **opts), "columnwise"
+    bias = torch.randn(b.rowwise_data.shape[0] if usage == "rowwise" else b.columnwise_data.shape[0],
+                       generator=g).cuda()
+    got = mst.gemm(a, b, a_usage=usage, b_usage=usage, alpha=0.5, bias=bias, out_dtype=torch.float32)
+    want = mst.gemm(_to_cpu(a), _to_cpu(b), a_usage=usage, b_usage=usage, alpha=0.5, bias=bias.cpu(),
+                    out_dtype=torch.float32)
+    assert got.device.type == "cuda"
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_gemm_on_cuda_exact_for_exact_sums_and_runs_on_the_current_stream():
+    # GPU MODE's data: any codes, scales from {0, 1, 2, 3}: every partial sum is exact in fp32.
+    g = torch.Generator().manual_seed(4)
+    m, n, k = 130, 200, 512
+    a_codes = torch.randint(0, 256, (m, k // 2), generator=g, dtype=torch.uint8)
+    b_codes = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8)
+    e4m3 = torch.tensor([0.0, 1.0, 2.0, 3.0]).to(torch.float8_e4m3fn).view(torch.uint8)
+    a_scales = e4m3[torch.randint(0, 4, (m, k // 16), generator=g)]
+    b_scales = e4m3[torch.randint(0, 4, (n, k // 16), generator=g)]
+    want = ms.gemm(ms.GemmOperand.quantized("nvfp4", a_codes.numpy(), a_scales.numpy()),
+                   ms.GemmOperand.quantized("nvfp4", b_codes.numpy(), b_scales.numpy()))
+    d = torch.empty(m, n, device="cuda")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        ms._C.gemm_cuda(a_codes.cuda(), a_scales.cuda(), None, False, b_codes.cuda(), b_scales.cuda(), None, False,
+                        1.0, 0.0, None, None, d, side.cuda_stream)
+    side.synchronize()
+    assert torch.equal(d.cpu(), torch.from_numpy(want))
+
+
+def test_gemm_on_cuda_errors():
+    x = torch.randn(128, 128, device="cuda").to(torch.bfloat16)
+    q = mst.quantize(x, "nvfp4")
+    with pytest.raises(ms.Error, match="NVFP4"):
+        mst.gemm(mst.quantize(x, "mxfp8_e4m3"), q)
+    with pytest.raises(ms.Error, match="no columnwise"):
+        mst.gemm(q, q, a_usage="columnwise")
+    with pytest.raises(ms.Error, match="multiple of 64"):
+        q80 = mst.quantize(torch.randn(128, 80, device="cuda").to(torch.bfloat16), "nvfp4")
+        mst.gemm(q80, q80)

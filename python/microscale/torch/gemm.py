@@ -1,10 +1,11 @@
-"""microscale.gemm for torch tensors (CPU): operands from this package's QuantizedTensor or dense
-tensors, the result as a tensor of any float dtype."""
+"""microscale.gemm for torch tensors: on the CPU, operands from this package's QuantizedTensor or
+dense tensors; on CUDA, two NVFP4 QuantizedTensors (the Hopper kernel). The result is a tensor of
+any float dtype."""
 
 import torch
 
 from .. import _C
-from .ops import _DTYPE_NAMES, QuantizedTensor
+from .ops import _DTYPE_NAMES, QuantizedTensor, _stream
 
 
 def _gemm_operand(x, usage):
@@ -24,14 +25,55 @@ def _gemm_operand(x, usage):
                                     stored_transposed=usage == "columnwise" and o.scheme != "nvfp4")
 
 
+def _device_of(x):
+    if isinstance(x, torch.Tensor):
+        return x.device
+    if isinstance(x, QuantizedTensor):
+        t = x.rowwise_data if x.rowwise_data is not None else x.columnwise_data
+        return t.device
+    return None
+
+
+def _cuda_parts(x, usage):
+    """(data, scales, amax slice or None, swizzle) of one NVFP4 operand on CUDA."""
+    if not isinstance(x, QuantizedTensor) or x.options.scheme != "nvfp4":
+        raise _C.Error("microscale.torch.gemm: on CUDA both operands must be NVFP4 QuantizedTensors (MX and dense "
+                       "operands run on the CPU)")
+    if usage not in ("rowwise", "columnwise") or not getattr(x.options, usage):
+        raise _C.Error(f"microscale.torch.gemm: the quantized operand has no {usage} output")
+    if usage == "rowwise":
+        return x.rowwise_data, x.rowwise_scale, x.amax[0:1], x.options.swizzle
+    return x.columnwise_data, x.columnwise_scale, x.amax[1:2], x.options.swizzle
+
+
+def _gemm_cuda(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
+    a_data, a_scales, a_amax, a_swizzle = _cuda_parts(a, a_usage)
+    b_data, b_scales, b_amax, b_swizzle = _cuda_parts(b, b_usage)
+    if a_data.device != b_data.device:
+        raise _C.Error(f"microscale.torch.gemm: operands on {a_data.device} and {b_data.device}")
+    shape = (a_data.shape[0], b_data.shape[0]) + tuple(a_data.shape[2:])
+    d = torch.empty(shape, dtype=out_dtype, device=a_data.device)
+    with torch.cuda.device(a_data.device):  # the library launches on the current device
+        _C.gemm_cuda(a_data, a_scales, a_amax, a_swizzle, b_data, b_scales, b_amax, b_swizzle, alpha, beta,
+                     None if c is None else c.detach(), None if bias is None else bias.detach(), d,
+                     _stream(a_data.device))
+    return d
+
+
 def gemm(a, b, *, a_usage="rowwise", b_usage="rowwise", alpha=1.0, beta=0.0, c=None, bias=None,
          out_dtype=torch.float32):
-    """microscale.gemm on CPU tensors: a and b each a QuantizedTensor of this module (its a_usage /
-    b_usage output) or a float tensor (dense). Returns a tensor of out_dtype (float32, bfloat16,
-    float16). Not a torch.library op (not traced by torch.compile) and not on CUDA tensors (the
-    Hopper GEMMs are not written)."""
+    """D = alpha * A B^T (+ beta C) (+ bias): a and b each a QuantizedTensor of this module (its
+    a_usage / b_usage output) or, on the CPU, a float tensor (dense). Returns a tensor of out_dtype
+    (float32, bfloat16, float16) on the operands' device. On CUDA both operands must be NVFP4 (the
+    Hopper kernel: K a multiple of 64), C and bias CUDA tensors too; the call runs on the current
+    stream. Not a torch.library op (not traced by torch.compile)."""
     if out_dtype not in _DTYPE_NAMES:
         raise _C.Error(f"microscale.torch.gemm: out_dtype must be float32, bfloat16 or float16, not {out_dtype}")
+    da, db = _device_of(a), _device_of(b)
+    if (da is not None and da.type == "cuda") or (db is not None and db.type == "cuda"):
+        if not _C.cuda_built():
+            raise _C.Error("microscale.torch.gemm: this build has no CUDA backend")
+        return _gemm_cuda(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype)
     d = _C.gemm(_gemm_operand(a, a_usage), _gemm_operand(b, b_usage), alpha, beta,
                 None if c is None else c.detach(), None if bias is None else bias.detach(), _DTYPE_NAMES[out_dtype])
     return torch.from_dlpack(d)

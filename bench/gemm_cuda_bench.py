@@ -1,0 +1,117 @@
+"""The CUDA NVFP4 GEMM beside the baselines a Hopper user has, timed in the same run.
+
+For each (M, N, K): A [M, K] and B [N, K] are random bf16 tensors quantized to NVFP4 by
+microscale (rowwise, with their global amaxes). Timed, each as a median of per-call times over
+several runs of back-to-back calls between CUDA events:
+
+  microscale   microscale.torch.gemm's kernel (_C.gemm_cuda): NVFP4 x NVFP4, bf16 out
+  cuBLAS BF16  torch.mm of the bf16 tensors
+  cuBLAS FP8   torch._scaled_mm of E4M3 copies with per-tensor scales (the fastest Hopper path)
+  deq+BF16     dequantize both NVFP4 operands to bf16 (microscale's CUDA dequantize), then torch.mm:
+               the emulation torchao runs on Hopper, here with a fast dequantize
+
+Prints a table (microseconds, TFLOP/s, ratios to microscale) and writes JSON.
+Usage: python3 bench/gemm_cuda_bench.py [OUT.json] (needs torch with CUDA and microscale built with it)
+"""
+
+import json
+import statistics
+import sys
+
+import torch
+
+import microscale.torch as mst
+from microscale import _C
+
+SHAPES = [
+    (128, 7168, 16384),  # GPU MODE NVFP4 GEMM shapes (decode-like: M = 128)
+    (128, 4096, 7168),
+    (128, 7168, 2048),
+    (4096, 4096, 4096),  # training-size GEMMs
+    (8192, 8192, 8192),
+    (8192, 14336, 4096),
+]
+
+
+def per_call_us(fn, calls, runs=7):
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(runs):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / calls)
+    return statistics.median(times)
+
+
+def main():
+    out_path = sys.argv[1] if len(sys.argv) > 1 else None
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    rows = []
+    for m, n, k in SHAPES:
+        a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        b = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
+        qa = mst.quantize(a, "nvfp4")
+        qb = mst.quantize(b, "nvfp4")
+        d = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+        stream = torch.cuda.current_stream().cuda_stream
+
+        def ours():
+            _C.gemm_cuda(qa.rowwise_data, qa.rowwise_scale, qa.amax[0:1], False, qb.rowwise_data, qb.rowwise_scale,
+                         qb.amax[0:1], False, 1.0, 0.0, None, None, d, stream)
+
+        def bf16():
+            torch.mm(a, b.t(), out=d)
+
+        fa = a.to(torch.float8_e4m3fn)
+        fb = b.mul(32.0).to(torch.float8_e4m3fn)
+        one = torch.ones((), device=dev)
+        inv = torch.full((), 1 / 32.0, device=dev)
+
+        def fp8():
+            return torch._scaled_mm(fa, fb.t(), scale_a=one, scale_b=inv, out_dtype=torch.bfloat16)
+
+        def dequant_bf16():
+            da = mst.dequantize(qa, "rowwise", torch.bfloat16)
+            db = mst.dequantize(qb, "rowwise", torch.bfloat16)
+            torch.mm(da, db.t(), out=d)
+
+        # Sanity: microscale against the dequantized operands' float32 product.
+        ours()
+        want = mst.dequantize(qa, "rowwise", torch.float32) @ mst.dequantize(qb, "rowwise", torch.float32).t()
+        rel = ((d.float() - want).norm() / want.norm()).item()
+
+        flops = 2.0 * m * n * k
+        calls = max(3, min(200, int(2e12 / flops)))
+        t = {"microscale": per_call_us(ours, calls), "cuBLAS BF16": per_call_us(bf16, calls),
+             "cuBLAS FP8": per_call_us(fp8, calls), "deq+BF16": per_call_us(dequant_bf16, calls)}
+        rows.append({"m": m, "n": n, "k": k, "us": t, "tflops": {key: flops / v / 1e6 for key, v in t.items()},
+                     "rel_err_vs_fp32_of_dequantized": rel})
+        del a, b, qa, qb, d, fa, fb
+        torch.cuda.empty_cache()
+
+    print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}")
+    head = f"{'M x N x K':>20} | {'microscale':>17} | {'cuBLAS BF16':>17} | {'cuBLAS FP8':>17} | {'deq+BF16':>17} | rel err"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        ours_us = r["us"]["microscale"]
+        cells = []
+        for key in ("microscale", "cuBLAS BF16", "cuBLAS FP8", "deq+BF16"):
+            us, tf = r["us"][key], r["tflops"][key]
+            cells.append(f"{us:8.1f} us {tf:5.0f} TF" if key == "microscale" else f"{us:8.1f} ({us / ours_us:4.2f}x)")
+        print(f"{r['m']:>6} x {r['n']:>5} x {r['k']:>5} | " + " | ".join(f"{c:>17}" for c in cells) +
+              f" | {r['rel_err_vs_fp32_of_dequantized']:.1e}")
+    print("(baseline columns: time and time / microscale's time; above 1 = microscale faster)")
+    if out_path:
+        with open(out_path, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

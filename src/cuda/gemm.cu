@@ -1,0 +1,157 @@
+// microscale::cuda::gemm: the operands and epilogue tensors checked on the host (device memory,
+// shapes, strides, alignment), then the NVFP4 kernel launched (src/cuda/gemm_nvfp4.cu). The
+// numerics are core/gemm.cpp's: D = alpha' * sum over blocks (sa * sb * sum a*b) [+ beta C]
+// [+ bias], fp32 accumulation, alpha' folding in the NVFP4 global amaxes.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cuda/gemm_nvfp4.hpp"
+#include "microscale/cuda.hpp"
+#include "microscale/error.hpp"
+#include "microscale/layout.hpp"
+
+namespace microscale::cuda {
+namespace {
+
+void require(bool ok, const std::string& message) {
+  if (!ok) throw Error("cuda::gemm: " + message);
+}
+
+bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// Checks a NVFP4 operand [rows, K(, L)] on the device; returns its rows and K.
+Nvfp4GemmOperand device_operand(const GemmOperand& op, const float* device_amax, const char* name,
+                                int64_t& rows, int64_t& k, int64_t& batches) {
+  const std::string who = std::string("operand ") + name;
+  require(op.quantized && op.scheme == Scheme::NVFP4,
+          who + " must be NVFP4 (the CUDA GEMM takes NVFP4 x NVFP4; MX and dense operands run on the CPU)");
+  require(!op.stored_transposed, who + ": NVFP4 data is K-major, never stored transposed");
+  const TensorView& d = op.data;
+  const TensorView& s = op.scales;
+  require(d.device == Device::CUDA && s.device == Device::CUDA, who + " data and scales must be CUDA memory");
+  require(d.dtype == DType::U8 && s.dtype == DType::U8, who + " data and scales must be u8");
+  require(d.data != nullptr && s.data != nullptr, who + " has a null pointer");
+  require(d.ndim() == 2 || d.ndim() == 3,
+          who + " data must be [rows, K/2] or [rows, K/2, L], got " + shape_string(d.shape));
+  const std::vector<int64_t> ds = d.effective_strides();
+  rows = d.shape[0];
+  k = d.shape[1] * 2;
+  batches = d.ndim() == 3 ? d.shape[2] : 1;
+  require(rows > 0 && k > 0 && batches > 0, who + " is empty: " + shape_string(d.shape));
+  require(k % kNvfp4GemmK == 0, who + ": K = " + std::to_string(k) + " is not a multiple of " +
+                                    std::to_string(kNvfp4GemmK) + " (the CUDA GEMM's K tile)");
+  require(ds[1] == 1 && ds[0] % 16 == 0 && (batches == 1 || ds[2] % 16 == 0) && aligned(d.data, 16),
+          who + " data must have contiguous rows whose starts are 16-byte aligned (strides " +
+              shape_string(ds) + ")");
+  Nvfp4GemmOperand out;
+  out.data = static_cast<const uint8_t*>(d.data);
+  out.row_bytes = ds[0];
+  out.batch_bytes = batches > 1 ? ds[2] : 0;
+  out.scales = static_cast<const uint8_t*>(s.data);
+  out.swizzled = op.scale_layout == ScaleLayout::Swizzled;
+  const int64_t scale_cols = k / 16;
+  if (out.swizzled) {
+    const int64_t image = swizzled_rows(rows) * swizzled_cols(scale_cols);
+    require(s.is_contiguous() && s.numel() == batches * image,
+            who + " swizzled scales must be contiguous, " + std::to_string(batches * image) + " bytes");
+    require(aligned(s.data, 16), who + " swizzled scales must be 16-byte aligned");
+    out.scale_batch_bytes = image;
+  } else {
+    std::vector<int64_t> want = {rows, scale_cols};
+    if (d.ndim() == 3) want.push_back(batches);
+    require(s.shape == want,
+            who + " compact scales are " + shape_string(s.shape) + ", expected " + shape_string(want));
+    const std::vector<int64_t> ss = s.effective_strides();
+    require(ss[1] == 1 && ss[0] % 4 == 0 && (batches == 1 || ss[2] % 4 == 0) && aligned(s.data, 4),
+            who + " compact scales must have contiguous rows starting on 4-byte boundaries (strides " +
+                shape_string(ss) + ")");
+    out.scale_row_bytes = ss[0];
+    out.scale_batch_bytes = batches > 1 ? ss[2] : 0;
+  }
+  require(!(op.amax && device_amax), who + " has both a host amax and a device amax");
+  if (op.amax) {
+    require(std::isfinite(*op.amax) && *op.amax >= 0.0f, who + ": amax must be finite and >= 0");
+    out.has_amax = true;
+    out.amax_value = *op.amax;
+  } else if (device_amax) {
+    out.has_amax = true;
+    out.amax = device_amax;
+  }
+  return out;
+}
+
+// A 2-D or 3-D epilogue tensor [M, N(, L)] on the device.
+EpilogueTensor epilogue_tensor(const TensorView& v, const std::vector<int64_t>& want, const char* what) {
+  require(v.device == Device::CUDA && v.data != nullptr, std::string(what) + " must be CUDA memory");
+  require(v.dtype == DType::F32 || v.dtype == DType::BF16 || v.dtype == DType::F16,
+          std::string(what) + " must be f32, bf16 or f16");
+  require(v.shape == want,
+          std::string(what) + " is " + shape_string(v.shape) + ", expected " + shape_string(want));
+  const std::vector<int64_t> s = v.effective_strides();
+  for (int64_t x : s) require(x > 0, std::string(what) + " must have positive strides");
+  require(aligned(v.data, static_cast<int64_t>(dtype_size(v.dtype))), std::string(what) + " is misaligned");
+  EpilogueTensor e;
+  e.data = v.data;
+  e.dtype = v.dtype;
+  for (size_t i = 0; i < s.size(); ++i) e.strides[i] = s[i];
+  return e;
+}
+
+// The output must not map two elements to one address (core/gemm.cpp's rule, for 2-D and 3-D).
+void require_distinct(const TensorView& v) {
+  const std::vector<int64_t> s = v.effective_strides();
+  std::vector<std::pair<int64_t, int64_t>> dims;
+  for (int64_t i = 0; i < v.ndim(); ++i)
+    if (v.shape[i] > 1) dims.emplace_back(s[i], v.shape[i]);
+  std::sort(dims.begin(), dims.end());
+  int64_t reach = 0;
+  for (const auto& [stride, size] : dims) {
+    require(stride > reach, "D has strides " + shape_string(s) + " that make its elements overlap");
+    reach += (size - 1) * stride;
+  }
+}
+
+}  // namespace
+
+void gemm(const GemmOperand& a, const GemmOperand& b, const GemmProblem& problem, const TensorView& d,
+          void* stream, const float* a_amax, const float* b_amax) {
+  Nvfp4GemmParams p;
+  int64_t m = 0, ka = 0, la = 0, n = 0, kb = 0, lb = 0;
+  p.a = device_operand(a, a_amax, "A", m, ka, la);
+  p.b = device_operand(b, b_amax, "B", n, kb, lb);
+  require(ka == kb, "A is [" + std::to_string(m) + ", " + std::to_string(ka) + "] and B is [" +
+                        std::to_string(n) + ", " + std::to_string(kb) + "]: their K differ");
+  require(la == lb, "A has " + std::to_string(la) + " batches and B has " + std::to_string(lb));
+  require(la <= 65535 && (m + 127) / 128 <= 65535, "too many batches or rows for one launch");
+  std::vector<int64_t> want = {m, n};
+  if (la > 1 || d.ndim() == 3) want.push_back(la);
+  p.d = epilogue_tensor(d, want, "D");
+  require_distinct(d);
+  if (problem.c) {
+    p.has_c = true;
+    p.c = epilogue_tensor(*problem.c, want, "C");
+  }
+  if (problem.bias) {
+    const TensorView& bias = *problem.bias;
+    require(bias.device == Device::CUDA && bias.data != nullptr, "bias must be CUDA memory");
+    require(bias.ndim() == 1 && bias.shape[0] == n && bias.is_contiguous(),
+            "bias must be a contiguous [N] = [" + std::to_string(n) + "]");
+    require(bias.dtype == DType::F32 || bias.dtype == DType::BF16 || bias.dtype == DType::F16,
+            "bias must be f32, bf16 or f16");
+    p.bias = bias.data;
+    p.bias_dtype = bias.dtype;
+  }
+  p.m = m;
+  p.n = n;
+  p.k = ka;
+  p.batches = la;
+  p.alpha = problem.alpha;
+  p.beta = problem.beta;
+  launch_nvfp4_gemm(p, static_cast<cudaStream_t>(stream));
+}
+
+}  // namespace microscale::cuda

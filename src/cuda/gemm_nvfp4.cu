@@ -1,0 +1,404 @@
+// NVFP4 x NVFP4 block-scaled GEMM on Hopper (version 4: wgmma; docs/perf.md "CUDA GEMM").
+//
+// Hopper has no FP4 tensor-core instruction, so each block tile of codes is converted to fp16 in
+// shared memory once, and wgmma multiplies those fp16 tiles with fp32 accumulation. While the
+// tensor cores work on K tile kt, the threads convert tile kt + 1 into the other fp16 buffer:
+//
+//   global codes + E4M3 scales --cp.async (3 stages)--> shared (raw codes)
+//     --convert (all threads)--> shared fp16, 2 buffers, 128-byte swizzle --wgmma--> fp32 registers
+//     --epilogue--> D
+//
+// Exactness of the conversion: an E2M1 code c with magnitude bits m (3 bits) and sign s becomes
+// the fp16 bit pattern s<<15 | m<<9, whose value is e2m1(c) * 2^-14 (the code's exponent and
+// mantissa bits land in fp16's, and the subnormal code 0.5 lands on fp16's subnormal 2^-15). One
+// fp16 multiply by the block scale (E4M3 -> fp16 is exact) then gives e2m1 * scale * 2^-14, which
+// fp16 holds exactly: the product has at most 6 significant bits, its smallest step is
+// 0.5 * 2^-9 * 2^-14 = 2^-24 (fp16's subnormal step) and its largest value 6 * 448 * 2^-14 < 1.
+// The tensor cores multiply those fp16 values exactly and accumulate in fp32, so the accumulator
+// holds sum(a * b) * 2^-28; the epilogue scales it back by 2^28 (exact) before alpha, as
+// core/gemm.cpp does on the CPU.
+//
+// Block tile 128 x kTileN x 64 (K); two warpgroups, each the wgmma of 64 rows x kTileN columns.
+// Within a 16-element block the conversion stores code q of each 8-code word beside code q + 4
+// (one shift per pair of codes); A and B are permuted alike, so the sum over K is the same.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "cuda/cuda_check.hpp"
+#include "cuda/gemm_nvfp4.hpp"
+#include "microscale/half.hpp"
+
+#ifndef MICROSCALE_GEMM_TILE_N
+#define MICROSCALE_GEMM_TILE_N 128
+#endif
+
+namespace microscale::cuda {
+namespace {
+
+constexpr int kTileM = 128, kTileN = MICROSCALE_GEMM_TILE_N, kTileK = 64;
+constexpr int kThreads = 256;
+constexpr int kStages = 3;
+constexpr int kAccumulators = kTileN / 2;        // fp32 registers per thread (64 x kTileN per warpgroup)
+constexpr int kCodeBytes = kTileK / 2;           // 32 bytes of codes per row and K tile
+constexpr int kScaleBytes = kTileK / 16;         // 4 block scales per row and K tile
+constexpr int kRowBytes = kTileK * 2;            // 128: one fp16 row = the swizzle span
+constexpr int kTileBytesA = kTileM * kRowBytes;  // 16 KiB
+constexpr int kTileBytesB = kTileN * kRowBytes;
+constexpr int kBufferBytes = kTileBytesA + kTileBytesB;  // the fp16 A and B tiles of one K tile
+constexpr int kStageBytes = (kTileM + kTileN) * (kCodeBytes + kScaleBytes);
+// fp16 buffers first (the 128-byte swizzle wants 1024-byte aligned tiles), then the raw stages;
+// 1 KiB of slack to align the dynamic shared memory's base.
+constexpr int kSharedBytes = 2 * kBufferBytes + kStages * kStageBytes + 1024;
+// Blocks per SM the registers allow (the accumulators and the conversion's working set).
+constexpr int kBlocksPerSm = kTileN == 128 ? 2 : 1;
+
+static_assert(kTileN == 128 || kTileN == 256, "wgmma shapes m64n128 and m64n256 are written out");
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, zero-filled when !valid (a row past the matrix).
+__device__ __forceinline__ void copy16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void copy4(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(dst)), "l"(src),
+               "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int Pending>
+__device__ __forceinline__ void wait_copies() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+}
+
+// Shared-memory stage: A codes [128][32], B codes [kTileN][32], A scales [128][4], B scales
+// [kTileN][4] (compact rows, or the rows' 128x4 atoms as stored: 512 bytes per 128 rows).
+struct Stage {
+  uint8_t* a_codes;
+  uint8_t* b_codes;
+  uint8_t* a_scales;
+  uint8_t* b_scales;
+  __device__ explicit Stage(uint8_t* base)
+      : a_codes(base),
+        b_codes(base + kTileM * kCodeBytes),
+        a_scales(base + (kTileM + kTileN) * kCodeBytes),
+        b_scales(base + (kTileM + kTileN) * kCodeBytes + kTileM * kScaleBytes) {}
+};
+
+// Issues the copies of one operand's K tile `kt` (rows r0..r0+Rows-1) into a stage: 16-byte
+// pieces of codes (two per row), and the scales as 4 bytes per row (compact) or the rows' 512-byte
+// 128x4 atoms (swizzled). Rows past the matrix read as zeros (their scales too, when compact).
+template <int Rows, bool Swizzled>
+__device__ __forceinline__ void load_operand(const Nvfp4GemmOperand& op, int64_t rows, int64_t k, int64_t l,
+                                             int64_t r0, int kt, uint8_t* codes, uint8_t* scales) {
+  const int t = static_cast<int>(threadIdx.x);
+  const uint8_t* data = op.data + l * op.batch_bytes + kt * kCodeBytes;
+#pragma unroll
+  for (int piece = t; piece < Rows * 2; piece += kThreads) {
+    const int row = piece / 2, half = piece % 2;
+    const bool valid = r0 + row < rows;
+    copy16(codes + row * kCodeBytes + half * 16, data + (valid ? (r0 + row) * op.row_bytes : 0) + half * 16,
+           valid);
+  }
+  const uint8_t* s = op.scales + l * op.scale_batch_bytes;
+  if constexpr (Swizzled) {
+    if (t < Rows * kScaleBytes / 16) {  // 32 pieces per 128-row atom; no atom past the last row
+      const bool valid = r0 + (t / 32) * 128 < rows;
+      const int64_t atom = valid ? (r0 / 128 + t / 32) * (k / kTileK) + kt : 0;
+      copy16(scales + t * 16, s + atom * 512 + (t % 32) * 16, valid);
+    }
+  } else if (t < Rows) {
+    const bool valid = r0 + t < rows;
+    copy4(scales + t * kScaleBytes, s + (valid ? (r0 + t) * op.scale_row_bytes : 0) + kt * kScaleBytes,
+          valid);
+  }
+}
+
+// Byte offset of (row, block j) in a stage's scales: compact [rows][4] or the swizzled atoms.
+template <bool Swizzled>
+__device__ __forceinline__ int scale_index(int row, int j) {
+  if constexpr (Swizzled) return (row / 128) * 512 + (row % 32) * 16 + ((row % 128) / 32) * 4 + j;
+  return row * kScaleBytes + j;
+}
+
+// 8 codes (one 32-bit word, code q in bits 4q..4q+3) times a block scale -> 4 fp16 pairs
+// (code q, code q + 4) * scale * 2^-14, exactly (see the file comment). Per pair: t holds each
+// code's 4 bits at fp16 bits 9-12 (magnitude at 9-11, sign at 12); adding 7 times the sign bit
+// carries it from bit 12 to bit 15 and leaves bits 12-14 clear: s<<15 | m<<9.
+__device__ __forceinline__ uint4 convert_word(uint32_t w, __half2 scale) {
+  uint32_t out[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint32_t shifted = q < 3 ? w << (9 - 4 * q) : w >> 3;  // code q at bits 9-12, q + 4 at 25-28
+    const uint32_t t = shifted & 0x1E001E00u;
+    const uint32_t bits = t + (t & 0x10001000u) * 7u;
+    __half2 h = __hmul2(*reinterpret_cast<const __half2*>(&bits), scale);
+    out[q] = *reinterpret_cast<uint32_t*>(&h);
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// Row `row`, codes 32*half..+32 (two 16-element blocks, four 16-byte chunks), of one operand's
+// stage into its fp16 tile [rows][64], in wgmma's 128-byte swizzled K-major layout: the 16-byte
+// chunk c of row r sits at chunk c ^ (r % 8).
+template <bool Swizzled>
+__device__ __forceinline__ void convert_half_row(const uint8_t* codes, const uint8_t* scales, uint8_t* tile,
+                                                 int row, int half) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(codes + row * kCodeBytes + half * 16);
+  const __nv_fp8x2_storage_t pair = static_cast<__nv_fp8x2_storage_t>(
+      scales[scale_index<Swizzled>(row, 2 * half)] | (scales[scale_index<Swizzled>(row, 2 * half + 1)] << 8));
+  const __half2 both = __half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3));
+  const __half2 s0 = __low2half2(both), s1 = __high2half2(both);
+  uint8_t* dst = tile + row * kRowBytes;
+  const int swz = row % 8;
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int chunk = (4 * half + i) ^ swz;
+    *reinterpret_cast<uint4*>(dst + chunk * 16) = convert_word(words[i], i < 2 ? s0 : s1);
+  }
+}
+
+// One operand's stage into its fp16 tile: Rows * 2 half rows over the block's threads.
+template <int Rows, bool Swizzled>
+__device__ __forceinline__ void convert_operand(const uint8_t* codes, const uint8_t* scales, uint8_t* tile) {
+#pragma unroll
+  for (int task = static_cast<int>(threadIdx.x); task < Rows * 2; task += kThreads)
+    convert_half_row<Swizzled>(codes, scales, tile, task / 2, task % 2);
+}
+
+// wgmma shared-memory descriptor of a K-major tile with the 128-byte swizzle: start address,
+// stride between 8-row groups 1024 bytes, leading offset unused for this layout.
+__device__ __forceinline__ uint64_t tile_descriptor(const void* p) {
+  const uint64_t address = shared_address(p);
+  return ((address & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int Pending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
+}
+// Keeps the compiler from moving accesses of the accumulators across the asynchronous wgmma.
+__device__ __forceinline__ void fence_registers(float (&d)[kAccumulators]) {
+#pragma unroll
+  for (int i = 0; i < kAccumulators; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// Orders this thread's shared-memory stores before the tensor cores' (async proxy) reads.
+__device__ __forceinline__ void fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// D[64 x N] += A[64 x 16] B[N x 16]^T, both from shared memory (descriptors), fp32 accumulators.
+__device__ __forceinline__ void wgmma_64x128x16(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "
+      "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "
+      "%62, %63}, %64, %65, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
+        "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
+        "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b));
+}
+
+__device__ __forceinline__ void wgmma_64x256x16(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "
+      "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "
+      "%62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, "
+      "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, "
+      "%102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, "
+      "%119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
+        "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
+        "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]),
+        "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]),
+        "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]),
+        "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]),
+        "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]),
+        "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]),
+        "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]),
+        "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]),
+        "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(desc_a), "l"(desc_b));
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_tile(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b) {
+  if constexpr (N == 128) {
+    wgmma_64x128x16(d, desc_a, desc_b);
+  } else {
+    wgmma_64x256x16(d, desc_a, desc_b);
+  }
+}
+
+__device__ __forceinline__ float load_value(const void* p, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::BF16: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::F16: return half_to_float(static_cast<const uint16_t*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+__device__ __forceinline__ void store_value(void* p, DType dtype, int64_t i, float v) {
+  switch (dtype) {
+    case DType::BF16: static_cast<uint16_t*>(p)[i] = float_to_bf16(v); break;
+    case DType::F16: static_cast<uint16_t*>(p)[i] = float_to_half(v); break;
+    default: static_cast<float*>(p)[i] = v; break;
+  }
+}
+
+// alpha with the global scales folded in, in core/gemm.cpp's order.
+__device__ __forceinline__ float effective_alpha(const Nvfp4GemmParams& p) {
+  const bool a_global = p.a.has_amax, b_global = p.b.has_amax;
+  const float amax_a = p.a.amax ? *p.a.amax : p.a.amax_value;
+  const float amax_b = p.b.amax ? *p.b.amax : p.b.amax_value;
+  if (a_global && b_global) return ((p.alpha * amax_a) * amax_b) * (1.0f / 7225344.0f);
+  if (a_global || b_global) return (p.alpha * (a_global ? amax_a : amax_b)) * (1.0f / 2688.0f);
+  return p.alpha;
+}
+
+template <bool SwizzledA, bool SwizzledB>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+    nvfp4_gemm_kernel(const __grid_constant__ Nvfp4GemmParams p) {
+  extern __shared__ uint8_t shared_raw[];
+  uint8_t* shared =
+      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) & ~uintptr_t{1023});
+  uint8_t* buffers = shared;                    // 2 x {A tile, B tile}, fp16, swizzled
+  uint8_t* stages = shared + 2 * kBufferBytes;  // kStages x Stage
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM,
+                n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
+  const int64_t l = blockIdx.z;
+  const int t = static_cast<int>(threadIdx.x), lane = t % 32, warp = t / 32;
+  const int group = warp / 4;  // warpgroup: rows 64 * group .. + 63 of the tile
+  const int k_tiles = static_cast<int>(p.k / kTileK);
+
+  auto load_stage = [&](int kt) {
+    const Stage s(stages + (kt % kStages) * kStageBytes);
+    load_operand<kTileM, SwizzledA>(p.a, p.m, p.k, l, m0, kt, s.a_codes, s.a_scales);
+    load_operand<kTileN, SwizzledB>(p.b, p.n, p.k, l, n0, kt, s.b_codes, s.b_scales);
+  };
+  auto convert_stage = [&](int kt) {
+    const Stage s(stages + (kt % kStages) * kStageBytes);
+    uint8_t* buffer = buffers + (kt % 2) * kBufferBytes;
+    convert_operand<kTileM, SwizzledA>(s.a_codes, s.a_scales, buffer);
+    convert_operand<kTileN, SwizzledB>(s.b_codes, s.b_scales, buffer + kTileBytesA);
+    fence_async_shared();
+  };
+
+  float acc[kAccumulators];
+#pragma unroll
+  for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
+
+  // Prologue: raw tiles 0 and 1 in flight, tile 0 converted, raw tile 2 in flight.
+  load_stage(0);
+  commit_copies();
+  if (k_tiles > 1) load_stage(1);
+  commit_copies();
+  wait_copies<1>();
+  __syncthreads();
+  convert_stage(0);
+  if (k_tiles > 2) load_stage(2);
+  commit_copies();
+  __syncthreads();
+
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    // The tensor cores take K tile kt (4 wgmmas of K = 16: +32 bytes along the swizzled rows).
+    const uint8_t* buffer = buffers + (kt % 2) * kBufferBytes;
+    const uint64_t desc_a = tile_descriptor(buffer + group * 64 * kRowBytes);
+    const uint64_t desc_b = tile_descriptor(buffer + kTileBytesA);
+    fence_registers(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kTileK / 16; ++kk) wgmma_tile<kTileN>(acc, desc_a + 2 * kk, desc_b + 2 * kk);
+    wgmma_commit();
+    fence_registers(acc);
+    if (kt + 1 < k_tiles) {
+      // Meanwhile: convert tile kt + 1 into the other buffer, once the wgmmas of tile kt - 1
+      // (which read it) are done in both warpgroups, and raw tile kt + 1 has landed.
+      wait_copies<1>();
+      wgmma_wait<1>();
+      fence_registers(acc);
+      __syncthreads();
+      convert_stage(kt + 1);
+      if (kt + 3 < k_tiles) load_stage(kt + 3);  // into the stage of tile kt, converted before the barrier
+      commit_copies();
+      __syncthreads();
+    }
+  }
+  wgmma_wait<0>();
+  fence_registers(acc);
+
+  // Epilogue. wgmma's fragment: warp w of the group holds rows 16 (w % 4) + lane / 4 (+ 8 for
+  // odd i / 2), columns 8 (i / 4) + 2 (lane % 4) (+ 1 for odd i).
+  const float alpha = effective_alpha(p);
+  const int row_base = group * 64 + (warp % 4) * 16 + lane / 4, col_base = 2 * (lane % 4);
+#pragma unroll
+  for (int i = 0; i < kAccumulators; ++i) {
+    const int64_t row = m0 + row_base + ((i / 2) % 2) * 8;
+    const int64_t col = n0 + (i / 4) * 8 + col_base + (i % 2);
+    if (row >= p.m || col >= p.n) continue;
+    float v = alpha * (acc[i] * 0x1p28f);
+    if (p.has_c) {
+      v = v + p.beta * load_value(p.c.data, p.c.dtype,
+                                  row * p.c.strides[0] + col * p.c.strides[1] + l * p.c.strides[2]);
+    }
+    if (p.bias) v = v + load_value(p.bias, p.bias_dtype, col);
+    store_value(p.d.data, p.d.dtype, row * p.d.strides[0] + col * p.d.strides[1] + l * p.d.strides[2], v);
+  }
+}
+
+template <bool SwizzledA, bool SwizzledB>
+void launch(const Nvfp4GemmParams& p, cudaStream_t stream) {
+  auto kernel = nvfp4_gemm_kernel<SwizzledA, SwizzledB>;
+  MICROSCALE_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
+  const dim3 grid(static_cast<unsigned>((p.n + kTileN - 1) / kTileN),
+                  static_cast<unsigned>((p.m + kTileM - 1) / kTileM), static_cast<unsigned>(p.batches));
+  kernel<<<grid, kThreads, kSharedBytes, stream>>>(p);
+  MICROSCALE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void launch_nvfp4_gemm(const Nvfp4GemmParams& p, cudaStream_t stream) {
+  if (p.a.swizzled) {
+    p.b.swizzled ? launch<true, true>(p, stream) : launch<true, false>(p, stream);
+  } else {
+    p.b.swizzled ? launch<false, true>(p, stream) : launch<false, false>(p, stream);
+  }
+}
+
+}  // namespace microscale::cuda

@@ -1,0 +1,558 @@
+// GPU tests of the CUDA NVFP4 GEMM (plain main; run by tests/gpu/run.sh on a GPU machine).
+//
+// The oracle is a float64 sum of the exactly dequantized operands (OperandReader, the CPU GEMM's
+// reader), finished with the CPU GEMM's fp32 epilogue. Where every partial sum is exact in fp32
+// (scales from {0, 1, 2, 3} as GPU MODE's generator draws them; or only subnormal E4M3 scales),
+// the device must match it bit for bit, in every output dtype; elsewhere within the fp32
+// accumulation bound K * 2^-23 * sum |a*b|. Also: swizzled scales, batches, ragged M and N, host
+// and device amaxes, alpha / beta / C / bias, strided and in-place D, operands from quantize()
+// (TE's fprop "TN" and wgrad "NT" operands), and each bad argument a microscale::Error.
+// Exit status = number of failures (capped).
+//
+// Usage: gemm_gpu_test [--quick] | --time M N K
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/operand_access.hpp"
+#include "microscale/cuda.hpp"
+#include "microscale/error.hpp"
+#include "microscale/format.hpp"
+#include "microscale/gemm.hpp"
+#include "microscale/half.hpp"
+#include "microscale/layout.hpp"
+#include "microscale/quantize.hpp"
+
+using namespace microscale;
+
+namespace {
+
+int g_failures = 0, g_checks = 0;
+
+#define CK(call)                                                                                    \
+  do {                                                                                              \
+    cudaError_t e_ = (call);                                                                        \
+    if (e_ != cudaSuccess) {                                                                        \
+      std::fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(2);                                                                                 \
+    }                                                                                               \
+  } while (0)
+
+struct DeviceBuffer {
+  void* p = nullptr;
+  size_t n = 0;
+  explicit DeviceBuffer(size_t bytes) : n(bytes) { CK(cudaMalloc(&p, bytes ? bytes : 1)); }
+  DeviceBuffer(const void* host, size_t bytes) : DeviceBuffer(bytes) {
+    if (bytes) CK(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice));
+  }
+  ~DeviceBuffer() { cudaFree(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+void fail(const std::string& what) {
+  ++g_failures;
+  std::printf("FAIL %s\n", what.c_str());
+}
+
+// An NVFP4 operand [rows, K(, L)] in host memory: codes [L][rows][K/2] (viewed [rows, K/2, L] as
+// GPU MODE's tensors are) and compact scales [L][rows][K/16], plus the swizzled images.
+struct HostOperand {
+  int64_t rows = 0, k = 0, batches = 1;
+  bool three_d = false;
+  std::vector<uint8_t> codes, compact, swizzled;
+  std::optional<float> amax;
+
+  std::vector<int64_t> data_shape() const {
+    return three_d ? std::vector<int64_t>{rows, k / 2, batches} : std::vector<int64_t>{rows, k / 2};
+  }
+  std::vector<int64_t> data_strides() const {
+    return three_d ? std::vector<int64_t>{k / 2, 1, rows * k / 2} : std::vector<int64_t>{k / 2, 1};
+  }
+  std::vector<int64_t> scale_shape() const {
+    return three_d ? std::vector<int64_t>{rows, k / 16, batches} : std::vector<int64_t>{rows, k / 16};
+  }
+  std::vector<int64_t> scale_strides() const {
+    return three_d ? std::vector<int64_t>{k / 16, 1, rows * k / 16} : std::vector<int64_t>{k / 16, 1};
+  }
+
+  // The operand over `data` and `scales` (host or device copies of codes and compact/swizzled).
+  GemmOperand view(const void* data, const void* scales, bool swizzle, Device device) const {
+    GemmOperand op;
+    op.quantized = true;
+    op.scheme = Scheme::NVFP4;
+    op.data = TensorView{const_cast<void*>(data), DType::U8, data_shape(), data_strides(), device};
+    if (swizzle) {
+      op.scales = TensorView{
+          const_cast<void*>(scales), DType::U8, {static_cast<int64_t>(swizzled.size())}, {}, device};
+      op.scale_layout = ScaleLayout::Swizzled;
+    } else {
+      op.scales = TensorView{const_cast<void*>(scales), DType::U8, scale_shape(), scale_strides(), device};
+    }
+    op.amax = amax;
+    return op;
+  }
+
+  void make_swizzled() {
+    const int64_t cols = k / 16, image = swizzled_rows(rows) * swizzled_cols(cols);
+    swizzled.assign(static_cast<size_t>(batches * image), 0);
+    for (int64_t l = 0; l < batches; ++l) {
+      const Tensor s = swizzle_scales(TensorView::from_buffer(
+          compact.data() + l * rows * cols, static_cast<size_t>(rows * cols), DType::U8, {rows, cols}));
+      std::memcpy(swizzled.data() + l * image, s.data(), static_cast<size_t>(image));
+    }
+  }
+};
+
+// Random codes (every byte value) and scales drawn from `scale_codes`.
+HostOperand random_operand(int64_t rows, int64_t k, int64_t batches, const std::vector<uint8_t>& scale_codes,
+                           std::mt19937_64& rng) {
+  HostOperand op;
+  op.rows = rows;
+  op.k = k;
+  op.batches = batches;
+  op.three_d = batches > 1;
+  op.codes.resize(static_cast<size_t>(batches * rows * k / 2));
+  for (auto& c : op.codes) c = static_cast<uint8_t>(rng());
+  op.compact.resize(static_cast<size_t>(batches * rows * k / 16));
+  for (auto& s : op.compact) s = scale_codes[rng() % scale_codes.size()];
+  op.make_swizzled();
+  return op;
+}
+
+float dtype_round(DType dtype, float v) {
+  if (dtype == DType::BF16) return bf16_to_float(float_to_bf16(v));
+  if (dtype == DType::F16) return half_to_float(float_to_half(v));
+  return v;
+}
+
+float read_value(DType dtype, const std::vector<uint8_t>& bytes, int64_t i) {
+  if (dtype == DType::F32) {
+    float v;
+    std::memcpy(&v, bytes.data() + 4 * i, 4);
+    return v;
+  }
+  uint16_t h;
+  std::memcpy(&h, bytes.data() + 2 * i, 2);
+  return dtype == DType::BF16 ? bf16_to_float(h) : half_to_float(h);
+}
+
+void write_value(DType dtype, std::vector<uint8_t>& bytes, int64_t i, float v) {
+  if (dtype == DType::F32) {
+    std::memcpy(bytes.data() + 4 * i, &v, 4);
+  } else {
+    const uint16_t h = dtype == DType::BF16 ? float_to_bf16(v) : float_to_half(v);
+    std::memcpy(bytes.data() + 2 * i, &h, 2);
+  }
+}
+
+struct Epilogue {
+  float alpha = 1.0f, beta = 0.0f;
+  bool with_c = false, with_bias = false, in_place = false;
+  DType out = DType::F32, c_dtype = DType::F32, bias_dtype = DType::F32;
+  int64_t d_row_pad = 0;  // D's row stride is N + d_row_pad
+  bool amax_on_device = false;
+};
+
+// Runs one GEMM on the device and checks every element of D; `exact` asks for equal bits.
+void check_gemm(const std::string& name, const HostOperand& a, const HostOperand& b, bool swizzle,
+                const Epilogue& e, bool exact, std::mt19937_64& rng) {
+  const int64_t m = a.rows, n = b.rows, k = a.k, batches = a.batches;
+  const bool three_d = a.three_d;
+  DeviceBuffer da(a.codes.data(), a.codes.size()), db(b.codes.data(), b.codes.size());
+  const auto& as = swizzle ? a.swizzled : a.compact;
+  const auto& bs = swizzle ? b.swizzled : b.compact;
+  DeviceBuffer das(as.data(), as.size()), dbs(bs.data(), bs.size());
+  GemmOperand ga = a.view(da.p, das.p, swizzle, Device::CUDA),
+              gb = b.view(db.p, dbs.p, swizzle, Device::CUDA);
+  std::optional<DeviceBuffer> amax_a, amax_b;
+  if (e.amax_on_device) {
+    if (a.amax) amax_a.emplace(&*a.amax, sizeof(float));
+    if (b.amax) amax_b.emplace(&*b.amax, sizeof(float));
+    ga.amax.reset();
+    gb.amax.reset();
+  }
+
+  // D [M, N(, L)] with row stride N + pad (batch stride M * that); C contiguous, or D itself.
+  const int64_t row_stride = n + e.d_row_pad, batch_stride = m * row_stride;
+  const size_t d_elems = static_cast<size_t>(batches * batch_stride);
+  std::vector<int64_t> shape = {m, n}, d_strides = {row_stride, 1};
+  if (three_d) {
+    shape.push_back(batches);
+    d_strides.push_back(batch_stride);
+  }
+  std::normal_distribution<float> normal(0.0f, 4.0f);
+  std::vector<uint8_t> c_host;
+  const DType c_dtype = e.in_place ? e.out : e.c_dtype;
+  if (e.with_c) {
+    c_host.resize(d_elems * dtype_size(c_dtype));
+    for (size_t i = 0; i < d_elems; ++i) write_value(c_dtype, c_host, static_cast<int64_t>(i), normal(rng));
+  }
+  std::vector<uint8_t> bias_host(static_cast<size_t>(n) * dtype_size(e.bias_dtype));
+  for (int64_t j = 0; j < n; ++j) write_value(e.bias_dtype, bias_host, j, normal(rng));
+  // D is poisoned (NaN bytes) unless it is C itself.
+  std::vector<uint8_t> d_init = e.in_place ? c_host : std::vector<uint8_t>(d_elems * dtype_size(e.out), 0xFF);
+  DeviceBuffer dd(d_init.data(), d_init.size());
+  std::optional<DeviceBuffer> dc, dbias;
+  GemmProblem problem;
+  problem.alpha = e.alpha;
+  problem.beta = e.beta;
+  if (e.with_c) {
+    if (!e.in_place) dc.emplace(c_host.data(), c_host.size());
+    problem.c = TensorView{e.in_place ? dd.p : dc->p, c_dtype, shape, d_strides, Device::CUDA};
+  }
+  if (e.with_bias) {
+    dbias.emplace(bias_host.data(), bias_host.size());
+    problem.bias = TensorView{dbias->p, e.bias_dtype, {n}, {}, Device::CUDA};
+  }
+  const TensorView d{dd.p, e.out, shape, d_strides, Device::CUDA};
+  try {
+    cuda::gemm(ga, gb, problem, d, nullptr, amax_a ? static_cast<const float*>(amax_a->p) : nullptr,
+               amax_b ? static_cast<const float*>(amax_b->p) : nullptr);
+    CK(cudaDeviceSynchronize());
+  } catch (const Error& err) {
+    fail(name + ": threw " + err.what());
+    return;
+  }
+  std::vector<uint8_t> got(d_init.size());
+  CK(cudaMemcpy(got.data(), dd.p, got.size(), cudaMemcpyDeviceToHost));
+
+  // The oracle: float64 sums of the exact operands, then core/gemm.cpp's fp32 epilogue.
+  const GemmOperand host_a = a.view(a.codes.data(), a.compact.data(), false, Device::CPU);
+  const GemmOperand host_b = b.view(b.codes.data(), b.compact.data(), false, Device::CPU);
+  const OperandReader ra(host_a), rb(host_b);  // they keep references to the operands
+  float alpha = e.alpha;
+  if (a.amax && b.amax) {
+    alpha = ((alpha * *a.amax) * *b.amax) * (1.0f / 7225344.0f);
+  } else if (a.amax || b.amax) {
+    alpha = (alpha * (a.amax ? *a.amax : *b.amax)) * (1.0f / 2688.0f);
+  }
+  std::vector<float> av(static_cast<size_t>(m * k)), bv(static_cast<size_t>(n * k));
+  int64_t bad = 0;
+  std::string first;
+  ++g_checks;
+  for (int64_t l = 0; l < batches; ++l) {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t x = 0; x < k; ++x) av[static_cast<size_t>(i * k + x)] = ra.at(l, i, x);
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t x = 0; x < k; ++x) bv[static_cast<size_t>(j * k + x)] = rb.at(l, j, x);
+#pragma omp parallel for reduction(+ : bad) schedule(dynamic, 4)
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double sum = 0.0, abs_sum = 0.0;
+        for (int64_t x = 0; x < k; ++x) {
+          const double p =
+              static_cast<double>(av[static_cast<size_t>(i * k + x)]) * bv[static_cast<size_t>(j * k + x)];
+          sum += p;
+          abs_sum += std::fabs(p);
+        }
+        const int64_t at = l * batch_stride + i * row_stride + j;
+        float want = alpha * static_cast<float>(sum);
+        if (e.with_c) want = want + e.beta * read_value(c_dtype, c_host, at);
+        if (e.with_bias) want = want + read_value(e.bias_dtype, bias_host, j);
+        want = dtype_round(e.out, want);
+        const float have = read_value(e.out, got, at);
+        bool ok;
+        if (exact) {
+          ok = std::memcmp(&want, &have, 4) == 0 || (std::isnan(want) && std::isnan(have));
+        } else {
+          const double bound = std::fabs(alpha) * (static_cast<double>(k) + 2) * std::ldexp(abs_sum, -23) +
+                               std::fabs(want) * (e.out == DType::F32    ? 0x1p-22
+                                                  : e.out == DType::BF16 ? 0x1p-7
+                                                                         : 0x1p-10) +
+                               1e-30;
+          ok = std::fabs(static_cast<double>(have) - want) <= bound;
+        }
+        if (!ok) {
+#pragma omp critical
+          if (first.empty()) {
+            char buf[200];
+            std::snprintf(buf, sizeof buf, "(%lld, %lld, %lld): gpu %.9g, want %.9g",
+                          static_cast<long long>(i), static_cast<long long>(j), static_cast<long long>(l),
+                          have, want);
+            first = buf;
+          }
+          ++bad;
+        }
+      }
+    }
+  }
+  // Padding between rows of a strided D must be untouched.
+  if (e.d_row_pad > 0 && !e.in_place) {
+    for (int64_t l = 0; l < batches; ++l)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = n; j < row_stride; ++j) {
+          const int64_t at = l * batch_stride + i * row_stride + j;
+          for (size_t byte = 0; byte < dtype_size(e.out); ++byte)
+            if (got[static_cast<size_t>(at) * dtype_size(e.out) + byte] != 0xFF) {
+              if (first.empty()) first = "a padding byte of D was written";
+              ++bad;
+            }
+        }
+  }
+  if (bad) fail(name + ": " + std::to_string(bad) + " elements differ, first " + first);
+}
+
+std::vector<uint8_t> e4m3_codes_of(std::initializer_list<float> values) {
+  std::vector<uint8_t> codes;
+  for (float v : values) codes.push_back(encode_rn(Format::E4M3, v));
+  return codes;
+}
+
+// Operands produced by microscale::quantize (the CPU path), as a TE Linear's GEMMs read them.
+HostOperand from_quantized(const QuantizedTensor& q, Usage usage) {
+  const GemmOperand g = GemmOperand::from(q, usage);
+  HostOperand op;
+  op.rows = g.data.shape[0];
+  op.k = g.data.shape[1] * 2;
+  const auto* codes = static_cast<const uint8_t*>(g.data.data);
+  op.codes.assign(codes, codes + g.data.numel());
+  std::vector<uint8_t> scales;
+  if (g.scale_layout == ScaleLayout::Swizzled) {
+    const Tensor c = unswizzle_scales(g.scales, op.rows, op.k / 16);
+    const auto* p = static_cast<const uint8_t*>(c.data());
+    op.compact.assign(p, p + c.numel());
+  } else {
+    const auto* p = static_cast<const uint8_t*>(g.scales.data);
+    op.compact.assign(p, p + g.scales.numel());
+  }
+  op.make_swizzled();
+  op.amax = g.amax;
+  return op;
+}
+
+std::vector<float> gaussian(int64_t n, std::mt19937_64& rng, float sigma) {
+  std::normal_distribution<float> normal(0.0f, sigma);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = normal(rng);
+  return v;
+}
+
+void expect_error(const std::string& name, const std::function<void()>& call) {
+  ++g_checks;
+  try {
+    call();
+    fail(name + ": no microscale::Error");
+  } catch (const Error&) {
+  }
+}
+
+}  // namespace
+
+// --time M N K: one GEMM shape timed (no checks), for profiling: the median of 20 calls.
+int time_one_shape(int64_t m, int64_t n, int64_t k) {
+  std::mt19937_64 rng(1);
+  const auto scales = e4m3_codes_of({0.5f, 1.0f, 1.5f, 2.0f});
+  const HostOperand a = random_operand(m, k, 1, scales, rng), b = random_operand(n, k, 1, scales, rng);
+  DeviceBuffer da(a.codes.data(), a.codes.size()), db(b.codes.data(), b.codes.size());
+  DeviceBuffer das(a.compact.data(), a.compact.size()), dbs(b.compact.data(), b.compact.size());
+  DeviceBuffer dd(static_cast<size_t>(m * n * 2));
+  const GemmOperand ga = a.view(da.p, das.p, false, Device::CUDA),
+                    gb = b.view(db.p, dbs.p, false, Device::CUDA);
+  const TensorView d{dd.p, DType::BF16, {m, n}, {}, Device::CUDA};
+  std::vector<float> ms;
+  cudaEvent_t start, stop;
+  CK(cudaEventCreate(&start));
+  CK(cudaEventCreate(&stop));
+  for (int i = 0; i < 20; ++i) {
+    CK(cudaEventRecord(start));
+    cuda::gemm(ga, gb, {}, d, nullptr);
+    CK(cudaEventRecord(stop));
+    CK(cudaEventSynchronize(stop));
+    float t = 0;
+    CK(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  const double us = ms[ms.size() / 2] * 1e3;
+  std::printf("%lld x %lld x %lld: %.1f us, %.0f TFLOP/s\n", static_cast<long long>(m),
+              static_cast<long long>(n), static_cast<long long>(k), us, 2.0 * m * n * k / us / 1e6);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc == 5 && std::string(argv[1]) == "--time")
+    return time_one_shape(std::stoll(argv[2]), std::stoll(argv[3]), std::stoll(argv[4]));
+  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  std::mt19937_64 rng(20261127);
+  const auto gpumode_scales = e4m3_codes_of({0.0f, 1.0f, 2.0f, 3.0f});
+  std::vector<uint8_t> subnormal_scales = {1, 2, 3, 4, 5, 6, 7};  // E4M3 2^-9 .. 7 * 2^-9
+  std::vector<uint8_t> finite_scales;
+  for (int c = 0; c < 0x7F; ++c) finite_scales.push_back(static_cast<uint8_t>(c));
+
+  struct Shape {
+    int64_t m, n, k, l;
+  };
+  std::vector<Shape> shapes = {{128, 128, 64, 1},  {1, 1, 64, 1},       {7, 200, 128, 1},
+                               {257, 130, 256, 2}, {300, 384, 1024, 1}, {128, 256, 8192, 1}};
+  if (quick) shapes.resize(4);
+  const DType dtypes[] = {DType::F32, DType::BF16, DType::F16};
+
+  // Exact sums: GPU MODE's scales {0, 1, 2, 3}, every layout and output dtype.
+  for (const Shape& s : shapes) {
+    const HostOperand a = random_operand(s.m, s.k, s.l, gpumode_scales, rng);
+    const HostOperand b = random_operand(s.n, s.k, s.l, gpumode_scales, rng);
+    for (bool swizzle : {false, true}) {
+      for (DType out : dtypes) {
+        Epilogue e;
+        e.out = out;
+        char name[160];
+        std::snprintf(name, sizeof name, "exact %lldx%lldx%lld L%lld %s %s", static_cast<long long>(s.m),
+                      static_cast<long long>(s.n), static_cast<long long>(s.k), static_cast<long long>(s.l),
+                      swizzle ? "swizzled" : "compact", std::string(dtype_name(out)).c_str());
+        check_gemm(name, a, b, swizzle, e, true, rng);
+      }
+    }
+  }
+  // Exact sums of subnormal-scale blocks (the fp16 subnormal path through the tensor cores).
+  {
+    const HostOperand a = random_operand(200, 1024, 1, subnormal_scales, rng);
+    const HostOperand b = random_operand(136, 1024, 1, subnormal_scales, rng);
+    check_gemm("exact subnormal scales", a, b, false, Epilogue{}, true, rng);
+  }
+  // The epilogue: alpha, beta * C (each dtype), bias (each dtype), strided and in-place D.
+  {
+    const HostOperand a = random_operand(190, 512, 1, gpumode_scales, rng);
+    const HostOperand b = random_operand(260, 512, 1, gpumode_scales, rng);
+    for (DType out : dtypes) {
+      Epilogue e;
+      e.out = out;
+      e.alpha = 0.375f;
+      e.beta = -1.5f;
+      e.with_c = true;
+      e.with_bias = true;
+      e.c_dtype = out == DType::F32 ? DType::BF16 : DType::F32;
+      e.bias_dtype = out == DType::F16 ? DType::BF16 : DType::F16;
+      e.d_row_pad = 3;
+      check_gemm("epilogue alpha beta C bias strided " + std::string(dtype_name(out)), a, b, true, e, true,
+                 rng);
+      e.in_place = true;
+      e.d_row_pad = 0;
+      check_gemm("epilogue in place " + std::string(dtype_name(out)), a, b, false, e, true, rng);
+    }
+    const HostOperand a3 = random_operand(64, 128, 3, gpumode_scales, rng);
+    const HostOperand b3 = random_operand(72, 128, 3, gpumode_scales, rng);
+    Epilogue e;
+    e.with_c = true;
+    e.beta = 2.0f;
+    e.with_bias = true;
+    e.d_row_pad = 5;
+    check_gemm("epilogue batched C bias strided", a3, b3, true, e, true, rng);
+  }
+  // Any finite scales, global amaxes on the host and on the device: within the fp32 bound.
+  for (bool device_amax : {false, true}) {
+    HostOperand a = random_operand(333, 2048, 1, finite_scales, rng);
+    HostOperand b = random_operand(129, 2048, 1, finite_scales, rng);
+    a.amax = 3.5f;
+    b.amax = 1234.5f;
+    Epilogue e;
+    e.amax_on_device = device_amax;
+    e.alpha = 0.5f;
+    check_gemm(std::string("finite scales, both amaxes, ") + (device_amax ? "device" : "host"), a, b, false,
+               e, false, rng);
+    b.amax.reset();
+    check_gemm(std::string("finite scales, A's amax, ") + (device_amax ? "device" : "host"), a, b, true, e,
+               false, rng);
+  }
+  // Operands from quantize(): fprop "TN" (x rowwise, W rowwise) and wgrad "NT" (dy^T, x^T: the
+  // columnwise outputs, with the RHT as TE's wgrad uses it).
+  {
+    const int64_t tokens = 256, in = 512, out = 384;
+    const auto x = gaussian(tokens * in, rng, 1.0f), w = gaussian(out * in, rng, 0.02f),
+               dy = gaussian(tokens * out, rng, 0.1f);
+    QuantizeOptions o;
+    o.scheme = Scheme::NVFP4;
+    o.rowwise = true;
+    o.columnwise = true;
+    o.rht = true;
+    o.scale_layout = ScaleLayout::Swizzled;
+    // bf16 inputs (the RHT takes bf16 only, as in TransformerEngine).
+    std::vector<std::vector<uint16_t>> keep;
+    const auto view = [&keep](const std::vector<float>& v, int64_t r, int64_t c) {
+      std::vector<uint16_t> bf(v.size());
+      for (size_t i = 0; i < v.size(); ++i) bf[i] = float_to_bf16(v[i]);
+      keep.push_back(std::move(bf));
+      return TensorView::from_buffer(keep.back().data(), v.size() * 2, DType::BF16, {r, c});
+    };
+    const QuantizedTensor qx = quantize(view(x, tokens, in), o), qdy = quantize(view(dy, tokens, out), o);
+    QuantizeOptions ow = o;
+    ow.rht = false;
+    ow.tile = Tile::k16x16;
+    const QuantizedTensor qw = quantize(view(w, out, in), ow);
+    for (bool device_amax : {false, true}) {
+      Epilogue e;
+      e.amax_on_device = device_amax;
+      e.out = DType::BF16;
+      check_gemm(std::string("fprop TN from quantize ") + (device_amax ? "device amax" : "host amax"),
+                 from_quantized(qx, Usage::Rowwise), from_quantized(qw, Usage::Rowwise), true, e, false, rng);
+      check_gemm(std::string("wgrad NT (RHT) from quantize ") + (device_amax ? "device amax" : "host amax"),
+                 from_quantized(qdy, Usage::Columnwise), from_quantized(qx, Usage::Columnwise), true, e,
+                 false, rng);
+    }
+  }
+  // Bad arguments.
+  {
+    const HostOperand a = random_operand(32, 128, 1, gpumode_scales, rng);
+    DeviceBuffer da(a.codes.data(), a.codes.size()), das(a.compact.data(), a.compact.size());
+    DeviceBuffer dd(32 * 32 * 4);
+    const GemmOperand ok = a.view(da.p, das.p, false, Device::CUDA);
+    const TensorView d{dd.p, DType::F32, {32, 32}, {}, Device::CUDA};
+    auto run = [&](GemmOperand x, GemmOperand y, GemmProblem p, TensorView out) {
+      cuda::gemm(x, y, p, out, nullptr);
+    };
+    run(ok, ok, {}, d);  // the control: no error
+    CK(cudaDeviceSynchronize());
+    GemmOperand k80 = ok;
+    k80.data.shape = {32, 40};
+    k80.data.strides = {40, 1};
+    k80.scales.shape = {32, 5};
+    k80.scales.strides = {5, 1};
+    expect_error("K not a multiple of 64", [&] { run(k80, k80, {}, d); });
+    GemmOperand mx = ok;
+    mx.scheme = Scheme::MXFP8_E4M3;
+    expect_error("MX operand", [&] { run(mx, ok, {}, d); });
+    expect_error("dense operand", [&] { run(GemmOperand::from_dense(d), ok, {}, d); });
+    GemmOperand host = a.view(a.codes.data(), a.compact.data(), false, Device::CPU);
+    expect_error("host operand", [&] { run(host, ok, {}, d); });
+    GemmOperand unaligned = ok;
+    unaligned.data.data = static_cast<uint8_t*>(da.p) + 4;
+    unaligned.data.shape = {31, 64};
+    unaligned.scales.shape = {31, 8};
+    expect_error("unaligned codes", [&] {
+      run(unaligned, unaligned, {}, TensorView{dd.p, DType::F32, {31, 31}, {}, Device::CUDA});
+    });
+    GemmOperand bad_scales = ok;
+    bad_scales.scales.shape = {32, 4};
+    expect_error("compact scales of the wrong shape", [&] { run(bad_scales, ok, {}, d); });
+    GemmOperand short_swizzle = ok;
+    short_swizzle.scale_layout = ScaleLayout::Swizzled;
+    expect_error("swizzled scales too short", [&] { run(short_swizzle, ok, {}, d); });
+    expect_error("D of the wrong shape", [&] {
+      run(ok, ok, {}, TensorView{dd.p, DType::F32, {32, 31}, {}, Device::CUDA});
+    });
+    expect_error("D overlapping", [&] {
+      run(ok, ok, {}, TensorView{dd.p, DType::F32, {32, 32}, {1, 1}, Device::CUDA});
+    });
+    expect_error("D u8", [&] { run(ok, ok, {}, TensorView{dd.p, DType::U8, {32, 32}, {}, Device::CUDA}); });
+    GemmProblem bad_c;
+    bad_c.c = TensorView{dd.p, DType::F32, {32, 16}, {}, Device::CUDA};
+    expect_error("C of the wrong shape", [&] { run(ok, ok, bad_c, d); });
+    GemmProblem bad_bias;
+    bad_bias.bias = TensorView{dd.p, DType::F32, {31}, {}, Device::CUDA};
+    expect_error("bias of the wrong length", [&] { run(ok, ok, bad_bias, d); });
+    GemmOperand both = ok;
+    both.amax = 1.0f;
+    float* amax_device = static_cast<float*>(dd.p);
+    expect_error("host and device amax", [&] { cuda::gemm(both, ok, {}, d, nullptr, amax_device, nullptr); });
+  }
+  std::printf("%d checks, %d failures\n", g_checks, g_failures);
+  return g_failures > 100 ? 100 : g_failures;
+}
