@@ -18,7 +18,7 @@
 // holds sum(a * b) * 2^-28; the epilogue scales it back by 2^28 (exact) before alpha, as
 // core/gemm.cpp does on the CPU.
 //
-// Block tile 128 x kTileN x 64 (K); two warpgroups, each the wgmma of 64 rows x kTileN columns.
+// Block tile 128 x 128 x 64 (K); two warpgroups, each the wgmma of 64 rows x 128 columns.
 // Within a 16-element block the conversion stores code q of each 8-code word beside code q + 4
 // (one shift per pair of codes); A and B are permuted alike, so the sum over K is the same.
 #include <cuda_fp16.h>
@@ -30,16 +30,12 @@
 #include "cuda/gemm_nvfp4.hpp"
 #include "microscale/half.hpp"
 
-#ifndef MICROSCALE_GEMM_TILE_N
-#define MICROSCALE_GEMM_TILE_N 128
-#endif
-
 namespace microscale::cuda {
 namespace {
 
-constexpr int kTileM = 128, kTileN = MICROSCALE_GEMM_TILE_N, kTileK = 64;
+constexpr int kTileM = 128, kTileN = 128, kTileK = 64;
 constexpr int kThreads = 256;
-constexpr int kStages = 3;
+constexpr int kStages = 3;  // raw K tiles: the one being converted and 2 in flight (5 measured slower)
 constexpr int kAccumulators = kTileN / 2;        // fp32 registers per thread (64 x kTileN per warpgroup)
 constexpr int kCodeBytes = kTileK / 2;           // 32 bytes of codes per row and K tile
 constexpr int kScaleBytes = kTileK / 16;         // 4 block scales per row and K tile
@@ -51,10 +47,10 @@ constexpr int kStageBytes = (kTileM + kTileN) * (kCodeBytes + kScaleBytes);
 // fp16 buffers first (the 128-byte swizzle wants 1024-byte aligned tiles), then the raw stages;
 // 1 KiB of slack to align the dynamic shared memory's base.
 constexpr int kSharedBytes = 2 * kBufferBytes + kStages * kStageBytes + 1024;
-// Blocks per SM the registers allow (the accumulators and the conversion's working set).
-constexpr int kBlocksPerSm = kTileN == 128 ? 2 : 1;
+// Two blocks per SM: each block's conversion overlaps the other's wgmmas (128 registers each).
+constexpr int kBlocksPerSm = 2;
 
-static_assert(kTileN == 128 || kTileN == 256, "wgmma shapes m64n128 and m64n256 are written out");
+static_assert(kTileM == 128 && kTileN == 128, "a thread copies and converts one half row of A and one of B");
 
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -75,8 +71,8 @@ __device__ __forceinline__ void wait_copies() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
 }
 
-// Shared-memory stage: A codes [128][32], B codes [kTileN][32], A scales [128][4], B scales
-// [kTileN][4] (compact rows, or the rows' 128x4 atoms as stored: 512 bytes per 128 rows).
+// Shared-memory stage: A codes [128][32], B codes [128][32], A scales [128][4], B scales [128][4]
+// (compact rows, or each tile's 128x4 atom as stored: 512 bytes).
 struct Stage {
   uint8_t* a_codes;
   uint8_t* b_codes;
@@ -89,39 +85,68 @@ struct Stage {
         b_scales(base + (kTileM + kTileN) * kCodeBytes + kTileM * kScaleBytes) {}
 };
 
-// Issues the copies of one operand's K tile `kt` (rows r0..r0+Rows-1) into a stage: 16-byte
-// pieces of codes (two per row), and the scales as 4 bytes per row (compact) or the rows' 512-byte
-// 128x4 atoms (swizzled). Rows past the matrix read as zeros (their scales too, when compact).
-template <int Rows, bool Swizzled>
-__device__ __forceinline__ void load_operand(const Nvfp4GemmOperand& op, int64_t rows, int64_t k, int64_t l,
-                                             int64_t r0, int kt, uint8_t* codes, uint8_t* scales) {
-  const int t = static_cast<int>(threadIdx.x);
-  const uint8_t* data = op.data + l * op.batch_bytes + kt * kCodeBytes;
-#pragma unroll
-  for (int piece = t; piece < Rows * 2; piece += kThreads) {
-    const int row = piece / 2, half = piece % 2;
-    const bool valid = r0 + row < rows;
-    copy16(codes + row * kCodeBytes + half * 16, data + (valid ? (r0 + row) * op.row_bytes : 0) + half * 16,
-           valid);
-  }
-  const uint8_t* s = op.scales + l * op.scale_batch_bytes;
-  if constexpr (Swizzled) {
-    if (t < Rows * kScaleBytes / 16) {  // 32 pieces per 128-row atom; no atom past the last row
-      const bool valid = r0 + (t / 32) * 128 < rows;
-      const int64_t atom = valid ? (r0 / 128 + t / 32) * (k / kTileK) + kt : 0;
-      copy16(scales + t * 16, s + atom * 512 + (t % 32) * 16, valid);
-    }
-  } else if (t < Rows) {
-    const bool valid = r0 + t < rows;
-    copy4(scales + t * kScaleBytes, s + (valid ? (r0 + t) * op.scale_row_bytes : 0) + kt * kScaleBytes,
-          valid);
-  }
-}
+// What one thread copies into every stage, its addresses worked out once: 16 bytes of codes of
+// A (row t/2, half t%2) and of B (the same), and one piece of scales: threads 0-127 A's, 128-255
+// B's; compact: the row's 4 bytes; swizzled: 16 bytes of the tile's 512-byte 128x4 atom (the first
+// 32 threads of each half). Rows past the matrix read as zeros (their compact scales too).
+template <bool SwizzledA, bool SwizzledB>
+struct ThreadCopies {
+  const uint8_t* a_codes;
+  const uint8_t* b_codes;
+  const uint8_t* scales;
+  int64_t scale_step;  // bytes per K tile: 4 (compact) or 512 (an atom)
+  bool a_valid, b_valid, scale_valid, scale_wide, has_scale;
+  int code_offset, scale_offset;  // within a stage's code and scale arrays
 
-// Byte offset of (row, block j) in a stage's scales: compact [rows][4] or the swizzled atoms.
+  __device__ ThreadCopies(const Nvfp4GemmParams& p, int64_t m0, int64_t n0, int64_t l) {
+    const int t = static_cast<int>(threadIdx.x);
+    const int row = t / 2, half = t % 2;
+    code_offset = row * kCodeBytes + half * 16;
+    a_valid = m0 + row < p.m;
+    b_valid = n0 + row < p.n;
+    a_codes = p.a.data + l * p.a.batch_bytes + (a_valid ? (m0 + row) * p.a.row_bytes : 0) + half * 16;
+    b_codes = p.b.data + l * p.b.batch_bytes + (b_valid ? (n0 + row) * p.b.row_bytes : 0) + half * 16;
+    const bool for_a = t < kTileM;
+    const Nvfp4GemmOperand& op = for_a ? p.a : p.b;
+    const int64_t r0 = for_a ? m0 : n0, rows = for_a ? p.m : p.n;
+    const int srow = for_a ? t : t - kTileM;
+    scale_wide = for_a ? SwizzledA : SwizzledB;
+    const uint8_t* base = op.scales + l * op.scale_batch_bytes;
+    if (scale_wide) {
+      has_scale = srow < 32;
+      scale_valid = true;  // the tile's atom exists: swizzled images are padded to 128 rows
+      scales = base + (r0 / 128) * (p.k / kTileK) * 512 + srow * 16;
+      scale_step = 512;
+      scale_offset = srow * 16;
+    } else {
+      has_scale = true;
+      scale_valid = r0 + srow < rows;
+      scales = base + (scale_valid ? (r0 + srow) * op.scale_row_bytes : 0);
+      scale_step = kScaleBytes;
+      scale_offset = srow * kScaleBytes;
+    }
+    scale_offset += for_a ? 0 : kTileM * kScaleBytes;  // B's scales follow A's in a stage
+  }
+
+  // Issues the copies of K tile kt into a stage (codes at `codes`, scales at `stage_scales`).
+  __device__ __forceinline__ void issue(int kt, uint8_t* codes, uint8_t* stage_scales) const {
+    copy16(codes + code_offset, a_codes + kt * kCodeBytes, a_valid);
+    copy16(codes + kTileM * kCodeBytes + code_offset, b_codes + kt * kCodeBytes, b_valid);
+    if (has_scale) {
+      if (scale_wide) {
+        copy16(stage_scales + scale_offset, scales + kt * scale_step, scale_valid);
+      } else {
+        copy4(stage_scales + scale_offset, scales + kt * scale_step, scale_valid);
+      }
+    }
+  }
+};
+
+// Byte offset of (row, block j) in a stage's scales of one operand: compact [128][4] or the
+// swizzled atom.
 template <bool Swizzled>
 __device__ __forceinline__ int scale_index(int row, int j) {
-  if constexpr (Swizzled) return (row / 128) * 512 + (row % 32) * 16 + ((row % 128) / 32) * 4 + j;
+  if constexpr (Swizzled) return (row % 32) * 16 + (row / 32) * 4 + j;
   return row * kScaleBytes + j;
 }
 
@@ -161,14 +186,6 @@ __device__ __forceinline__ void convert_half_row(const uint8_t* codes, const uin
     const int chunk = (4 * half + i) ^ swz;
     *reinterpret_cast<uint4*>(dst + chunk * 16) = convert_word(words[i], i < 2 ? s0 : s1);
   }
-}
-
-// One operand's stage into its fp16 tile: Rows * 2 half rows over the block's threads.
-template <int Rows, bool Swizzled>
-__device__ __forceinline__ void convert_operand(const uint8_t* codes, const uint8_t* scales, uint8_t* tile) {
-#pragma unroll
-  for (int task = static_cast<int>(threadIdx.x); task < Rows * 2; task += kThreads)
-    convert_half_row<Swizzled>(codes, scales, tile, task / 2, task % 2);
 }
 
 // wgmma shared-memory descriptor of a K-major tile with the 128-byte swizzle: start address,
@@ -220,50 +237,6 @@ __device__ __forceinline__ void wgmma_64x128x16(float (&d)[64], uint64_t desc_a,
       : "l"(desc_a), "l"(desc_b));
 }
 
-__device__ __forceinline__ void wgmma_64x256x16(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
-      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "
-      "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "
-      "%62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, "
-      "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, "
-      "%102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, "
-      "%119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
-        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
-        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
-        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
-        "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
-        "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]),
-        "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]),
-        "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]),
-        "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]),
-        "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]),
-        "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]),
-        "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]),
-        "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]),
-        "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(desc_a), "l"(desc_b));
-}
-
-template <int N>
-__device__ __forceinline__ void wgmma_tile(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b) {
-  if constexpr (N == 128) {
-    wgmma_64x128x16(d, desc_a, desc_b);
-  } else {
-    wgmma_64x256x16(d, desc_a, desc_b);
-  }
-}
-
 __device__ __forceinline__ float load_value(const void* p, DType dtype, int64_t i) {
   switch (dtype) {
     case DType::BF16: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
@@ -305,16 +278,17 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int group = warp / 4;  // warpgroup: rows 64 * group .. + 63 of the tile
   const int k_tiles = static_cast<int>(p.k / kTileK);
 
+  const ThreadCopies<SwizzledA, SwizzledB> copies(p, m0, n0, l);
   auto load_stage = [&](int kt) {
     const Stage s(stages + (kt % kStages) * kStageBytes);
-    load_operand<kTileM, SwizzledA>(p.a, p.m, p.k, l, m0, kt, s.a_codes, s.a_scales);
-    load_operand<kTileN, SwizzledB>(p.b, p.n, p.k, l, n0, kt, s.b_codes, s.b_scales);
+    copies.issue(kt, s.a_codes, s.a_scales);
   };
+  // Each thread converts half row t % 2 of row t / 2 of both tiles.
   auto convert_stage = [&](int kt) {
     const Stage s(stages + (kt % kStages) * kStageBytes);
     uint8_t* buffer = buffers + (kt % 2) * kBufferBytes;
-    convert_operand<kTileM, SwizzledA>(s.a_codes, s.a_scales, buffer);
-    convert_operand<kTileN, SwizzledB>(s.b_codes, s.b_scales, buffer + kTileBytesA);
+    convert_half_row<SwizzledA>(s.a_codes, s.a_scales, buffer, t / 2, t % 2);
+    convert_half_row<SwizzledB>(s.b_codes, s.b_scales, buffer + kTileBytesA, t / 2, t % 2);
     fence_async_shared();
   };
 
@@ -322,18 +296,22 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 #pragma unroll
   for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
 
-  // Prologue: raw tiles 0 and 1 in flight, tile 0 converted, raw tile 2 in flight.
-  load_stage(0);
-  commit_copies();
-  if (k_tiles > 1) load_stage(1);
-  commit_copies();
-  wait_copies<1>();
+    // Prologue: raw tiles 0 .. kStages - 2 in flight, tile 0 converted, raw tile kStages - 1 in
+    // flight. Every step commits one group of copies (empty past the last tile), so that group
+    // kt always holds raw tile kt.
+#pragma unroll
+  for (int kt = 0; kt < kStages - 1; ++kt) {
+    if (kt < k_tiles) load_stage(kt);
+    commit_copies();
+  }
+  wait_copies<kStages - 2>();
   __syncthreads();
   convert_stage(0);
-  if (k_tiles > 2) load_stage(2);
+  if (kStages - 1 < k_tiles) load_stage(kStages - 1);
   commit_copies();
   __syncthreads();
 
+#pragma unroll 1
   for (int kt = 0; kt < k_tiles; ++kt) {
     // The tensor cores take K tile kt (4 wgmmas of K = 16: +32 bytes along the swizzled rows).
     const uint8_t* buffer = buffers + (kt % 2) * kBufferBytes;
@@ -342,18 +320,19 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     fence_registers(acc);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kTileK / 16; ++kk) wgmma_tile<kTileN>(acc, desc_a + 2 * kk, desc_b + 2 * kk);
+    for (int kk = 0; kk < kTileK / 16; ++kk) wgmma_64x128x16(acc, desc_a + 2 * kk, desc_b + 2 * kk);
     wgmma_commit();
     fence_registers(acc);
     if (kt + 1 < k_tiles) {
       // Meanwhile: convert tile kt + 1 into the other buffer, once the wgmmas of tile kt - 1
       // (which read it) are done in both warpgroups, and raw tile kt + 1 has landed.
-      wait_copies<1>();
+      wait_copies<kStages - 2>();
       wgmma_wait<1>();
       fence_registers(acc);
       __syncthreads();
       convert_stage(kt + 1);
-      if (kt + 3 < k_tiles) load_stage(kt + 3);  // into the stage of tile kt, converted before the barrier
+      // Raw tile kt + kStages goes into the stage of tile kt (converted before the barrier).
+      if (kt + kStages < k_tiles) load_stage(kt + kStages);
       commit_copies();
       __syncthreads();
     }
