@@ -10,7 +10,8 @@
 
 Outside an enabled autocast scope a Linear runs in high precision, as TransformerEngine's modules
 do outside theirs. The Linear runs on CPU tensors; quantize / dequantize also take CUDA tensors
-when microscale was built with its CUDA backend (the Hopper kernels, the same bytes).
+when microscale was built with its CUDA backend (the Hopper kernels, the same bytes), and gemm
+two NVFP4 QuantizedTensors on CUDA.
 """
 
 from .autocast import autocast, autocast_enabled, current_recipe
