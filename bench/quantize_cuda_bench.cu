@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "../tests/gpu/device_buffer.hpp"
 #include "core/input_matrix.hpp"
 #include "cuda/common.cuh"
 #include "cuda/launchers.hpp"
@@ -20,15 +21,6 @@
 #include "microscale/half.hpp"
 
 using namespace microscale;
-
-#define CK(call)                                                                                    \
-  do {                                                                                              \
-    cudaError_t e_ = (call);                                                                        \
-    if (e_ != cudaSuccess) {                                                                        \
-      std::fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(2);                                                                                 \
-    }                                                                                               \
-  } while (0)
 
 namespace {
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/operand_access.hpp"
+#include "device_buffer.hpp"
 #include "microscale/cuda.hpp"
 #include "microscale/error.hpp"
 #include "microscale/format.hpp"
@@ -36,27 +37,6 @@ using namespace microscale;
 namespace {
 
 int g_failures = 0, g_checks = 0;
-
-#define CK(call)                                                                                    \
-  do {                                                                                              \
-    cudaError_t e_ = (call);                                                                        \
-    if (e_ != cudaSuccess) {                                                                        \
-      std::fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(2);                                                                                 \
-    }                                                                                               \
-  } while (0)
-
-struct DeviceBuffer {
-  void* p = nullptr;
-  size_t n = 0;
-  explicit DeviceBuffer(size_t bytes) : n(bytes) { CK(cudaMalloc(&p, bytes ? bytes : 1)); }
-  DeviceBuffer(const void* host, size_t bytes) : DeviceBuffer(bytes) {
-    if (bytes) CK(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice));
-  }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
 
 void fail(const std::string& what) {
   ++g_failures;

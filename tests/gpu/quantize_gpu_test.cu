@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "device_buffer.hpp"
 #include "microscale/cuda.hpp"
 #include "microscale/error.hpp"
 #include "microscale/half.hpp"
@@ -34,24 +35,6 @@ using namespace microscale;
 namespace {
 
 int g_failures = 0, g_checks = 0;
-
-#define CK(call)                                                                                    \
-  do {                                                                                              \
-    cudaError_t e_ = (call);                                                                        \
-    if (e_ != cudaSuccess) {                                                                        \
-      std::fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(2);                                                                                 \
-    }                                                                                               \
-  } while (0)
-
-struct DeviceBuffer {
-  void* p = nullptr;
-  size_t n = 0;
-  explicit DeviceBuffer(size_t bytes) : n(bytes) { CK(cudaMalloc(&p, bytes ? bytes : 1)); }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
 
 int64_t numel(const std::vector<int64_t>& s) {
   int64_t n = 1;
