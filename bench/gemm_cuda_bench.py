@@ -2,9 +2,11 @@
 
 For each (M, N, K): A [M, K] and B [N, K] are random bf16 tensors quantized to NVFP4 by
 microscale (rowwise, with their global amaxes). Timed, each as a median of per-call times over
-several runs of back-to-back calls between CUDA events:
+several replays of a CUDA graph of back-to-back calls (GPU time, without the host's per-call
+cost):
 
-  microscale   microscale.torch.gemm's kernel (_C.gemm_cuda): NVFP4 x NVFP4, bf16 out
+  microscale   microscale.torch.gemm's kernel (_C.gemm_cuda): NVFP4 x NVFP4, bf16 out (a split K's
+               workspace allocated once, as PyTorch's caching allocator hands it back)
   cuBLAS BF16  torch.mm of the bf16 tensors
   cuBLAS FP8   torch._scaled_mm of E4M3 copies with per-tensor scales (the fastest Hopper path)
   deq+BF16     dequantize both NVFP4 operands to bf16 (microscale's CUDA dequantize), then torch.mm:
@@ -34,14 +36,36 @@ SHAPES = [
 
 
 def per_call_us(fn, calls, runs=7):
+    """Median per-call time of `calls` back-to-back calls, replayed from a CUDA graph so that the
+    host's cost per call (Python, argument conversion: tens of microseconds) does not hide the
+    GPU's time at small shapes; every candidate is timed the same way."""
     fn()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream before capture, as PyTorch asks
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        run = graph.replay
+    except RuntimeError as e:  # not capturable: time eager calls (host cost included)
+        print(f"(no CUDA graph for {fn.__name__}: {e}; timed eagerly)")
+        torch.cuda.synchronize()
+
+        def run():
+            for _ in range(calls):
+                fn()
+    run()
     torch.cuda.synchronize()
     times = []
     for _ in range(runs):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(calls):
-            fn()
+        run()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000.0 / calls)
@@ -59,11 +83,13 @@ def main():
         qa = mst.quantize(a, "nvfp4")
         qb = mst.quantize(b, "nvfp4")
         d = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
-        stream = torch.cuda.current_stream().cuda_stream
+        workspace_bytes = _C.gemm_workspace_bytes(m, n, k)
+        workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=dev) if workspace_bytes else None
 
         def ours():
             _C.gemm_cuda(qa.rowwise_data, qa.rowwise_scale, qa.amax[0:1], False, qb.rowwise_data, qb.rowwise_scale,
-                         qb.amax[0:1], False, 1.0, 0.0, None, None, d, stream)
+                         qb.amax[0:1], False, 1.0, 0.0, None, None, d, torch.cuda.current_stream().cuda_stream,
+                         workspace)
 
         def bf16():
             torch.mm(a, b.t(), out=d)

@@ -6,9 +6,11 @@
 // stochastic rounding); the GEMM to within fp32 accumulation order (exactly where the sums are).
 // Every call is asynchronous on `stream` (a cudaStream_t; nullptr = the legacy default stream);
 // arguments are checked on the host before anything is launched, and launch failures throw
-// microscale::Error. No managed memory, no allocation: scratch needs none.
+// microscale::Error. No managed memory; the only allocation is the GEMM's split-K workspace when
+// the caller passes none (see cuda::gemm).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -51,8 +53,19 @@ void swizzle_scales(const TensorView& compact, const TensorView& swizzled, void*
 /// and C [M, N(, L)] with any positive strides, bias [N] contiguous); problem.out_dtype is
 /// ignored (D's dtype rules). Needs K % 64 == 0, rows of codes 16-byte aligned and compact scale
 /// rows 4-byte aligned; anything else throws microscale::Error.
+///
+/// A GEMM whose output tiles are too few to fill the GPU (e.g. M = 128) splits K over several
+/// blocks and adds their fp32 sums in a second kernel (in a fixed order). The sums go to
+/// `workspace` (device memory of `workspace_bytes`) when it holds gemm_workspace_bytes(M, N, K,
+/// L) bytes, otherwise to memory from the stream-ordered pool (cudaMallocAsync, freed on the
+/// stream).
 void gemm(const GemmOperand& a, const GemmOperand& b, const GemmProblem& problem, const TensorView& d,
-          void* stream, const float* a_amax = nullptr, const float* b_amax = nullptr);
+          void* stream, const float* a_amax = nullptr, const float* b_amax = nullptr,
+          void* workspace = nullptr, size_t workspace_bytes = 0);
+
+/// @brief Bytes of workspace cuda::gemm uses for D [M, N(, L)] = A [M, K] B [N, K]^T on the
+/// current device (0: K is not split).
+size_t gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batches = 1);
 
 /// @brief Visible CUDA devices (0 without a driver or device).
 int device_count();

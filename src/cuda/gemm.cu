@@ -118,7 +118,7 @@ void require_distinct(const TensorView& v) {
 }  // namespace
 
 void gemm(const GemmOperand& a, const GemmOperand& b, const GemmProblem& problem, const TensorView& d,
-          void* stream, const float* a_amax, const float* b_amax) {
+          void* stream, const float* a_amax, const float* b_amax, void* workspace, size_t workspace_bytes) {
   Nvfp4GemmParams p;
   int64_t m = 0, ka = 0, la = 0, n = 0, kb = 0, lb = 0;
   p.a = device_operand(a, a_amax, "A", m, ka, la);
@@ -151,7 +151,12 @@ void gemm(const GemmOperand& a, const GemmOperand& b, const GemmProblem& problem
   p.batches = la;
   p.alpha = problem.alpha;
   p.beta = problem.beta;
-  launch_nvfp4_gemm(p, static_cast<cudaStream_t>(stream));
+  launch_nvfp4_gemm(p, static_cast<cudaStream_t>(stream), workspace, workspace_bytes);
+}
+
+size_t gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batches) {
+  require(m > 0 && n > 0 && k > 0 && batches > 0, "gemm_workspace_bytes: sizes must be positive");
+  return nvfp4_gemm_workspace_bytes(m, n, k, batches);
 }
 
 }  // namespace microscale::cuda

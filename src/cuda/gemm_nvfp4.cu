@@ -24,10 +24,12 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/gemm_nvfp4.hpp"
+#include "cuda/gemm_split.hpp"
 #include "microscale/half.hpp"
 
 namespace microscale::cuda {
@@ -253,6 +255,17 @@ __device__ __forceinline__ void store_value(void* p, DType dtype, int64_t i, flo
   }
 }
 
+// D[row, col, l] = v (+ beta C) (+ bias), in core/gemm.cpp's order; v is alpha' times the sum.
+__device__ __forceinline__ void store_result(const Nvfp4GemmParams& p, int64_t row, int64_t col, int64_t l,
+                                             float v) {
+  if (p.has_c) {
+    v = v + p.beta * load_value(p.c.data, p.c.dtype,
+                                row * p.c.strides[0] + col * p.c.strides[1] + l * p.c.strides[2]);
+  }
+  if (p.bias) v = v + load_value(p.bias, p.bias_dtype, col);
+  store_value(p.d.data, p.d.dtype, row * p.d.strides[0] + col * p.d.strides[1] + l * p.d.strides[2], v);
+}
+
 // alpha with the global scales folded in, in core/gemm.cpp's order.
 __device__ __forceinline__ float effective_alpha(const Nvfp4GemmParams& p) {
   const bool a_global = p.a.has_amax, b_global = p.b.has_amax;
@@ -273,15 +286,18 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   uint8_t* stages = shared + 2 * kBufferBytes;  // kStages x Stage
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM,
                 n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
-  const int64_t l = blockIdx.z;
+  // blockIdx.z = batch * splits + split; split s sums K tiles [s * run, min((s + 1) * run, all)).
+  const int64_t l = blockIdx.z / p.splits, split = blockIdx.z % p.splits;
   const int t = static_cast<int>(threadIdx.x), lane = t % 32, warp = t / 32;
   const int group = warp / 4;  // warpgroup: rows 64 * group .. + 63 of the tile
-  const int k_tiles = static_cast<int>(p.k / kTileK);
+  const int first_tile = static_cast<int>(split * p.tiles_per_split);
+  const int k_tiles = static_cast<int>(
+      p.k / kTileK - first_tile < p.tiles_per_split ? p.k / kTileK - first_tile : p.tiles_per_split);
 
   const ThreadCopies<SwizzledA, SwizzledB> copies(p, m0, n0, l);
   auto load_stage = [&](int kt) {
     const Stage s(stages + (kt % kStages) * kStageBytes);
-    copies.issue(kt, s.a_codes, s.a_scales);
+    copies.issue(first_tile + kt, s.a_codes, s.a_scales);
   };
   // Each thread converts half row t % 2 of row t / 2 of both tiles.
   auto convert_stage = [&](int kt) {
@@ -341,21 +357,35 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   fence_registers(acc);
 
   // Epilogue. wgmma's fragment: warp w of the group holds rows 16 (w % 4) + lane / 4 (+ 8 for
-  // odd i / 2), columns 8 (i / 4) + 2 (lane % 4) (+ 1 for odd i).
+  // odd i / 2), columns 8 (i / 4) + 2 (lane % 4) (+ 1 for odd i). A split K leaves its sum (times
+  // 2^28, exact) in its workspace slice for finish_split_gemm.
   const float alpha = effective_alpha(p);
   const int row_base = group * 64 + (warp % 4) * 16 + lane / 4, col_base = 2 * (lane % 4);
+  float* slice = p.workspace ? p.workspace + (split * p.batches + l) * p.m * p.n : nullptr;
 #pragma unroll
   for (int i = 0; i < kAccumulators; ++i) {
     const int64_t row = m0 + row_base + ((i / 2) % 2) * 8;
     const int64_t col = n0 + (i / 4) * 8 + col_base + (i % 2);
     if (row >= p.m || col >= p.n) continue;
-    float v = alpha * (acc[i] * 0x1p28f);
-    if (p.has_c) {
-      v = v + p.beta * load_value(p.c.data, p.c.dtype,
-                                  row * p.c.strides[0] + col * p.c.strides[1] + l * p.c.strides[2]);
+    if (slice) {
+      slice[row * p.n + col] = acc[i] * 0x1p28f;
+    } else {
+      store_result(p, row, col, l, alpha * (acc[i] * 0x1p28f));
     }
-    if (p.bias) v = v + load_value(p.bias, p.bias_dtype, col);
-    store_value(p.d.data, p.d.dtype, row * p.d.strides[0] + col * p.d.strides[1] + l * p.d.strides[2], v);
+  }
+}
+
+// A split K's second kernel: each element's slices added in split order (the same sum whatever
+// order the blocks ran in), then the epilogue.
+__global__ void finish_split_gemm(const __grid_constant__ Nvfp4GemmParams p) {
+  const float alpha = effective_alpha(p);
+  const int64_t per_batch = p.m * p.n, total = p.batches * per_batch;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float sum = p.workspace[i];
+    for (int64_t s = 1; s < p.splits; ++s) sum = sum + p.workspace[s * total + i];
+    const int64_t l = i / per_batch, row = (i % per_batch) / p.n, col = i % p.n;
+    store_result(p, row, col, l, alpha * sum);
   }
 }
 
@@ -365,18 +395,63 @@ void launch(const Nvfp4GemmParams& p, cudaStream_t stream) {
   MICROSCALE_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
   const dim3 grid(static_cast<unsigned>((p.n + kTileN - 1) / kTileN),
-                  static_cast<unsigned>((p.m + kTileM - 1) / kTileM), static_cast<unsigned>(p.batches));
+                  static_cast<unsigned>((p.m + kTileM - 1) / kTileM),
+                  static_cast<unsigned>(p.batches * p.splits));
   kernel<<<grid, kThreads, kSharedBytes, stream>>>(p);
   MICROSCALE_CUDA_CHECK(cudaGetLastError());
 }
 
+int multiprocessors() {
+  int device = 0, count = 0;
+  MICROSCALE_CUDA_CHECK(cudaGetDevice(&device));
+  MICROSCALE_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
+GemmSplit split_of(int64_t m, int64_t n, int64_t k, int64_t batches) {
+  const int64_t tiles = ((n + kTileN - 1) / kTileN) * ((m + kTileM - 1) / kTileM) * batches;
+  return choose_gemm_split(tiles, k / kTileK, multiprocessors(), kBlocksPerSm);
+}
+
+size_t slices_bytes(const GemmSplit& s, int64_t m, int64_t n, int64_t batches) {
+  return s.splits > 1 ? static_cast<size_t>(s.splits * batches * m * n) * sizeof(float) : 0;
+}
+
 }  // namespace
 
-void launch_nvfp4_gemm(const Nvfp4GemmParams& p, cudaStream_t stream) {
+size_t nvfp4_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batches) {
+  return slices_bytes(split_of(m, n, k, batches), m, n, batches);
+}
+
+void launch_nvfp4_gemm(const Nvfp4GemmParams& problem, cudaStream_t stream, void* workspace,
+                       size_t workspace_bytes) {
+  Nvfp4GemmParams p = problem;
+  const GemmSplit split = split_of(p.m, p.n, p.k, p.batches);
+  p.splits = split.splits;
+  p.tiles_per_split = split.tiles_per_split;
+  const size_t need = slices_bytes(split, p.m, p.n, p.batches);
+  bool pooled = false;
+  if (need > 0 && workspace != nullptr && workspace_bytes >= need &&
+      reinterpret_cast<uintptr_t>(workspace) % sizeof(float) == 0) {
+    p.workspace = static_cast<float*>(workspace);
+  } else if (need > 0) {
+    // The slices live on the stream's pool for the two kernels (cudaMallocAsync, freed in order).
+    void* pool = nullptr;
+    MICROSCALE_CUDA_CHECK(cudaMallocAsync(&pool, need, stream));
+    p.workspace = static_cast<float*>(pool);
+    pooled = true;
+  }
   if (p.a.swizzled) {
     p.b.swizzled ? launch<true, true>(p, stream) : launch<true, false>(p, stream);
   } else {
     p.b.swizzled ? launch<false, true>(p, stream) : launch<false, false>(p, stream);
+  }
+  if (p.splits > 1) {
+    const int64_t total = p.batches * p.m * p.n;
+    const int64_t blocks = std::min<int64_t>((total + 255) / 256, 65535);
+    finish_split_gemm<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p);
+    MICROSCALE_CUDA_CHECK(cudaGetLastError());
+    if (pooled) MICROSCALE_CUDA_CHECK(cudaFreeAsync(p.workspace, stream));
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "microscale/tensor.hpp"
@@ -40,12 +41,22 @@ struct Nvfp4GemmParams {
   EpilogueTensor c;
   const void* bias = nullptr;  ///< [N], contiguous, or null
   DType bias_dtype = DType::F32;
+  // Set by launch_nvfp4_gemm (gemm_split.hpp): K split `splits` ways, `tiles_per_split` K tiles
+  // each, the partial sums in `workspace` ([splits, L, M, N] fp32) when split.
+  int64_t splits = 1, tiles_per_split = 0;
+  float* workspace = nullptr;
 };
 
 /// K must be a multiple of kNvfp4GemmK (the kernel's K tile).
 inline constexpr int64_t kNvfp4GemmK = 64;
 
-/// D = alpha' * A B^T (+ beta C) (+ bias) on `stream`; alpha' folds in the operands' amaxes.
-void launch_nvfp4_gemm(const Nvfp4GemmParams& p, cudaStream_t stream);
+/// D = alpha' * A B^T (+ beta C) (+ bias) on `stream`; alpha' folds in the operands' amaxes. A
+/// split K sums into `workspace` when it holds nvfp4_gemm_workspace_bytes, else into memory from
+/// the stream-ordered pool.
+void launch_nvfp4_gemm(const Nvfp4GemmParams& p, cudaStream_t stream, void* workspace,
+                       size_t workspace_bytes);
+
+/// The split-K workspace of an M x N x K GEMM with `batches` batches on the current device.
+size_t nvfp4_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batches);
 
 }  // namespace microscale::cuda

@@ -4,9 +4,10 @@
 // reader), finished with the CPU GEMM's fp32 epilogue. Where every partial sum is exact in fp32
 // (scales from {0, 1, 2, 3} as GPU MODE's generator draws them; or only subnormal E4M3 scales),
 // the device must match it bit for bit, in every output dtype; elsewhere within the fp32
-// accumulation bound K * 2^-23 * sum |a*b|. Also: swizzled scales, batches, ragged M and N, host
-// and device amaxes, alpha / beta / C / bias, strided and in-place D, operands from quantize()
-// (TE's fprop "TN" and wgrad "NT" operands), and each bad argument a microscale::Error.
+// accumulation bound K * 2^-23 * sum |a*b|. Also: swizzled scales, batches, ragged M and N, K
+// split over several blocks (small grids), host and device amaxes, alpha / beta / C / bias,
+// strided and in-place D, operands from quantize() (TE's fprop "TN" and wgrad "NT" operands), and
+// each bad argument a microscale::Error.
 // Exit status = number of failures (capped).
 //
 // Usage: gemm_gpu_test [--quick] | --time M N K
@@ -140,6 +141,7 @@ struct Epilogue {
   DType out = DType::F32, c_dtype = DType::F32, bias_dtype = DType::F32;
   int64_t d_row_pad = 0;  // D's row stride is N + d_row_pad
   bool amax_on_device = false;
+  bool workspace = false;  // pass cuda::gemm a workspace (else a split K takes the stream's pool)
 };
 
 // Runs one GEMM on the device and checks every element of D; `exact` asks for equal bits.
@@ -194,9 +196,13 @@ void check_gemm(const std::string& name, const HostOperand& a, const HostOperand
     problem.bias = TensorView{dbias->p, e.bias_dtype, {n}, {}, Device::CUDA};
   }
   const TensorView d{dd.p, e.out, shape, d_strides, Device::CUDA};
+  const size_t workspace_bytes = e.workspace ? cuda::gemm_workspace_bytes(m, n, k, batches) : 0;
+  if (e.workspace && workspace_bytes == 0) fail(name + ": expected a split K (a workspace)");
+  DeviceBuffer workspace(workspace_bytes);
   try {
     cuda::gemm(ga, gb, problem, d, nullptr, amax_a ? static_cast<const float*>(amax_a->p) : nullptr,
-               amax_b ? static_cast<const float*>(amax_b->p) : nullptr);
+               amax_b ? static_cast<const float*>(amax_b->p) : nullptr, e.workspace ? workspace.p : nullptr,
+               workspace_bytes);
     CK(cudaDeviceSynchronize());
   } catch (const Error& err) {
     fail(name + ": threw " + err.what());
@@ -338,13 +344,15 @@ int time_one_shape(int64_t m, int64_t n, int64_t k) {
   const GemmOperand ga = a.view(da.p, das.p, false, Device::CUDA),
                     gb = b.view(db.p, dbs.p, false, Device::CUDA);
   const TensorView d{dd.p, DType::BF16, {m, n}, {}, Device::CUDA};
+  const size_t workspace_bytes = cuda::gemm_workspace_bytes(m, n, k);
+  DeviceBuffer workspace(workspace_bytes);
   std::vector<float> ms;
   cudaEvent_t start, stop;
   CK(cudaEventCreate(&start));
   CK(cudaEventCreate(&stop));
   for (int i = 0; i < 20; ++i) {
     CK(cudaEventRecord(start));
-    cuda::gemm(ga, gb, {}, d, nullptr);
+    cuda::gemm(ga, gb, {}, d, nullptr, nullptr, nullptr, workspace.p, workspace_bytes);
     CK(cudaEventRecord(stop));
     CK(cudaEventSynchronize(stop));
     float t = 0;
@@ -426,6 +434,16 @@ int main(int argc, char** argv) {
     e.with_bias = true;
     e.d_row_pad = 5;
     check_gemm("epilogue batched C bias strided", a3, b3, true, e, true, rng);
+    // Few output tiles and a long K: the split-K path (gemm_split.hpp), batched, with C and bias.
+    const HostOperand a4 = random_operand(128, 2048, 2, gpumode_scales, rng);
+    const HostOperand b4 = random_operand(200, 2048, 2, gpumode_scales, rng);
+    e.workspace = true;
+    check_gemm("split K, batched, C bias strided, caller's workspace", a4, b4, false, e, true, rng);
+    e.workspace = false;
+    e.in_place = true;
+    e.d_row_pad = 0;
+    e.out = DType::BF16;
+    check_gemm("split K, batched, in place bf16", a4, b4, true, e, true, rng);
   }
   // Any finite scales, global amaxes on the host and on the device: within the fp32 bound.
   for (bool device_amax : {false, true}) {

@@ -51,12 +51,16 @@ def _gemm_cuda(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
     b_data, b_scales, b_amax, b_swizzle = _cuda_parts(b, b_usage)
     if a_data.device != b_data.device:
         raise _C.Error(f"microscale.torch.gemm: operands on {a_data.device} and {b_data.device}")
-    shape = (a_data.shape[0], b_data.shape[0]) + tuple(a_data.shape[2:])
-    d = torch.empty(shape, dtype=out_dtype, device=a_data.device)
+    m, n, k = a_data.shape[0], b_data.shape[0], a_data.shape[1] * 2
+    batches = a_data.shape[2] if a_data.dim() == 3 else 1
+    d = torch.empty((m, n) + tuple(a_data.shape[2:]), dtype=out_dtype, device=a_data.device)
     with torch.cuda.device(a_data.device):  # the library launches on the current device
+        # A split K's partial sums go to a workspace from PyTorch's allocator (fast to reuse).
+        workspace_bytes = _C.gemm_workspace_bytes(m, n, k, batches) if min(m, n, k, batches) > 0 else 0
+        workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=a_data.device) if workspace_bytes else None
         _C.gemm_cuda(a_data, a_scales, a_amax, a_swizzle, b_data, b_scales, b_amax, b_swizzle, alpha, beta,
                      None if c is None else c.detach(), None if bias is None else bias.detach(), d,
-                     _stream(a_data.device))
+                     _stream(a_data.device), workspace)
     return d
 
 

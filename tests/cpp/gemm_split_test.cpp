@@ -1,0 +1,47 @@
+// choose_gemm_split: the CUDA GEMM's split of K (a pure host function; the kernel runs on a GPU
+// machine, tests/gpu/gemm_gpu_test.cu).
+#include "cuda/gemm_split.hpp"
+
+#include <gtest/gtest.h>
+
+namespace microscale::cuda {
+namespace {
+
+TEST(GemmSplit, NoSplitWhenTheTilesFillTheGpu) {
+  const GemmSplit s = choose_gemm_split(/*tiles=*/1024, /*k_tiles=*/64, /*sms=*/132, /*blocks_per_sm=*/2);
+  EXPECT_EQ(s.splits, 1);
+  EXPECT_EQ(s.tiles_per_split, 64);
+  EXPECT_EQ(choose_gemm_split(264, 1000, 132, 2).splits, 1);
+}
+
+TEST(GemmSplit, SmallGridsAreSplitToFillTheGpu) {
+  // GPU MODE's M = 128 shapes: 56 and 32 tiles of 128 x 128.
+  GemmSplit s = choose_gemm_split(56, 16384 / 64, 132, 2);
+  EXPECT_EQ(s.splits, 5);  // 280 blocks for 264 slots
+  EXPECT_EQ(s.tiles_per_split, 52);
+  s = choose_gemm_split(32, 7168 / 64, 132, 2);  // 9 would fill the GPU; runs of 16 allow 7
+  EXPECT_EQ(s.splits, 7);
+  EXPECT_EQ(s.tiles_per_split, 16);
+  s = choose_gemm_split(56, 2048 / 64, 132, 2);
+  EXPECT_EQ(s.splits, 2);
+  EXPECT_EQ(s.tiles_per_split, 16);
+}
+
+TEST(GemmSplit, EveryBlockSumsAtLeastTheMinimumRunAndNoSplitIsEmpty) {
+  for (int64_t tiles = 1; tiles < 300; tiles += 7) {
+    for (int64_t k_tiles = 1; k_tiles < 600; k_tiles += 13) {
+      const GemmSplit s = choose_gemm_split(tiles, k_tiles, 132, 2);
+      ASSERT_GE(s.splits, 1);
+      ASSERT_LE(s.splits, 16);
+      ASSERT_GE(s.splits * s.tiles_per_split, k_tiles);        // every K tile is summed
+      ASSERT_LT((s.splits - 1) * s.tiles_per_split, k_tiles);  // the last split is not empty
+      if (s.splits > 1) ASSERT_GE(s.tiles_per_split, 16);
+    }
+  }
+  EXPECT_EQ(choose_gemm_split(1, 31, 132, 2).splits, 1);  // too short to split
+  EXPECT_EQ(choose_gemm_split(1, 32, 132, 2).splits, 2);
+  EXPECT_EQ(choose_gemm_split(1, 32, 132, 2, /*min_run=*/4).splits, 8);
+}
+
+}  // namespace
+}  // namespace microscale::cuda
