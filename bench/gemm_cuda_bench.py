@@ -10,7 +10,7 @@ cost):
   cuBLAS BF16  torch.mm of the bf16 tensors
   cuBLAS FP8   torch._scaled_mm of E4M3 copies with per-tensor scales (the fastest Hopper path)
   deq+BF16     dequantize both NVFP4 operands to bf16 (microscale's CUDA dequantize), then torch.mm:
-               the emulation torchao runs on Hopper, here with a fast dequantize
+               the emulation torchao runs on Hopper, here with microscale's (untuned) CUDA dequantize
 
 Prints a table (microseconds, TFLOP/s, ratios to microscale) and writes JSON.
 Usage: python3 bench/gemm_cuda_bench.py [OUT.json] (needs torch with CUDA and microscale built with it)

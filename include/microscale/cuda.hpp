@@ -3,7 +3,8 @@
 // allocator's tensors).
 //
 // Same numerics as the CPU backend: byte for byte for quantization (data, scales, amaxes,
-// stochastic rounding); the GEMM to within fp32 accumulation order (exactly where the sums are).
+// stochastic rounding); the GEMM within the fp32 accumulation bound of the CPU's result (equal
+// where every partial sum is exact: the tensor cores' fp32 sums are not IEEE adds in a fixed order).
 // Every call is asynchronous on `stream` (a cudaStream_t; nullptr = the legacy default stream);
 // arguments are checked on the host before anything is launched, and launch failures throw
 // microscale::Error. No managed memory; the only allocation is the GEMM's split-K workspace when
@@ -47,12 +48,15 @@ void swizzle_scales(const TensorView& compact, const TensorView& swizzled, void*
 /// @brief D = alpha * A B^T (+ beta C) (+ bias) on the device, for two NVFP4 operands (K-major
 /// codes with compact or swizzled scales, as GemmOperand::from gives them; optionally batched).
 /// The numerics of microscale::gemm: each block dequantized exactly, fp32 accumulation, alpha
-/// times amax_a * amax_b / (6*6*448*448) when both operands carry an amax. An operand's amax is
+/// times amax_a * amax_b / (6*6*448*448) when both operands carry an amax, times amax / 2688 when
+/// one does. An operand's amax is
 /// either its host value (GemmOperand::amax) or a device float (`a_amax` / `b_amax`, e.g. the
 /// QuantizedViews::amax entry of the usage). D, C and bias are device tensors (f32/bf16/f16; D
 /// and C [M, N(, L)] with any positive strides, bias [N] contiguous); problem.out_dtype is
-/// ignored (D's dtype rules). Needs K % 64 == 0, rows of codes 16-byte aligned and compact scale
-/// rows 4-byte aligned; anything else throws microscale::Error.
+/// ignored (D's dtype rules); C is D itself or apart from it. Needs K % 64 == 0; rows and
+/// batches of codes 16-byte aligned; compact scale rows and batches 4-byte aligned, or swizzled
+/// scales contiguous and 16-byte aligned; L <= 65535 and M <= 65535 * 128. Anything else throws
+/// microscale::Error.
 ///
 /// A GEMM whose output tiles are too few to fill the GPU (e.g. M = 128) splits K over several
 /// blocks and adds their fp32 sums in a second kernel (in a fixed order). The sums go to

@@ -101,7 +101,21 @@ EpilogueTensor epilogue_tensor(const TensorView& v, const std::vector<int64_t>& 
   return e;
 }
 
-// The output must not map two elements to one address (core/gemm.cpp's rule, for 2-D and 3-D).
+// The largest element offset a view reaches (its strides are positive: epilogue_tensor).
+int64_t reach_of(const TensorView& v, const char* what) {
+  const std::vector<int64_t> s = v.effective_strides();
+  int64_t reach = 0, span = 0;
+  for (int64_t i = 0; i < v.ndim(); ++i) {
+    require(
+        !__builtin_mul_overflow(v.shape[i] - 1, s[i], &span) && !__builtin_add_overflow(reach, span, &reach),
+        std::string(what) + " has strides " + shape_string(s) + " out of range");
+  }
+  return reach;
+}
+
+// The output must not map two elements to one address (core/gemm.cpp's rule, for 2-D and 3-D):
+// with the dims (of size > 1) ordered by stride, each stride must step past what the smaller
+// ones reach.
 void require_distinct(const TensorView& v) {
   const std::vector<int64_t> s = v.effective_strides();
   std::vector<std::pair<int64_t, int64_t>> dims;
@@ -111,8 +125,20 @@ void require_distinct(const TensorView& v) {
   int64_t reach = 0;
   for (const auto& [stride, size] : dims) {
     require(stride > reach, "D has strides " + shape_string(s) + " that make its elements overlap");
-    reach += (size - 1) * stride;
+    reach += (size - 1) * stride;  // no overflow: reach_of(D) checked the whole sum
   }
+}
+
+// C is read and D written by different threads: C must be D itself (each element read, then
+// written, by one thread) or lie apart from D's bytes.
+void require_c_apart_from_d(const TensorView& c, const TensorView& d) {
+  if (c.data == d.data && c.dtype == d.dtype && c.effective_strides() == d.effective_strides()) return;
+  const auto first = [](const TensorView& v) { return reinterpret_cast<uintptr_t>(v.data); };
+  const auto last = [](const TensorView& v, int64_t reach) {
+    return reinterpret_cast<uintptr_t>(v.data) + static_cast<uintptr_t>(reach + 1) * dtype_size(v.dtype);
+  };
+  const uintptr_t c_end = last(c, reach_of(c, "C")), d_end = last(d, reach_of(d, "D"));
+  require(c_end <= first(d) || d_end <= first(c), "C overlaps D without being D itself");
 }
 
 }  // namespace
@@ -130,10 +156,12 @@ void gemm(const GemmOperand& a, const GemmOperand& b, const GemmProblem& problem
   std::vector<int64_t> want = {m, n};
   if (la > 1 || d.ndim() == 3) want.push_back(la);
   p.d = epilogue_tensor(d, want, "D");
+  reach_of(d, "D");
   require_distinct(d);
   if (problem.c) {
     p.has_c = true;
     p.c = epilogue_tensor(*problem.c, want, "C");
+    require_c_apart_from_d(*problem.c, d);
   }
   if (problem.bias) {
     const TensorView& bias = *problem.bias;
@@ -142,6 +170,7 @@ void gemm(const GemmOperand& a, const GemmOperand& b, const GemmProblem& problem
             "bias must be a contiguous [N] = [" + std::to_string(n) + "]");
     require(bias.dtype == DType::F32 || bias.dtype == DType::BF16 || bias.dtype == DType::F16,
             "bias must be f32, bf16 or f16");
+    require(aligned(bias.data, static_cast<int64_t>(dtype_size(bias.dtype))), "bias is misaligned");
     p.bias = bias.data;
     p.bias_dtype = bias.dtype;
   }

@@ -1,4 +1,5 @@
-// NVFP4 x NVFP4 block-scaled GEMM on Hopper (version 4: wgmma; docs/perf.md "CUDA GEMM").
+// NVFP4 x NVFP4 block-scaled GEMM on Hopper (version 7: wgmma, split K for small grids; docs/perf.md
+// "CUDA GEMM").
 //
 // Hopper has no FP4 tensor-core instruction, so each block tile of codes is converted to fp16 in
 // shared memory once, and wgmma multiplies those fp16 tiles with fp32 accumulation. While the
@@ -430,16 +431,22 @@ void launch_nvfp4_gemm(const Nvfp4GemmParams& problem, cudaStream_t stream, void
   p.splits = split.splits;
   p.tiles_per_split = split.tiles_per_split;
   const size_t need = slices_bytes(split, p.m, p.n, p.batches);
-  bool pooled = false;
+  // Pool memory (when the caller's workspace does not fit) goes back on the stream however the
+  // launches end.
+  struct PoolSlices {
+    void* memory = nullptr;
+    cudaStream_t stream = nullptr;
+    ~PoolSlices() {
+      if (memory) cudaFreeAsync(memory, stream);
+    }
+  } pool{nullptr, stream};
   if (need > 0 && workspace != nullptr && workspace_bytes >= need &&
       reinterpret_cast<uintptr_t>(workspace) % sizeof(float) == 0) {
     p.workspace = static_cast<float*>(workspace);
   } else if (need > 0) {
     // The slices live on the stream's pool for the two kernels (cudaMallocAsync, freed in order).
-    void* pool = nullptr;
-    MICROSCALE_CUDA_CHECK(cudaMallocAsync(&pool, need, stream));
-    p.workspace = static_cast<float*>(pool);
-    pooled = true;
+    MICROSCALE_CUDA_CHECK(cudaMallocAsync(&pool.memory, need, stream));
+    p.workspace = static_cast<float*>(pool.memory);
   }
   if (p.a.swizzled) {
     p.b.swizzled ? launch<true, true>(p, stream) : launch<true, false>(p, stream);
@@ -451,7 +458,6 @@ void launch_nvfp4_gemm(const Nvfp4GemmParams& problem, cudaStream_t stream, void
     const int64_t blocks = std::min<int64_t>((total + 255) / 256, 65535);
     finish_split_gemm<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p);
     MICROSCALE_CUDA_CHECK(cudaGetLastError());
-    if (pooled) MICROSCALE_CUDA_CHECK(cudaFreeAsync(p.workspace, stream));
   }
 }
 

@@ -144,17 +144,22 @@ struct Epilogue {
   bool workspace = false;  // pass cuda::gemm a workspace (else a split K takes the stream's pool)
 };
 
+// Scale layouts of the two operands (each its own kernel instantiation).
+struct Layouts {
+  bool swizzle_a, swizzle_b;
+};
+
 // Runs one GEMM on the device and checks every element of D; `exact` asks for equal bits.
-void check_gemm(const std::string& name, const HostOperand& a, const HostOperand& b, bool swizzle,
+void check_gemm(const std::string& name, const HostOperand& a, const HostOperand& b, Layouts layouts,
                 const Epilogue& e, bool exact, std::mt19937_64& rng) {
   const int64_t m = a.rows, n = b.rows, k = a.k, batches = a.batches;
   const bool three_d = a.three_d;
   DeviceBuffer da(a.codes.data(), a.codes.size()), db(b.codes.data(), b.codes.size());
-  const auto& as = swizzle ? a.swizzled : a.compact;
-  const auto& bs = swizzle ? b.swizzled : b.compact;
+  const auto& as = layouts.swizzle_a ? a.swizzled : a.compact;
+  const auto& bs = layouts.swizzle_b ? b.swizzled : b.compact;
   DeviceBuffer das(as.data(), as.size()), dbs(bs.data(), bs.size());
-  GemmOperand ga = a.view(da.p, das.p, swizzle, Device::CUDA),
-              gb = b.view(db.p, dbs.p, swizzle, Device::CUDA);
+  GemmOperand ga = a.view(da.p, das.p, layouts.swizzle_a, Device::CUDA),
+              gb = b.view(db.p, dbs.p, layouts.swizzle_b, Device::CUDA);
   std::optional<DeviceBuffer> amax_a, amax_b;
   if (e.amax_on_device) {
     if (a.amax) amax_a.emplace(&*a.amax, sizeof(float));
@@ -285,6 +290,11 @@ void check_gemm(const std::string& name, const HostOperand& a, const HostOperand
         }
   }
   if (bad) fail(name + ": " + std::to_string(bad) + " elements differ, first " + first);
+}
+
+void check_gemm(const std::string& name, const HostOperand& a, const HostOperand& b, bool swizzle,
+                const Epilogue& e, bool exact, std::mt19937_64& rng) {
+  check_gemm(name, a, b, Layouts{swizzle, swizzle}, e, exact, rng);
 }
 
 std::vector<uint8_t> e4m3_codes_of(std::initializer_list<float> values) {
@@ -444,6 +454,16 @@ int main(int argc, char** argv) {
     e.d_row_pad = 0;
     e.out = DType::BF16;
     check_gemm("split K, batched, in place bf16", a4, b4, true, e, true, rng);
+    // Splits of unequal length (K = 50 tiles of 64: runs of 17, 17 and 16 on 132 SMs), and the
+    // two mixed scale layouts.
+    const HostOperand a5 = random_operand(128, 64 * 50, 1, gpumode_scales, rng);
+    const HostOperand b5 = random_operand(128, 64 * 50, 1, gpumode_scales, rng);
+    check_gemm("uneven split K, compact A, swizzled B", a5, b5, Layouts{false, true}, Epilogue{}, true, rng);
+    check_gemm("uneven split K, swizzled A, compact B", a5, b5, Layouts{true, false}, Epilogue{}, true, rng);
+    const HostOperand a6 = random_operand(200, 256, 1, gpumode_scales, rng);
+    const HostOperand b6 = random_operand(300, 256, 1, gpumode_scales, rng);
+    check_gemm("no split, swizzled A, compact B", a6, b6, Layouts{true, false}, Epilogue{}, true, rng);
+    check_gemm("no split, compact A, swizzled B", a6, b6, Layouts{false, true}, Epilogue{}, true, rng);
   }
   // Any finite scales, global amaxes on the host and on the device: within the fp32 bound.
   for (bool device_amax : {false, true}) {
@@ -546,6 +566,26 @@ int main(int argc, char** argv) {
     GemmProblem bad_bias;
     bad_bias.bias = TensorView{dd.p, DType::F32, {31}, {}, Device::CUDA};
     expect_error("bias of the wrong length", [&] { run(ok, ok, bad_bias, d); });
+    GemmProblem misaligned_bias;
+    misaligned_bias.bias = TensorView{static_cast<uint8_t*>(dd.p) + 2, DType::F32, {32}, {}, Device::CUDA};
+    expect_error("misaligned bias", [&] { run(ok, ok, misaligned_bias, d); });
+    DeviceBuffer big(64 * 64 * 4);
+    const TensorView d_in_big{big.p, DType::F32, {32, 32}, {64, 1}, Device::CUDA};
+    GemmProblem shifted_c;  // C = D moved by one element: read and written by different threads
+    shifted_c.c = TensorView{static_cast<float*>(big.p) + 1, DType::F32, {32, 32}, {64, 1}, Device::CUDA};
+    expect_error("C overlapping D", [&] { run(ok, ok, shifted_c, d_in_big); });
+    GemmProblem same_c;  // the control: C is D itself
+    same_c.c = d_in_big;
+    run(ok, ok, same_c, d_in_big);
+    CK(cudaDeviceSynchronize());
+    GemmProblem beside_c;  // the control: C in the other half of the rows' padding, apart from D
+    beside_c.c =
+        TensorView{static_cast<float*>(big.p) + 32 * 64, DType::F32, {32, 32}, {64, 1}, Device::CUDA};
+    run(ok, ok, beside_c, d_in_big);
+    CK(cudaDeviceSynchronize());
+    expect_error("D strides out of range", [&] {
+      run(ok, ok, {}, TensorView{dd.p, DType::F32, {32, 32}, {int64_t{1} << 62, 1}, Device::CUDA});
+    });
     GemmOperand both = ok;
     both.amax = 1.0f;
     float* amax_device = static_cast<float*>(dd.p);

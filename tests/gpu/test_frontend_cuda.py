@@ -2,6 +2,8 @@
 through the torch ops give the CPU path's bytes, amaxes and dequantized values, on the current
 stream, also under torch.compile. Needs a GPU and microscale built with its CUDA backend."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -141,3 +143,30 @@ def test_gemm_on_cuda_errors():
     with pytest.raises(ms.Error, match="multiple of 64"):
         q80 = mst.quantize(torch.randn(128, 80, device="cuda").to(torch.bfloat16), "nvfp4")
         mst.gemm(q80, q80)
+
+
+def test_gemm_on_cuda_split_k_with_torch_workspace_and_without_amax():
+    # M = 128 and a long K: few output tiles, so K is split and the partial sums go to a
+    # workspace from PyTorch's allocator.
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(128, 4096, generator=g).to(torch.bfloat16).cuda()
+    w = (torch.randn(256, 4096, generator=g) * 0.05).to(torch.bfloat16).cuda()
+    assert ms._C.gemm_workspace_bytes(128, 256, 4096) > 0
+    a, b = mst.quantize(x, "nvfp4", swizzle=True), mst.quantize(w, "nvfp4")
+    c = torch.randn(128, 256, generator=g).cuda()
+    def close(got, want):  # fp32 sums in another order: errors far below the outputs' size
+        assert got.device.type == "cuda"
+        assert (got.cpu() - want).abs().max() <= 1e-5 * want.abs().max()
+
+    close(mst.gemm(a, b, beta=0.5, c=c), mst.gemm(_to_cpu(a), _to_cpu(b), beta=0.5, c=c.cpu()))
+    # Without amaxes the scales carry everything (GPU MODE's convention), on both devices.
+    a0, b0 = dataclasses.replace(a, amax=None), dataclasses.replace(b, amax=None)
+    close(mst.gemm(a0, b0), mst.gemm(_to_cpu(a0), _to_cpu(b0)))
+
+
+def test_gemm_on_cuda_refuses_epilogue_tensors_elsewhere():
+    q = mst.quantize(torch.randn(128, 128, device="cuda").to(torch.bfloat16), "nvfp4")
+    with pytest.raises(ms.Error, match="bias is on cpu"):
+        mst.gemm(q, q, bias=torch.zeros(128))
+    with pytest.raises(ms.Error, match="c is on cpu"):
+        mst.gemm(q, q, c=torch.zeros(128, 128))

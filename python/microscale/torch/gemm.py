@@ -41,16 +41,19 @@ def _cuda_parts(x, usage):
                        "operands run on the CPU)")
     if usage not in ("rowwise", "columnwise") or not getattr(x.options, usage):
         raise _C.Error(f"microscale.torch.gemm: the quantized operand has no {usage} output")
+    # The usage's device amax (a view: no copy to the host); None: the scales carry everything.
     if usage == "rowwise":
-        return x.rowwise_data, x.rowwise_scale, x.amax[0:1], x.options.swizzle
-    return x.columnwise_data, x.columnwise_scale, x.amax[1:2], x.options.swizzle
+        return x.rowwise_data, x.rowwise_scale, None if x.amax is None else x.amax[0:1], x.options.swizzle
+    return x.columnwise_data, x.columnwise_scale, None if x.amax is None else x.amax[1:2], x.options.swizzle
 
 
 def _gemm_cuda(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
     a_data, a_scales, a_amax, a_swizzle = _cuda_parts(a, a_usage)
     b_data, b_scales, b_amax, b_swizzle = _cuda_parts(b, b_usage)
-    if a_data.device != b_data.device:
-        raise _C.Error(f"microscale.torch.gemm: operands on {a_data.device} and {b_data.device}")
+    # The library sees pointers, not devices: everything must be on the operands' device.
+    for name, t in (("B", b_data), ("c", c), ("bias", bias)):
+        if t is not None and t.device != a_data.device:
+            raise _C.Error(f"microscale.torch.gemm: {name} is on {t.device}, A on {a_data.device}")
     m, n, k = a_data.shape[0], b_data.shape[0], a_data.shape[1] * 2
     batches = a_data.shape[2] if a_data.dim() == 3 else 1
     d = torch.empty((m, n) + tuple(a_data.shape[2:]), dtype=out_dtype, device=a_data.device)
