@@ -35,7 +35,9 @@ TEST(GemmSplit, EveryBlockSumsAtLeastTheMinimumRunAndNoSplitIsEmpty) {
       ASSERT_LE(s.splits, 16);
       ASSERT_GE(s.splits * s.tiles_per_split, k_tiles);        // every K tile is summed
       ASSERT_LT((s.splits - 1) * s.tiles_per_split, k_tiles);  // the last split is not empty
-      if (s.splits > 1) ASSERT_GE(s.tiles_per_split, 16);
+      if (s.splits > 1) {
+        ASSERT_GE(s.tiles_per_split, 16);
+      }
     }
   }
   EXPECT_EQ(choose_gemm_split(1, 31, 132, 2).splits, 1);  // too short to split
