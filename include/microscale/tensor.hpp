@@ -82,4 +82,10 @@ Tensor to_f32_matrix(const TensorView& x);
 /// @brief "[128, 64]"
 std::string shape_string(const std::vector<int64_t>& shape);
 
+/// @brief Frees the large host buffers (1 MiB or more) that Tensors left behind for reuse, at
+/// most 512 MiB; returns how many bytes that was. Tensors still alive keep theirs. The reuse spares
+/// repeated calls (a training step's quantizations) fresh pages; call this when a long-lived
+/// process is done with such calls, as torch.cuda.empty_cache() does for PyTorch's CUDA cache.
+size_t release_cached_host_memory();
+
 }  // namespace microscale

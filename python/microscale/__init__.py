@@ -10,9 +10,10 @@ autocast and torch.library ops.
 import numpy as np
 
 from . import _C, recipe
-from ._C import Error, GemmOperand, QuantizedTensor, QuantizeOptions
+from ._C import Error, GemmOperand, QuantizedTensor, QuantizeOptions, release_cached_host_memory
 
-__all__ = ["Error", "GemmOperand", "QuantizedTensor", "QuantizeOptions", "dequantize", "gemm", "quantize", "recipe"]
+__all__ = ["Error", "GemmOperand", "QuantizedTensor", "QuantizeOptions", "dequantize", "gemm", "quantize", "recipe",
+           "release_cached_host_memory"]
 
 
 def quantize(

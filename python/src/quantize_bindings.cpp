@@ -190,6 +190,11 @@ void bind_quantize(nb::module_& m) {
         return d;
       },
       nb::arg("shape"), nb::arg("options"), "The u8 output shapes quantize() gives (empty: not asked for).");
+
+  m.def("release_cached_host_memory", &microscale::release_cached_host_memory,
+        "Frees the large host buffers (1 MiB or more, at most 512 MiB) that results left behind for reuse; "
+        "returns "
+        "the bytes freed. Arrays still alive keep theirs.");
 }
 
 }  // namespace microscale::python

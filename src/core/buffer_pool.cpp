@@ -57,6 +57,20 @@ class BufferPool {
     return held_;
   }
 
+  // Frees every block kept for reuse (blocks in use come back later, as usual); returns the bytes.
+  size_t release() {
+    std::list<Block> freed;
+    size_t bytes = 0;
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      freed.splice(freed.end(), free_);
+      bytes = held_;
+      held_ = 0;
+    }
+    for (const Block& b : freed) delete[] b.data;  // outside the lock
+    return bytes;
+  }
+
  private:
   std::mutex mutex_;
   std::list<Block> free_;
@@ -89,3 +103,9 @@ std::shared_ptr<std::byte[]> zeroed_buffer(size_t bytes) {
 size_t pooled_bytes() { return pool().held(); }
 
 }  // namespace microscale::detail
+
+namespace microscale {
+
+size_t release_cached_host_memory() { return detail::pool().release(); }
+
+}  // namespace microscale

@@ -19,7 +19,8 @@ constexpr size_t kPooledMaxBytes = size_t{512} << 20;
 
 /// @brief A buffer whose first `bytes` bytes are zero (a reused one may be up to 1/8 larger; the
 /// rest is not the caller's). The last owner's release gives a pooled buffer back for reuse; the
-/// pool's memory is never returned to the system (at most kPooledMaxBytes). Thread-safe; a process
+/// pool keeps at most kPooledMaxBytes, until microscale::release_cached_host_memory() frees what
+/// it keeps (tensor.hpp). Thread-safe; a process
 /// that forks while another thread allocates may find the pool locked in the child.
 std::shared_ptr<std::byte[]> zeroed_buffer(size_t bytes);
 

@@ -19,6 +19,24 @@ bool all_zero(const Tensor& t) {
   return true;
 }
 
+TEST(BufferPool, ReleaseFreesWhatThePoolKeepsAndNotWhatIsInUse) {
+  release_cached_host_memory();
+  const int64_t bytes = int64_t{2} << 20;
+  Tensor kept(DType::U8, {bytes});
+  { Tensor dropped(DType::U8, {bytes}); }
+  ASSERT_GE(detail::pooled_bytes(), static_cast<size_t>(bytes));
+  EXPECT_GE(release_cached_host_memory(), static_cast<size_t>(bytes));
+  EXPECT_EQ(detail::pooled_bytes(), 0u);
+  EXPECT_EQ(release_cached_host_memory(), 0u);
+  std::memset(kept.data(), 1, kept.nbytes());  // still the caller's (ASan would see a freed block)
+  const void* kept_data = kept.data();
+  kept = Tensor();  // its last owner: back to the pool
+  EXPECT_GE(detail::pooled_bytes(), static_cast<size_t>(bytes));
+  Tensor again(DType::U8, {bytes});
+  EXPECT_EQ(again.data(), kept_data);  // reused after a release, as before it
+  EXPECT_TRUE(all_zero(again));
+}
+
 TEST(BufferPool, ATensorsBufferIsReusedAndZeroedAgain) {
   const int64_t bytes = int64_t{4} << 20;
   const void* first = nullptr;

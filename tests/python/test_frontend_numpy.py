@@ -111,3 +111,14 @@ def test_options_and_quantized_tensor_report_what_was_asked():
 def test_bad_input_is_a_clear_error(call, reason):
     with pytest.raises(ms.Error, match=f"(?i){reason}"):
         call()
+
+
+def test_release_cached_host_memory_frees_what_results_left_behind():
+    ms.release_cached_host_memory()
+    x = np.ones((1024, 2048), dtype=np.float32)  # 2 MiB of rowwise data in MXFP8
+    q = ms.quantize(x, "mxfp8_e4m3")
+    kept = ms.dequantize(q)  # alive: keeps its buffer
+    del q
+    assert ms.release_cached_host_memory() >= 2 << 20
+    assert ms.release_cached_host_memory() == 0
+    np.testing.assert_array_equal(kept, x)  # the live result is untouched
