@@ -11,6 +11,7 @@
 #include "core/fp_environment.hpp"
 #include "core/operand_access.hpp"
 #include "core/quantize_checks.hpp"
+#include "core/view_extent.hpp"
 #include "core/require.hpp"
 #include "cpu/gemm_kernels.hpp"
 #include "microscale/error.hpp"
@@ -31,24 +32,13 @@ void check_view(const TensorView& v, const std::string& what) {
   for (int64_t s : v.effective_strides()) require(s > 0, what + " must have positive strides");
 }
 
-// An output whose strides map two elements to one address would have them written over each
-// other: with the dims (of size > 1) ordered by stride, each stride must step past everything the
-// smaller ones reach. (Positive strides: check_view.)
+// An output must reach no further than int64 offsets and give each element its own address
+// (view_extent.hpp). (Positive strides: check_view.)
 void require_no_overlap(const TensorView& v, const std::string& what) {
-  const std::vector<int64_t> strides = v.effective_strides();
-  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
-  for (int64_t i = 0; i < v.ndim(); ++i) {
-    if (v.shape[i] > 1) dims.emplace_back(strides[i], v.shape[i]);
-  }
-  std::sort(dims.begin(), dims.end());
-  int64_t reach = 0;  // the largest offset the dims so far reach
-  for (const auto& [stride, size] : dims) {
-    require(stride > reach, what + " has strides " + shape_string(strides) + " that make elements of " +
-                                shape_string(v.shape) + " overlap");
-    int64_t span = 0;
-    require(!__builtin_mul_overflow(size - 1, stride, &span) && !__builtin_add_overflow(reach, span, &reach),
-            what + " has strides " + shape_string(strides) + " out of range");
-  }
+  const std::string strides = shape_string(v.effective_strides());
+  require(last_element_offset(v).has_value(), what + " has strides " + strides + " out of range");
+  require(elements_distinct(v),
+          what + " has strides " + strides + " that make elements of " + shape_string(v.shape) + " overlap");
 }
 
 // Checks one operand's internal consistency; returns {rows, K, L}.

@@ -2,13 +2,14 @@
 // shapes, strides, alignment), then the NVFP4 kernel launched (src/cuda/gemm_nvfp4.cu). The
 // numerics are core/gemm.cpp's: D = alpha' * sum over blocks (sa * sb * sum a*b) [+ beta C]
 // [+ bias], fp32 accumulation, alpha' folding in the NVFP4 global amaxes.
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/view_extent.hpp"
 #include "cuda/gemm_nvfp4.hpp"
 #include "microscale/cuda.hpp"
 #include "microscale/error.hpp"
@@ -103,30 +104,10 @@ EpilogueTensor epilogue_tensor(const TensorView& v, const std::vector<int64_t>& 
 
 // The largest element offset a view reaches (its strides are positive: epilogue_tensor).
 int64_t reach_of(const TensorView& v, const char* what) {
-  const std::vector<int64_t> s = v.effective_strides();
-  int64_t reach = 0, span = 0;
-  for (int64_t i = 0; i < v.ndim(); ++i) {
-    require(
-        !__builtin_mul_overflow(v.shape[i] - 1, s[i], &span) && !__builtin_add_overflow(reach, span, &reach),
-        std::string(what) + " has strides " + shape_string(s) + " out of range");
-  }
-  return reach;
-}
-
-// The output must not map two elements to one address (core/gemm.cpp's rule, for 2-D and 3-D):
-// with the dims (of size > 1) ordered by stride, each stride must step past what the smaller
-// ones reach.
-void require_distinct(const TensorView& v) {
-  const std::vector<int64_t> s = v.effective_strides();
-  std::vector<std::pair<int64_t, int64_t>> dims;
-  for (int64_t i = 0; i < v.ndim(); ++i)
-    if (v.shape[i] > 1) dims.emplace_back(s[i], v.shape[i]);
-  std::sort(dims.begin(), dims.end());
-  int64_t reach = 0;
-  for (const auto& [stride, size] : dims) {
-    require(stride > reach, "D has strides " + shape_string(s) + " that make its elements overlap");
-    reach += (size - 1) * stride;  // no overflow: reach_of(D) checked the whole sum
-  }
+  const std::optional<int64_t> reach = last_element_offset(v);
+  require(reach.has_value(),
+          std::string(what) + " has strides " + shape_string(v.effective_strides()) + " out of range");
+  return *reach;
 }
 
 // C is read and D written by different threads: C must be D itself (each element read, then
@@ -157,7 +138,8 @@ void gemm(const GemmOperand& a, const GemmOperand& b, const GemmProblem& problem
   if (la > 1 || d.ndim() == 3) want.push_back(la);
   p.d = epilogue_tensor(d, want, "D");
   reach_of(d, "D");
-  require_distinct(d);
+  require(elements_distinct(d),
+          "D has strides " + shape_string(d.effective_strides()) + " that make its elements overlap");
   if (problem.c) {
     p.has_c = true;
     p.c = epilogue_tensor(*problem.c, want, "C");
