@@ -4,7 +4,8 @@
 # system has none), runs the bit-exact GPU test (random shapes vs the CPU oracle + golden cases
 # from .gpu/golden) and the GEMM test (vs a float64 oracle), compute-sanitizer memcheck and
 # racecheck on quick runs of both, the benchmark and the torch.compile baseline, the Python
-# frontend's CUDA tests (a CMake build of the extension) and the GEMM benchmark beside cuBLAS;
+# frontend's CUDA tests (a CMake build of the extension), the GEMM benchmark beside cuBLAS and
+# the Linear benchmark beside torch's BF16 Linear;
 # logs and JSON go to RESULTS_DIR, a short table is printed last. SKIP_QUANTIZE=1 leaves out the
 # quantize test, its sanitizer runs and the quantize benchmarks (for GEMM work), SKIP_PYTHON=1 the
 # Python steps. (CMake also
@@ -114,6 +115,9 @@ elif cmake -S "$ROOT" -B "$PYBUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMICROS
   echo "== GEMM benchmark beside cuBLAS (bench/gemm_cuda_bench.py)"
   PYTHONPATH="$PYBUILD/python" timeout 300 python3 bench/gemm_cuda_bench.py "$OUTDIR/gemm_bench.json" \
     > "$OUTDIR/gemm_bench.log" 2>&1 || summary "gemm bench: FAILED rc=$?"
+  echo "== Linear benchmark beside torch's BF16 Linear (bench/linear_cuda_bench.py)"
+  PYTHONPATH="$PYBUILD/python" timeout 300 python3 bench/linear_cuda_bench.py "$OUTDIR/linear_bench.json" \
+    > "$OUTDIR/linear_bench.log" 2>&1 || summary "linear bench: FAILED rc=$?"
 else
   tail -20 "$OUTDIR/python_build.log"
   summary "python frontend (CUDA): build FAILED"
@@ -129,3 +133,4 @@ if [ $QUANTIZE = 1 ]; then
   grep "torch.compile" "$OUTDIR/torch_baseline.log"
 fi
 cat "$OUTDIR/gemm_bench.log" 2>/dev/null
+cat "$OUTDIR/linear_bench.log" 2>/dev/null

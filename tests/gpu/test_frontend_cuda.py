@@ -9,6 +9,7 @@ import torch
 
 import microscale as ms
 import microscale.torch as mst
+from microscale.recipe import Format, MXFP8BlockScaling, NVFP4BlockScaling
 
 assert torch.cuda.is_available(), "needs a CUDA device"
 assert ms._C.cuda_built(), "microscale was built without its CUDA backend"
@@ -136,13 +137,33 @@ def test_gemm_on_cuda_exact_for_exact_sums_and_runs_on_the_current_stream():
 def test_gemm_on_cuda_errors():
     x = torch.randn(128, 128, device="cuda").to(torch.bfloat16)
     q = mst.quantize(x, "nvfp4")
-    with pytest.raises(ms.Error, match="NVFP4"):
-        mst.gemm(mst.quantize(x, "mxfp8_e4m3"), q)
     with pytest.raises(ms.Error, match="no columnwise"):
         mst.gemm(q, q, a_usage="columnwise")
-    with pytest.raises(ms.Error, match="multiple of 64"):
-        q80 = mst.quantize(torch.randn(128, 80, device="cuda").to(torch.bfloat16), "nvfp4")
-        mst.gemm(q80, q80)
+    with pytest.raises(ms.Error, match="no columnwise"):
+        mst.gemm(mst.quantize(x, "mxfp8_e4m3"), q, a_usage="columnwise")  # the emulation's check
+    with pytest.raises(ms.Error, match="B is on cpu"):
+        mst.gemm(mst.quantize(x, "mxfp8_e4m3"), torch.ones(4, 128))
+
+
+@pytest.mark.parametrize("scheme, k", [("mxfp8_e4m3", 128), ("mxfp4", 96), ("nvfp4", 80), ("dense", 64)])
+def test_gemm_on_cuda_emulates_what_the_kernel_does_not_take(scheme, k):
+    # MX, dense and NVFP4 with K % 64 != 0 are dequantized exactly and summed in float64 by torch:
+    # within the fp32 accumulation bound of the CPU GEMM (relative to the outputs' size here).
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(96, k, generator=g).to(torch.bfloat16)
+    w = (torch.randn(64, k, generator=g) * 0.05).to(torch.bfloat16)
+    c, bias = torch.randn(96, 64, generator=g), torch.randn(64, generator=g)
+    if scheme == "dense":
+        a_cpu, b_cpu, a, b = x, w, x.cuda(), w.cuda()
+    else:
+        a, b = mst.quantize(x.cuda(), scheme), mst.quantize(w.cuda(), scheme)
+        a_cpu, b_cpu = _to_cpu(a), _to_cpu(b)
+    for out_dtype in (torch.float32, torch.bfloat16):
+        got = mst.gemm(a, b, alpha=0.5, beta=2.0, c=c.cuda(), bias=bias.cuda(), out_dtype=out_dtype)
+        want = mst.gemm(a_cpu, b_cpu, alpha=0.5, beta=2.0, c=c, bias=bias, out_dtype=out_dtype)
+        assert got.is_cuda and got.dtype == out_dtype
+        ulp = 2.0**-23 if out_dtype == torch.float32 else 2.0**-7  # one rounding of the output apart
+        assert ((got.cpu().double() - want.double()).abs() <= 1e-5 * want.abs().max() + ulp * want.abs().double()).all()
 
 
 def test_gemm_on_cuda_split_k_with_torch_workspace_and_without_amax():
@@ -170,3 +191,80 @@ def test_gemm_on_cuda_refuses_epilogue_tensors_elsewhere():
         mst.gemm(q, q, bias=torch.zeros(128))
     with pytest.raises(ms.Error, match="c is on cpu"):
         mst.gemm(q, q, c=torch.zeros(128, 128))
+
+
+# The quantized Linear on CUDA tensors (linear_composed.py): the CPU layer's quantized operands,
+# bytes and seeds alike, so the outputs differ only by the order of the fp32 sums (the NVFP4
+# kernel) or by float64 sums (the emulation for MX recipes and K not a multiple of 64).
+LINEAR_RECIPES = {
+    "nvfp4": lambda: NVFP4BlockScaling(),
+    "nvfp4_1d_no_rht": lambda: NVFP4BlockScaling(disable_rht=True, disable_2d_quantization=True),
+    "mxfp8": lambda: MXFP8BlockScaling(),
+    "mxfp8_hybrid": lambda: MXFP8BlockScaling(fp8_format=Format.HYBRID),
+}
+
+
+def _linear_step(layer, x, dy, recipe, seed):
+    x = x.detach().clone().requires_grad_()
+    with mst.autocast(recipe=recipe):
+        y = layer(x)
+    torch.manual_seed(seed)  # the gradient's stochastic rounding draws its seed here
+    y.backward(dy)
+    return [t.detach().cpu() for t in (y, x.grad, layer.weight.grad, layer.bias.grad)]
+
+
+def _assert_near(got, want, what, ulp):
+    """Apart by fp32 sums in another order (far below 1e-5 of the outputs' size) and one rounding of
+    the output dtype."""
+    err = (got.double() - want.double()).abs()
+    bound = 1e-5 * want.double().abs().max() + ulp * want.double().abs()
+    assert bool((err <= bound).all()), f"{what}: max excess {(err - bound).max().item()}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("m, k, n", [(128, 256, 192), (64, 96, 128)])  # the second: fprop emulated (K = 96)
+@pytest.mark.parametrize("recipe_name", sorted(LINEAR_RECIPES))
+def test_linear_on_cuda_matches_the_cpu_linear(recipe_name, m, k, n, dtype):
+    recipe = LINEAR_RECIPES[recipe_name]()
+    torch.manual_seed(0)
+    cpu = mst.Linear(k, n)
+    gpu = mst.Linear(k, n, device="cuda")
+    gpu.load_state_dict(cpu.state_dict())
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, m // 2, k, generator=g).to(dtype)
+    dy = torch.randn(2, m // 2, n, generator=g).to(dtype)
+    want = _linear_step(cpu, x, dy, recipe, 5)
+    got = _linear_step(gpu, x.cuda(), dy.cuda(), recipe, 5)
+    ulp = 2.0**-23 if dtype == torch.float32 else 2.0**-7  # bf16: 8 significant bits
+    for name, a, b in zip(("y", "dx", "dW", "db"), got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        _assert_near(a, b, name, ulp)  # dW too: rounded to x's dtype before the weight's f32
+
+
+def test_linear_on_cuda_caches_the_weight_and_repeats_with_the_seed():
+    torch.manual_seed(2)
+    layer = mst.Linear(128, 64, device="cuda")
+    x = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
+    grads = []
+    for _ in range(2):
+        layer.zero_grad()
+        grads.append(_linear_step(layer, x, torch.ones(64, 64, device="cuda", dtype=torch.bfloat16),
+                                  NVFP4BlockScaling(), 8))
+    assert layer.weight_quantizations == 1  # the weight did not change between the steps
+    assert layer._cached_weight.rowwise_data.is_cuda
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)  # one seed, one result
+    with torch.no_grad():
+        layer.weight.add_(1.0)
+    with mst.autocast(recipe=NVFP4BlockScaling()), torch.no_grad():
+        assert layer(x).is_cuda
+    assert layer.weight_quantizations == 2
+
+
+def test_linear_on_cuda_errors():
+    layer = mst.Linear(64, 32, device="cuda")
+    with mst.autocast(recipe=NVFP4BlockScaling()):
+        with pytest.raises(ms.Error, match="both on one device"):
+            layer(torch.randn(16, 64))
+        with pytest.raises(ms.Error, match="divisible by 16"):
+            layer(torch.randn(8, 64, device="cuda", requires_grad=True))  # NVFP4 X^T needs M % 16 == 0

@@ -9,9 +9,9 @@
     y.sum().backward()
 
 Outside an enabled autocast scope a Linear runs in high precision, as TransformerEngine's modules
-do outside theirs. The Linear runs on CPU tensors; quantize / dequantize also take CUDA tensors
-when microscale was built with its CUDA backend (the Hopper kernels, the same bytes), and gemm
-two NVFP4 QuantizedTensors on CUDA.
+do outside theirs. With microscale's CUDA backend, the Linear, quantize / dequantize and gemm also
+take CUDA tensors (the Hopper kernels: the same bytes; gemm emulates exactly what its NVFP4
+kernel does not take).
 """
 
 from .autocast import autocast, autocast_enabled, current_recipe

@@ -1,11 +1,12 @@
 """microscale.gemm for torch tensors: on the CPU, operands from this package's QuantizedTensor or
-dense tensors; on CUDA, two NVFP4 QuantizedTensors (the Hopper kernel). The result is a tensor of
-any float dtype."""
+dense tensors; on CUDA, the Hopper kernel for two NVFP4 QuantizedTensors whose K is a multiple of
+64, and an emulation for every other pair (dequantized exactly, multiplied in float64 by torch).
+The result is a tensor of any float dtype."""
 
 import torch
 
 from .. import _C
-from .ops import _DTYPE_NAMES, QuantizedTensor, _stream
+from .ops import _DTYPE_NAMES, QuantizedTensor, _stream, dequantize
 
 
 def _gemm_operand(x, usage):
@@ -36,15 +37,61 @@ def _device_of(x):
 
 def _cuda_parts(x, usage):
     """(data, scales, amax slice or None, swizzle) of one NVFP4 operand on CUDA."""
-    if not isinstance(x, QuantizedTensor) or x.options.scheme != "nvfp4":
-        raise _C.Error("microscale.torch.gemm: on CUDA both operands must be NVFP4 QuantizedTensors (MX and dense "
-                       "operands run on the CPU)")
     if usage not in ("rowwise", "columnwise") or not getattr(x.options, usage):
         raise _C.Error(f"microscale.torch.gemm: the quantized operand has no {usage} output")
     # The usage's device amax (a view: no copy to the host); None: the scales carry everything.
     if usage == "rowwise":
         return x.rowwise_data, x.rowwise_scale, None if x.amax is None else x.amax[0:1], x.options.swizzle
     return x.columnwise_data, x.columnwise_scale, None if x.amax is None else x.amax[1:2], x.options.swizzle
+
+
+def _kernel_runs(a, b, a_usage, b_usage):
+    """Whether the Hopper kernel takes this pair: two NVFP4 QuantizedTensors whose K (the codes'
+    row length, two per byte) is a multiple of 64."""
+    nvfp4 = [isinstance(x, QuantizedTensor) and x.options.scheme == "nvfp4" for x in (a, b)]
+    if not all(nvfp4):
+        return False
+    a_data = _cuda_parts(a, a_usage)[0]  # raises for a usage the operand lacks
+    _cuda_parts(b, b_usage)
+    return a_data.shape[1] * 2 % 64 == 0
+
+
+def _emulated_operand(x, usage):
+    """One operand as float64 [rows, K] on its device: a QuantizedTensor's usage dequantized (the
+    blocks exactly, NVFP4's global scale in one fp32 multiply), or a 2-D float tensor."""
+    if isinstance(x, torch.Tensor):
+        if x.dim() != 2:
+            raise _C.Error(f"microscale.torch.gemm: a dense operand on CUDA must be 2-D, got {tuple(x.shape)}")
+        return x.detach().double()
+    if not isinstance(x, QuantizedTensor):
+        raise _C.Error(f"microscale.torch.gemm: operands are microscale.torch.QuantizedTensor or tensors, not "
+                       f"{type(x).__name__}")
+    if usage not in ("rowwise", "columnwise") or not getattr(x.options, usage):
+        raise _C.Error(f"microscale.torch.gemm: the quantized operand has no {usage} output")
+    values = dequantize(x, usage, torch.float32)
+    if usage == "columnwise" and x.options.scheme == "nvfp4":
+        return values.double()  # already X^T [K_in, M_in]
+    values = values.reshape(-1, x.shape[-1])
+    # MX columnwise keeps the input's layout (blocks down the columns): the operand is its transpose.
+    return (values.t() if usage == "columnwise" else values).double()
+
+
+def _gemm_emulated(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
+    """D = alpha A B^T (+ beta C) (+ bias) from exactly dequantized operands: products exact and
+    sums in float64 (cuBLAS DGEMM: no TF32 setting applies), rounded once to out_dtype. Within
+    the kernel's fp32 accumulation bound of it, at an emulation's speed."""
+    A, B = _emulated_operand(a, a_usage), _emulated_operand(b, b_usage)
+    for name, t in (("B", B), ("c", c), ("bias", bias)):
+        if t is not None and t.device != A.device:
+            raise _C.Error(f"microscale.torch.gemm: {name} is on {t.device}, A on {A.device}")
+    if A.shape[1] != B.shape[1]:
+        raise _C.Error(f"microscale.torch.gemm: A is {list(A.shape)} and B is {list(B.shape)}: their K differ")
+    d = alpha * (A @ B.t())
+    if c is not None:
+        d = d + beta * c.detach().double()
+    if bias is not None:
+        d = d + bias.detach().double()
+    return d.to(out_dtype)
 
 
 def _gemm_cuda(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
@@ -70,17 +117,20 @@ def _gemm_cuda(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
 def gemm(a, b, *, a_usage="rowwise", b_usage="rowwise", alpha=1.0, beta=0.0, c=None, bias=None,
          out_dtype=torch.float32):
     """D = alpha * A B^T (+ beta C) (+ bias): a and b each a QuantizedTensor of this module (its
-    a_usage / b_usage output) or, on the CPU, a float tensor (dense). Returns a tensor of out_dtype
-    (float32, bfloat16, float16) on the operands' device. On CUDA both operands must be NVFP4 (the
-    Hopper kernel: K a multiple of 64), C and bias CUDA tensors too; the call runs on the current
-    stream. Not a torch.library op (not traced by torch.compile)."""
+    a_usage / b_usage output) or a float tensor (dense). Returns a tensor of out_dtype (float32,
+    bfloat16, float16) on the operands' device. On CUDA, two NVFP4 operands whose K is a multiple
+    of 64 run the Hopper kernel on the current stream; any other pair (MX, dense, other K; 2-D) is
+    emulated: dequantized exactly and multiplied in float64 by torch, then rounded once. C and
+    bias must be on the operands' device. Not a torch.library op (not traced by torch.compile)."""
     if out_dtype not in _DTYPE_NAMES:
         raise _C.Error(f"microscale.torch.gemm: out_dtype must be float32, bfloat16 or float16, not {out_dtype}")
     da, db = _device_of(a), _device_of(b)
     if (da is not None and da.type == "cuda") or (db is not None and db.type == "cuda"):
         if not _C.cuda_built():
             raise _C.Error("microscale.torch.gemm: this build has no CUDA backend")
-        return _gemm_cuda(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype)
+        if _kernel_runs(a, b, a_usage, b_usage):
+            return _gemm_cuda(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype)
+        return _gemm_emulated(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype)
     d = _C.gemm(_gemm_operand(a, a_usage), _gemm_operand(b, b_usage), alpha, beta,
                 None if c is None else c.detach(), None if bias is None else bias.detach(), _DTYPE_NAMES[out_dtype])
     return torch.from_dlpack(d)

@@ -1,6 +1,7 @@
 """The quantized Linear layer for PyTorch: y = x W^T + b under the autocast scope's recipe.
 
-Forward and backward are the C++ library's linear_forward / linear_backward (docs/training.md):
+On the CPU, forward and backward are the C++ library's linear_forward / linear_backward
+(docs/training.md); on CUDA, linear_composed.py composes the same three GEMMs from the CUDA ops:
 fprop x.rowwise x W.rowwise; dgrad dy.rowwise x W.columnwise; wgrad dy.columnwise x x.columnwise;
 each GEMM accumulates in fp32 over exactly dequantized blocks and rounds once to its output dtype
 (y to x's dtype, dx and db to dy's, dW to x's and then, here, to the weight's). Stochastic rounding of NVFP4 gradients
@@ -18,6 +19,7 @@ import torch
 from .. import _C
 from ..recipe import HighPrecision, NVFP4BlockScaling
 from .autocast import autocast_enabled, current_recipe
+from .linear_composed import ComposedLinearFunction, quantize_for
 
 
 def _tensor(array):
@@ -59,10 +61,10 @@ class _LinearFunction(torch.autograd.Function):
 
 
 class Linear(torch.nn.Module):
-    """y = x W^T + b, quantized under microscale.torch.autocast (CPU tensors; x float32, bfloat16 or
-    float16 [..., in_features]). Parameters shaped and initialised as torch.nn.Linear's: weight
-    [out_features, in_features], bias [out_features], of params_dtype (default: torch's default
-    dtype)."""
+    """y = x W^T + b, quantized under microscale.torch.autocast (x float32, bfloat16 or float16
+    [..., in_features], on the CPU or, with the CUDA backend, on the parameters' CUDA device).
+    Parameters shaped and initialised as torch.nn.Linear's: weight [out_features, in_features],
+    bias [out_features], of params_dtype (default: torch's default dtype)."""
 
     def __init__(self, in_features, out_features, bias=True, *, params_dtype=None, device=None):
         super().__init__()
@@ -87,12 +89,16 @@ class Linear(torch.nn.Module):
             torch.nn.init.uniform_(self.bias, -bound, bound)
 
     def _quantized_weight(self, recipe, is_first_microbatch):
-        key = (self.weight._version, self.weight.data_ptr(), tuple(self.weight.shape), self.weight.dtype, repr(recipe))
-        # Another shape, dtype or recipe needs a new quantization whatever the caller says.
+        key = (self.weight._version, self.weight.data_ptr(), tuple(self.weight.shape), self.weight.dtype,
+               self.weight.device, repr(recipe))
+        # Another shape, dtype, device or recipe needs a new quantization whatever the caller says.
         unusable = self._cache_key is None or self._cache_key[2:] != key[2:]
         if is_first_microbatch or unusable or (is_first_microbatch is None and key != self._cache_key):
             options = _C.quantize_options(recipe, "weight")
-            self._cached_weight = _C.quantize(self.weight.detach(), options, False)
+            if self.weight.device.type == "cuda":  # a torch-level QuantizedTensor on the weight's device
+                self._cached_weight = quantize_for(self.weight.detach(), options)
+            else:  # the C++ QuantizedTensor that _C.linear_forward takes
+                self._cached_weight = _C.quantize(self.weight.detach(), options, False)
             self._cache_key = key
             self.weight_quantizations += 1
         return self._cached_weight
@@ -105,12 +111,17 @@ class Linear(torch.nn.Module):
         recipe = current_recipe() if autocast_enabled() else HighPrecision()
         if isinstance(recipe, HighPrecision):
             return torch.nn.functional.linear(x, self.weight, self.bias)
-        if x.device.type != "cpu" or self.weight.device.type != "cpu":
-            raise _C.Error("microscale.torch.Linear: the quantized Linear runs on CPU tensors only for now")
+        devices = {x.device.type, self.weight.device.type}
+        if devices not in ({"cpu"}, {"cuda"}):
+            raise _C.Error(f"microscale.torch.Linear: x is on {x.device} and the weight on {self.weight.device}; "
+                           "the quantized Linear runs on CPU or CUDA tensors, both on one device")
+        if devices == {"cuda"} and not _C.cuda_built():
+            raise _C.Error("microscale.torch.Linear: this build has no CUDA backend")
         training = torch.is_grad_enabled() and (
             x.requires_grad or self.weight.requires_grad or (self.bias is not None and self.bias.requires_grad))
         cached = self._quantized_weight(recipe, is_first_microbatch)
-        return _LinearFunction.apply(x, self.weight, self.bias, recipe, cached, training)
+        function = ComposedLinearFunction if devices == {"cuda"} else _LinearFunction
+        return function.apply(x, self.weight, self.bias, recipe, cached, training)
 
     def extra_repr(self):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

@@ -1,0 +1,95 @@
+"""The quantized Linear on CUDA tensors beside torch's BF16 Linear, timed in the same run.
+
+For each (M, K, N): x [M, K] bf16 (requires grad), parameters bf16 [N, K] and [N], dy [M, N] bf16.
+A training step is y = layer(x); y.backward(dy). Timed eagerly, as a user runs it (the host's
+per-call cost included), as the median over several runs of back-to-back steps:
+
+  torch BF16       torch.nn.Linear: cuBLAS BF16 for the three GEMMs
+  microscale NVFP4 microscale.torch.Linear under NVFP4BlockScaling(): six CUDA quantizations
+                   (x, dy with the RHT and, for dy, stochastic rounding; the weight cached) and the
+                   NVFP4 GEMM kernel three times
+  microscale MXFP8 the same under MXFP8BlockScaling(): its GEMMs are the exact emulation
+                   (dequantize, float64 matmul), the MX path a Hopper user had before, done exactly
+
+Forward-only times (under torch.no_grad) are printed beside. Writes JSON.
+Usage: python3 bench/linear_cuda_bench.py [OUT.json] (torch with CUDA, microscale built with it)
+"""
+
+import json
+import statistics
+import sys
+
+import torch
+
+import microscale.torch as mst
+from microscale.recipe import MXFP8BlockScaling, NVFP4BlockScaling
+
+SHAPES = [(4096, 4096, 4096), (8192, 4096, 14336)]  # (M, K, N): a square layer, a Llama-8B MLP up-projection
+
+
+def per_step_ms(step, steps=10, runs=5):
+    step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(runs):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(steps):
+            step()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / steps)
+    return statistics.median(times)
+
+
+def candidates(m, k, n):
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+    reference = torch.nn.Linear(k, n, device=dev, dtype=torch.bfloat16)
+    quantized = mst.Linear(k, n, params_dtype=torch.bfloat16, device=dev)
+    quantized.load_state_dict(reference.state_dict())
+
+    def run(layer, recipe, train):
+        def step():
+            if train:
+                layer.zero_grad(set_to_none=True)
+                x.grad = None
+            with mst.autocast(enabled=recipe is not None, recipe=recipe), torch.set_grad_enabled(train):
+                y = layer(x)
+                if train:
+                    y.backward(dy)
+        return step
+
+    return {
+        "torch BF16": lambda train: run(reference, None, train),
+        "microscale NVFP4": lambda train: run(quantized, NVFP4BlockScaling(), train),
+        "microscale MXFP8": lambda train: run(quantized, MXFP8BlockScaling(), train),
+    }
+
+
+def main():
+    out_path = sys.argv[1] if len(sys.argv) > 1 else None
+    rows = []
+    for m, k, n in SHAPES:
+        for name, make in candidates(m, k, n).items():
+            steps = 3 if "MXFP8" in name else 10  # the emulation is slow
+            fwd = per_step_ms(make(False), steps)
+            step = per_step_ms(make(True), steps)
+            rows.append(dict(m=m, k=k, n=n, candidate=name, forward_ms=fwd, step_ms=step,
+                             step_tflops=3 * 2 * m * k * n / step / 1e9))
+        torch.cuda.empty_cache()
+    print(f"{'M x K x N':>20} {'candidate':>18} {'forward ms':>11} {'step ms':>9} {'TFLOP/s':>8} {'step vs BF16':>13}")
+    for r in rows:
+        base = next(b for b in rows if (b["m"], b["k"], b["n"]) == (r["m"], r["k"], r["n"])
+                    and b["candidate"] == "torch BF16")
+        print(f"{r['m']:>6} x {r['k']:>5} x {r['n']:>5} {r['candidate']:>18} {r['forward_ms']:>11.3f} "
+              f"{r['step_ms']:>9.3f} {r['step_tflops']:>8.1f} {base['step_ms'] / r['step_ms']:>12.2f}x")
+    if out_path:
+        with open(out_path, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

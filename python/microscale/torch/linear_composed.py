@@ -1,0 +1,81 @@
+"""The quantized Linear's forward and backward on CUDA tensors, composed from this package's ops:
+quantize (the Hopper kernels: the CPU path's bytes) and gemm (the NVFP4 kernel, or the exact
+emulation where it does not run). The three GEMMs and their operands are the C++ linear_forward /
+linear_backward's (docs/training.md), so a CUDA layer quantizes x, W and dy to the same bytes as a
+CPU layer with the same seed, and its outputs differ from the CPU's only by the order of the fp32
+sums.
+
+    fprop  y  = x.rowwise  W.rowwise^T        [M, K] x [N, K] -> [M, N]
+    dgrad  dx = dy.rowwise (W.columnwise)^T   [M, N] x [K, N] -> [M, K]   (NVFP4 W.columnwise is W^T)
+    wgrad  dW = dy.columnwise x.columnwise^T  [N, M] x [K, M] -> [N, K]   (RHT on both for NVFP4)
+"""
+
+import torch
+
+from .. import _C
+from .gemm import gemm
+from .ops import quantize
+
+
+def quantize_for(x, options, *, columnwise=None, sr_seed=None):
+    """quantize() of a [rows, cols] CUDA tensor under a recipe's options (_C.quantize_options);
+    `columnwise` overrides the options' (forward skips X^T when not training). The RHT is defined
+    on bf16 (as in TransformerEngine and the CPU layer): under it, f32 / f16 is rounded to bf16 first."""
+    if options.rht and x.dtype != torch.bfloat16:
+        x = x.to(torch.bfloat16)
+    return quantize(x, options.scheme, rowwise=options.rowwise,
+                    columnwise=options.columnwise if columnwise is None else columnwise,
+                    scale_mode=options.scale_mode, tile=options.tile, rht=options.rht, sr_seed=sr_seed,
+                    swizzle=options.swizzle)
+
+
+def _require_same_device(name, t, device):
+    if t is not None and t.device != device:
+        raise _C.Error(f"microscale.torch.Linear: {name} is on {t.device}, x on {device}")
+
+
+class ComposedLinearFunction(torch.autograd.Function):
+    """y = x W^T + b under a quantized recipe, on CUDA tensors. `weight_q` is the weight already
+    quantized under the recipe's weight options (both usages; the Linear's cache)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, recipe, weight_q, training):
+        for name, t in (("weight", weight), ("bias", bias)):
+            _require_same_device(name, t, x.device)
+        k, n = weight.shape[1], weight.shape[0]
+        if x.shape[-1] != k:
+            raise _C.Error(f"microscale.torch.Linear: x has K = {x.shape[-1]} but the weight {list(weight.shape)} "
+                           f"has K = {k}")
+        x2 = x.detach().reshape(-1, k)  # [M, K]
+        x_q = quantize_for(x2, _C.quantize_options(recipe, "input"), columnwise=training)  # X^T feeds wgrad only
+        y = gemm(x_q, weight_q, bias=None if bias is None else bias.detach(), out_dtype=x.dtype)  # [M, N]
+        ctx.recipe = recipe
+        ctx.saved = (x_q, weight_q) if training else None
+        ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
+        ctx.weight_dtype = weight.dtype
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return y.reshape(*x.shape[:-1], n)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output):
+        if ctx.saved is None:
+            raise RuntimeError("microscale.torch.Linear: backward through a forward that kept no context "
+                               "(a second backward, or a forward without inputs that need grad)")
+        x_q, weight_q = ctx.saved
+        ctx.saved = None  # frees the saved quantized operands, as autograd frees saved tensors
+        dy = grad_output.detach().reshape(-1, grad_output.shape[-1])  # [M, N]
+        options = _C.quantize_options(ctx.recipe, "grad_output")
+        # Stochastic rounding (NVFP4) draws its seed from torch's default generator, as the CPU layer does.
+        sr_seed = int(torch.randint(0, 2**62, (1,)).item()) if options.sr_seed is not None else None
+        dy_q = quantize_for(dy, options, sr_seed=sr_seed)
+        grad_input = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:  # dx in dy's dtype (TE's dgrad output)
+            grad_input = gemm(dy_q, weight_q, b_usage="columnwise", out_dtype=grad_output.dtype).reshape(ctx.x_shape)
+        if ctx.needs_input_grad[1]:  # dW in x's dtype (TE's wgrad output), then the weight's
+            grad_weight = gemm(dy_q, x_q, a_usage="columnwise", b_usage="columnwise",
+                               out_dtype=ctx.x_dtype).to(ctx.weight_dtype)
+        if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
+            # The unquantized dy's column sums: in float64, rounded to fp32, then to dy's dtype (the CPU's rule).
+            grad_bias = dy.double().sum(0).float().to(grad_output.dtype).to(ctx.bias_dtype)
+        return grad_input, grad_weight, grad_bias, None, None, None

@@ -1,0 +1,103 @@
+"""The Linear composed from the torch-level ops (what CUDA tensors run, linear_composed.py) and
+gemm's exact emulation (what CUDA runs where the NVFP4 kernel does not), checked on CPU tensors:
+the composition must give the C++ linear_forward / linear_backward's results bit for bit, and the
+emulation the CPU GEMM's within the fp32 accumulation bound. tests/gpu/test_frontend_cuda.py
+runs both on CUDA."""
+
+import pytest
+import torch
+
+import microscale as ms
+import microscale.torch as mst
+from microscale.recipe import Format, MXFP8BlockScaling, NVFP4BlockScaling
+from microscale.torch.gemm import _emulated_operand, _gemm_emulated
+from microscale.torch.linear import _LinearFunction
+from microscale.torch.linear_composed import ComposedLinearFunction, quantize_for
+
+RECIPES = {  # made in the test: recipe objects held by pytest's parametrization outlive the module
+    "nvfp4": lambda: NVFP4BlockScaling(),
+    "nvfp4_1d_no_rht": lambda: NVFP4BlockScaling(disable_rht=True, disable_2d_quantization=True),
+    "mxfp8": lambda: MXFP8BlockScaling(),
+    "mxfp8_hybrid": lambda: MXFP8BlockScaling(fp8_format=Format.HYBRID),
+}
+
+
+def run_layer(function, cached_weight, recipe, x, weight, bias, dy, seed):
+    """One forward and backward through `function`; returns y and the three gradients."""
+    x = x.detach().requires_grad_()
+    weight = weight.detach().requires_grad_()
+    bias = bias.detach().requires_grad_()
+    y = function.apply(x, weight, bias, recipe, cached_weight, True)
+    torch.manual_seed(seed)  # the stochastic rounding's seed comes from torch's generator
+    y.backward(dy)
+    return y.detach(), x.grad, weight.grad, bias.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("recipe_name", sorted(RECIPES))
+def test_composed_linear_equals_the_cpp_linear_bit_for_bit(recipe_name, dtype):
+    recipe = RECIPES[recipe_name]()
+    g = torch.Generator().manual_seed(3)
+    m, k, n = 64, 96, 64  # MX's columnwise blocks of 32 need N % 32 == 0 for W^T
+    x = torch.randn(2, m // 2, k, generator=g).to(dtype)  # 3-D: folded to [M, K]
+    weight = torch.randn(n, k, generator=g) * 0.1
+    bias = torch.randn(n, generator=g)
+    dy = torch.randn(2, m // 2, n, generator=g).to(dtype)
+    options = ms._C.quantize_options(recipe, "weight")
+    want = run_layer(_LinearFunction, ms._C.quantize(weight, options, False), recipe, x, weight, bias, dy, 9)
+    got = run_layer(ComposedLinearFunction, quantize_for(weight, options), recipe, x, weight, bias, dy, 9)
+    for name, a, b in zip(("y", "dx", "dW", "db"), got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert torch.equal(a, b), name
+
+
+def test_composed_linear_skips_what_no_one_asked_for_and_runs_once():
+    recipe = NVFP4BlockScaling()
+    x = torch.randn(32, 64, requires_grad=True)
+    weight = torch.randn(16, 64)  # frozen: no dW
+    wq = quantize_for(weight, ms._C.quantize_options(recipe, "weight"))
+    y = ComposedLinearFunction.apply(x, weight, None, recipe, wq, True)
+    (dx,) = torch.autograd.grad(y.sum(), x, retain_graph=True)
+    assert dx.shape == x.shape
+    with pytest.raises(RuntimeError, match="kept no context"):
+        torch.autograd.grad(y.sum(), x)
+    with pytest.raises(ms.Error, match="K = 32"):
+        ComposedLinearFunction.apply(torch.randn(32, 32), weight, None, recipe, wq, False)
+
+
+def quantized(scheme, rows, cols, seed):
+    g = torch.Generator().manual_seed(seed)
+    return mst.quantize(torch.randn(rows, cols, generator=g).to(torch.bfloat16), scheme, columnwise=True)
+
+
+@pytest.mark.parametrize("scheme", ["nvfp4", "mxfp8_e4m3", "mxfp6_e3m2", "mxfp4"])
+@pytest.mark.parametrize("layout", ["TN", "NT"])
+def test_emulated_gemm_within_the_fp32_bound_of_the_cpu_gemm(scheme, layout):
+    if layout == "TN":  # fprop: x [64, 128] rowwise, W [96, 128] rowwise
+        a, b, usage, k = quantized(scheme, 64, 128, 1), quantized(scheme, 96, 128, 2), "rowwise", 128
+    else:  # wgrad: dy [64, 96] and x [64, 128] columnwise, contracted over M = 64
+        a, b, usage, k = quantized(scheme, 64, 96, 3), quantized(scheme, 64, 128, 4), "columnwise", 64
+    want = mst.gemm(a, b, a_usage=usage, b_usage=usage)
+    c, bias = torch.randn(want.shape), torch.randn(want.shape[1])
+    want = mst.gemm(a, b, a_usage=usage, b_usage=usage, alpha=0.5, beta=2.0, c=c, bias=bias)
+    got = _gemm_emulated(a, b, usage, usage, 0.5, 2.0, c, bias, torch.float32)
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    # The CPU GEMM's fp32 sums are within K * 2^-23 of the sum of |products| (the emulation's float64
+    # sums far closer; NVFP4's per-element global scale adds 2^-23), and each result rounds once.
+    A, B = _emulated_operand(a, usage), _emulated_operand(b, usage)
+    magnitude = 0.5 * (A.abs() @ B.abs().T) + 2.0 * c.abs().double() + bias.abs().double()
+    bound = (k + 4) * 2.0**-23 * magnitude + 2.0**-23 * want.abs().double()
+    assert bool(((got.double() - want.double()).abs() <= bound).all())
+
+
+def test_emulated_gemm_exact_where_the_sums_are_and_its_errors():
+    x = torch.tensor([[1.0, -2.0, 0.5, 4.0] * 8] * 2)  # [2, 32]: every product and sum exact in fp32
+    q = mst.quantize(x, "mxfp8_e4m3")
+    got = _gemm_emulated(q, x, "rowwise", "rowwise", 1.0, 0.0, None, None, torch.bfloat16)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, (x @ x.T).to(torch.bfloat16))
+    with pytest.raises(ms.Error, match="no columnwise"):
+        _gemm_emulated(q, x, "columnwise", "rowwise", 1.0, 0.0, None, None, torch.float32)
+    with pytest.raises(ms.Error, match="K differ"):
+        _gemm_emulated(q, torch.ones(2, 16), "rowwise", "rowwise", 1.0, 0.0, None, None, torch.float32)
+    with pytest.raises(ms.Error, match="must be 2-D"):
+        _gemm_emulated(q, torch.ones(2, 2, 16), "rowwise", "rowwise", 1.0, 0.0, None, None, torch.float32)
