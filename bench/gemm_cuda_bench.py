@@ -5,8 +5,10 @@ microscale (rowwise, with their global amaxes). Timed, each as a median of per-c
 several replays of a CUDA graph of back-to-back calls (GPU time, without the host's per-call
 cost):
 
-  microscale   microscale.torch.gemm's kernel (_C.gemm_cuda): NVFP4 x NVFP4, bf16 out (a split K's
-               workspace allocated once, as PyTorch's caching allocator hands it back)
+  microscale   microscale.torch.gemm's call (_C.gemm_cuda): NVFP4 x NVFP4, bf16 out, along the path
+               cuda::gemm picks for the shape (workspace allocated once, as PyTorch's caching
+               allocator hands it back); beside it each path forced: fused (the one kernel) and
+               expanded (exact bf16 copies, cuBLAS, the epilogue)
   cuBLAS BF16  torch.mm of the bf16 tensors
   cuBLAS FP8   torch._scaled_mm of E4M3 copies with per-tensor scales (the fastest Hopper path)
   deq+BF16     dequantize both NVFP4 operands to bf16 (microscale's CUDA dequantize), then torch.mm:
@@ -29,6 +31,9 @@ SHAPES = [
     (128, 7168, 16384),  # GPU MODE NVFP4 GEMM shapes (decode-like: M = 128)
     (128, 4096, 7168),
     (128, 7168, 2048),
+    (512, 4096, 4096),  # between: where the expanded path starts to pay (gemm_split.hpp)
+    (1024, 4096, 4096),
+    (2048, 2048, 2048),
     (4096, 4096, 4096),  # training-size GEMMs
     (8192, 8192, 8192),
     (8192, 14336, 4096),
@@ -83,13 +88,18 @@ def main():
         qa = mst.quantize(a, "nvfp4")
         qb = mst.quantize(b, "nvfp4")
         d = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
-        workspace_bytes = _C.gemm_workspace_bytes(m, n, k)
-        workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=dev) if workspace_bytes else None
+        def along(path):
+            """microscale's call along one path (auto: the one cuda::gemm picks for the shape)."""
+            workspace_bytes = _C.gemm_workspace_bytes(m, n, k, 1, path)
+            workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=dev) if workspace_bytes else None
 
-        def ours():
-            _C.gemm_cuda(qa.rowwise_data, qa.rowwise_scale, qa.amax[0:1], False, qb.rowwise_data, qb.rowwise_scale,
-                         qb.amax[0:1], False, 1.0, 0.0, None, None, d, torch.cuda.current_stream().cuda_stream,
-                         workspace)
+            def call():
+                _C.gemm_cuda(qa.rowwise_data, qa.rowwise_scale, qa.amax[0:1], False, qb.rowwise_data,
+                             qb.rowwise_scale, qb.amax[0:1], False, 1.0, 0.0, None, None, d,
+                             torch.cuda.current_stream().cuda_stream, workspace, path)
+            return call
+
+        ours = along("auto")
 
         def bf16():
             torch.mm(a, b.t(), out=d)
@@ -114,7 +124,8 @@ def main():
 
         flops = 2.0 * m * n * k
         calls = max(3, min(200, int(2e12 / flops)))
-        t = {"microscale": per_call_us(ours, calls), "cuBLAS BF16": per_call_us(bf16, calls),
+        t = {"microscale": per_call_us(ours, calls), "fused": per_call_us(along("fused"), calls),
+             "expanded": per_call_us(along("expanded"), calls), "cuBLAS BF16": per_call_us(bf16, calls),
              "cuBLAS FP8": per_call_us(fp8, calls), "deq+BF16": per_call_us(dequant_bf16, calls)}
         rows.append({"m": m, "n": n, "k": k, "us": t, "tflops": {key: flops / v / 1e6 for key, v in t.items()},
                      "rel_err_vs_fp32_of_dequantized": rel})
@@ -122,18 +133,20 @@ def main():
         torch.cuda.empty_cache()
 
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}")
-    head = f"{'M x N x K':>20} | {'microscale':>17} | {'cuBLAS BF16':>17} | {'cuBLAS FP8':>17} | {'deq+BF16':>17} | rel err"
+    keys = ("microscale", "fused", "expanded", "cuBLAS BF16", "cuBLAS FP8", "deq+BF16")
+    head = f"{'M x N x K':>20} | " + " | ".join(f"{key:>17}" for key in keys) + " | rel err"
     print(head)
     print("-" * len(head))
     for r in rows:
         ours_us = r["us"]["microscale"]
         cells = []
-        for key in ("microscale", "cuBLAS BF16", "cuBLAS FP8", "deq+BF16"):
+        for key in keys:
             us, tf = r["us"][key], r["tflops"][key]
             cells.append(f"{us:8.1f} us {tf:5.0f} TF" if key == "microscale" else f"{us:8.1f} ({us / ours_us:4.2f}x)")
         print(f"{r['m']:>6} x {r['n']:>5} x {r['k']:>5} | " + " | ".join(f"{c:>17}" for c in cells) +
               f" | {r['rel_err_vs_fp32_of_dequantized']:.1e}")
-    print("(baseline columns: time and time / microscale's time; above 1 = microscale faster)")
+    print("(microscale: the path cuda::gemm picks; fused, expanded: each path forced; other columns: time and "
+          "time / microscale's time, above 1 = microscale faster)")
     if out_path:
         with open(out_path, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)

@@ -45,6 +45,16 @@ void dequantize(const QuantizedViews& q, const std::vector<int64_t>& shape, cons
 /// padding), both on the device.
 void swizzle_scales(const TensorView& compact, const TensorView& swizzled, void* stream);
 
+/// @brief How cuda::gemm runs. Both give the same numerics (exact blocks, fp32 accumulation):
+/// - Fused: one kernel converts each tile of codes to fp16 in shared memory and multiplies it
+///   with wgmma (src/cuda/gemm_nvfp4.cu); no copy of the operands. Best where M or N is small.
+/// - Expanded: the operands' blocks are written out once as exact bf16 values (codes times block
+///   scales; the global scales stay in alpha), cuBLAS multiplies them with fp32 accumulation
+///   into an fp32 [L, M, N], and the epilogue applies alpha, C and the bias
+///   (src/cuda/gemm_expanded.cu). Needs workspace for the copies; fastest for large shapes.
+/// - Auto: choose_gemm_path (src/cuda/gemm_split.hpp) picks by shape.
+enum class GemmPath { Auto, Fused, Expanded };
+
 /// @brief D = alpha * A B^T (+ beta C) (+ bias) on the device, for two NVFP4 operands (K-major
 /// codes with compact or swizzled scales, as GemmOperand::from gives them; optionally batched).
 /// The numerics of microscale::gemm: each block dequantized exactly, fp32 accumulation, alpha
@@ -58,18 +68,20 @@ void swizzle_scales(const TensorView& compact, const TensorView& swizzled, void*
 /// scales contiguous and 16-byte aligned; L <= 65535 and M <= 65535 * 128. Anything else throws
 /// microscale::Error.
 ///
-/// A GEMM whose output tiles are too few to fill the GPU (e.g. M = 128) splits K over several
-/// blocks and adds their fp32 sums in a second kernel (in a fixed order). The sums go to
-/// `workspace` (device memory of `workspace_bytes`) when it holds gemm_workspace_bytes(M, N, K,
-/// L) bytes, otherwise to memory from the stream-ordered pool (cudaMallocAsync, freed on the
+/// The fused path splits K over several blocks when its output tiles are too few to fill the GPU
+/// (e.g. M = 128) and adds their fp32 sums in a second kernel (in a fixed order); the expanded
+/// path needs room for the bf16 copies and the fp32 product. Either takes `workspace` (device
+/// memory of `workspace_bytes`, 256-byte aligned) when it holds gemm_workspace_bytes(M, N, K, L,
+/// path) bytes, otherwise memory from the stream-ordered pool (cudaMallocAsync, freed on the
 /// stream).
 void gemm(const GemmOperand& a, const GemmOperand& b, const GemmProblem& problem, const TensorView& d,
           void* stream, const float* a_amax = nullptr, const float* b_amax = nullptr,
-          void* workspace = nullptr, size_t workspace_bytes = 0);
+          void* workspace = nullptr, size_t workspace_bytes = 0, GemmPath path = GemmPath::Auto);
 
 /// @brief Bytes of workspace cuda::gemm uses for D [M, N(, L)] = A [M, K] B [N, K]^T on the
-/// current device (0: K is not split).
-size_t gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batches = 1);
+/// current device along `path` (0: none).
+size_t gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batches = 1,
+                            GemmPath path = GemmPath::Auto);
 
 /// @brief Visible CUDA devices (0 without a driver or device).
 int device_count();

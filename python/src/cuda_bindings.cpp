@@ -61,6 +61,13 @@ GemmOperand nvfp4_operand(const AnyArray& data, const AnyArray& scales, bool swi
   return op;
 }
 
+cuda::GemmPath parse_gemm_path(const std::string& path) {
+  if (path == "auto") return cuda::GemmPath::Auto;
+  if (path == "fused") return cuda::GemmPath::Fused;
+  if (path == "expanded") return cuda::GemmPath::Expanded;
+  throw Error("unknown GEMM path '" + path + "' (auto, fused, expanded)");
+}
+
 const float* device_amax(const DeviceArray& amax, const char* what) {
   if (!amax) return nullptr;
   const TensorView a = device_view(amax, what);
@@ -112,7 +119,7 @@ void bind_cuda(nb::module_& m) {
       [](const AnyArray& a_data, const AnyArray& a_scales, DeviceArray a_amax, bool a_swizzle,
          const AnyArray& b_data, const AnyArray& b_scales, DeviceArray b_amax, bool b_swizzle, float alpha,
          float beta, std::optional<AnyArray> c, std::optional<AnyArray> bias, nb::ndarray<> d,
-         uintptr_t stream, DeviceArray workspace) {
+         uintptr_t stream, DeviceArray workspace, const std::string& path) {
         GemmProblem problem;
         problem.alpha = alpha;
         problem.beta = beta;
@@ -124,24 +131,25 @@ void bind_cuda(nb::module_& m) {
         cuda::gemm(nvfp4_operand(a_data, a_scales, a_swizzle, "operand A"),
                    nvfp4_operand(b_data, b_scales, b_swizzle, "operand B"), problem, device_view(d, "D"),
                    as_stream(stream), device_amax(a_amax, "A's amax"), device_amax(b_amax, "B's amax"),
-                   workspace_view.data, workspace_bytes);
+                   workspace_view.data, workspace_bytes, parse_gemm_path(path));
       },
       nb::arg("a_data"), nb::arg("a_scales"), nb::arg("a_amax").none(), nb::arg("a_swizzle"),
       nb::arg("b_data"), nb::arg("b_scales"), nb::arg("b_amax").none(), nb::arg("b_swizzle"),
       nb::arg("alpha"), nb::arg("beta"), nb::arg("c").none(), nb::arg("bias").none(), nb::arg("d"),
-      nb::arg("stream"), nb::arg("workspace").none() = nb::none(),
+      nb::arg("stream"), nb::arg("workspace").none() = nb::none(), nb::arg("path") = "auto",
       "D = alpha * A B^T (+ beta C) (+ bias) for two NVFP4 operands in CUDA memory (codes [rows, K/2(, L)], "
       "compact or swizzled scales, optional device amaxes), into the caller's CUDA array D, on `stream`; "
-      "workspace: contiguous CUDA memory of gemm_workspace_bytes for a split K (else the stream-ordered "
-      "pool's).");
+      "workspace: contiguous CUDA memory of gemm_workspace_bytes (else the stream-ordered pool's); path: "
+      "'auto', 'fused' or 'expanded' (cuda::GemmPath).");
 
   m.def(
       "gemm_workspace_bytes",
-      [](int64_t m, int64_t n, int64_t k, int64_t batches) {
-        return cuda::gemm_workspace_bytes(m, n, k, batches);
+      [](int64_t m, int64_t n, int64_t k, int64_t batches, const std::string& path) {
+        return cuda::gemm_workspace_bytes(m, n, k, batches, parse_gemm_path(path));
       },
-      nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("batches") = 1,
-      "Bytes of workspace gemm_cuda uses for [M, K] x [N, K]^T on the current CUDA device (0: no split K).");
+      nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("batches") = 1, nb::arg("path") = "auto",
+      "Bytes of workspace gemm_cuda uses for [M, K] x [N, K]^T on the current CUDA device along `path` "
+      "(0: none).");
 }
 
 }  // namespace microscale::python

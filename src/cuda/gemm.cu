@@ -11,6 +11,7 @@
 
 #include "core/view_extent.hpp"
 #include "cuda/gemm_nvfp4.hpp"
+#include "cuda/gemm_split.hpp"
 #include "microscale/cuda.hpp"
 #include "microscale/error.hpp"
 #include "microscale/layout.hpp"
@@ -122,10 +123,16 @@ void require_c_apart_from_d(const TensorView& c, const TensorView& d) {
   require(c_end <= first(d) || d_end <= first(c), "C overlaps D without being D itself");
 }
 
+// Whether `path` (Auto: by shape, gemm_split.hpp) runs the expanded path.
+bool expanded(GemmPath path, int64_t m, int64_t n) {
+  return path == GemmPath::Expanded || (path == GemmPath::Auto && prefer_expanded_gemm(m, n));
+}
+
 }  // namespace
 
 void gemm(const GemmOperand& a, const GemmOperand& b, const GemmProblem& problem, const TensorView& d,
-          void* stream, const float* a_amax, const float* b_amax, void* workspace, size_t workspace_bytes) {
+          void* stream, const float* a_amax, const float* b_amax, void* workspace, size_t workspace_bytes,
+          GemmPath path) {
   Nvfp4GemmParams p;
   int64_t m = 0, ka = 0, la = 0, n = 0, kb = 0, lb = 0;
   p.a = device_operand(a, a_amax, "A", m, ka, la);
@@ -162,12 +169,17 @@ void gemm(const GemmOperand& a, const GemmOperand& b, const GemmProblem& problem
   p.batches = la;
   p.alpha = problem.alpha;
   p.beta = problem.beta;
-  launch_nvfp4_gemm(p, static_cast<cudaStream_t>(stream), workspace, workspace_bytes);
+  if (expanded(path, m, n)) {
+    launch_expanded_nvfp4_gemm(p, static_cast<cudaStream_t>(stream), workspace, workspace_bytes);
+  } else {
+    launch_nvfp4_gemm(p, static_cast<cudaStream_t>(stream), workspace, workspace_bytes);
+  }
 }
 
-size_t gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batches) {
+size_t gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batches, GemmPath path) {
   require(m > 0 && n > 0 && k > 0 && batches > 0, "gemm_workspace_bytes: sizes must be positive");
-  return nvfp4_gemm_workspace_bytes(m, n, k, batches);
+  return expanded(path, m, n) ? expanded_nvfp4_gemm_workspace_bytes(m, n, k, batches)
+                              : nvfp4_gemm_workspace_bytes(m, n, k, batches);
 }
 
 }  // namespace microscale::cuda

@@ -29,9 +29,10 @@
 #include <cstdint>
 
 #include "cuda/cuda_check.hpp"
+#include "cuda/gemm_epilogue.cuh"
 #include "cuda/gemm_nvfp4.hpp"
 #include "cuda/gemm_split.hpp"
-#include "microscale/half.hpp"
+#include "cuda/stream_workspace.hpp"
 
 namespace microscale::cuda {
 namespace {
@@ -240,43 +241,6 @@ __device__ __forceinline__ void wgmma_64x128x16(float (&d)[64], uint64_t desc_a,
       : "l"(desc_a), "l"(desc_b));
 }
 
-__device__ __forceinline__ float load_value(const void* p, DType dtype, int64_t i) {
-  switch (dtype) {
-    case DType::BF16: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::F16: return half_to_float(static_cast<const uint16_t*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-  }
-}
-
-__device__ __forceinline__ void store_value(void* p, DType dtype, int64_t i, float v) {
-  switch (dtype) {
-    case DType::BF16: static_cast<uint16_t*>(p)[i] = float_to_bf16(v); break;
-    case DType::F16: static_cast<uint16_t*>(p)[i] = float_to_half(v); break;
-    default: static_cast<float*>(p)[i] = v; break;
-  }
-}
-
-// D[row, col, l] = v (+ beta C) (+ bias), in core/gemm.cpp's order; v is alpha' times the sum.
-__device__ __forceinline__ void store_result(const Nvfp4GemmParams& p, int64_t row, int64_t col, int64_t l,
-                                             float v) {
-  if (p.has_c) {
-    v = v + p.beta * load_value(p.c.data, p.c.dtype,
-                                row * p.c.strides[0] + col * p.c.strides[1] + l * p.c.strides[2]);
-  }
-  if (p.bias) v = v + load_value(p.bias, p.bias_dtype, col);
-  store_value(p.d.data, p.d.dtype, row * p.d.strides[0] + col * p.d.strides[1] + l * p.d.strides[2], v);
-}
-
-// alpha with the global scales folded in, in core/gemm.cpp's order.
-__device__ __forceinline__ float effective_alpha(const Nvfp4GemmParams& p) {
-  const bool a_global = p.a.has_amax, b_global = p.b.has_amax;
-  const float amax_a = p.a.amax ? *p.a.amax : p.a.amax_value;
-  const float amax_b = p.b.amax ? *p.b.amax : p.b.amax_value;
-  if (a_global && b_global) return ((p.alpha * amax_a) * amax_b) * (1.0f / 7225344.0f);
-  if (a_global || b_global) return (p.alpha * (a_global ? amax_a : amax_b)) * (1.0f / 2688.0f);
-  return p.alpha;
-}
-
 template <bool SwizzledA, bool SwizzledB>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     nvfp4_gemm_kernel(const __grid_constant__ Nvfp4GemmParams p) {
@@ -430,35 +394,21 @@ void launch_nvfp4_gemm(const Nvfp4GemmParams& problem, cudaStream_t stream, void
   const GemmSplit split = split_of(p.m, p.n, p.k, p.batches);
   p.splits = split.splits;
   p.tiles_per_split = split.tiles_per_split;
-  const size_t need = slices_bytes(split, p.m, p.n, p.batches);
-  // Pool memory (when the caller's workspace does not fit) goes back on the stream however the
-  // launches end.
-  struct PoolSlices {
-    void* memory = nullptr;
-    cudaStream_t stream = nullptr;
-    ~PoolSlices() {
-      if (memory) cudaFreeAsync(memory, stream);
-    }
-  } pool{nullptr, stream};
-  if (need > 0 && workspace != nullptr && workspace_bytes >= need &&
-      reinterpret_cast<uintptr_t>(workspace) % sizeof(float) == 0) {
-    p.workspace = static_cast<float*>(workspace);
-  } else if (need > 0) {
-    // The slices live on the stream's pool for the two kernels (cudaMallocAsync, freed in order).
-    MICROSCALE_CUDA_CHECK(cudaMallocAsync(&pool.memory, need, stream));
-    p.workspace = static_cast<float*>(pool.memory);
-  }
+  const StreamWorkspace scratch(slices_bytes(split, p.m, p.n, p.batches), workspace, workspace_bytes, stream);
+  p.workspace = reinterpret_cast<float*>(scratch.data());
   if (p.a.swizzled) {
     p.b.swizzled ? launch<true, true>(p, stream) : launch<true, false>(p, stream);
   } else {
     p.b.swizzled ? launch<false, true>(p, stream) : launch<false, false>(p, stream);
   }
-  if (p.splits > 1) {
-    const int64_t total = p.batches * p.m * p.n;
-    const int64_t blocks = std::min<int64_t>((total + 255) / 256, 65535);
-    finish_split_gemm<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p);
-    MICROSCALE_CUDA_CHECK(cudaGetLastError());
-  }
+  if (p.splits > 1) launch_gemm_epilogue(p, stream);
+}
+
+void launch_gemm_epilogue(const Nvfp4GemmParams& p, cudaStream_t stream) {
+  const int64_t total = p.batches * p.m * p.n;
+  const int64_t blocks = std::min<int64_t>((total + 255) / 256, 65535);
+  finish_split_gemm<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p);
+  MICROSCALE_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace microscale::cuda

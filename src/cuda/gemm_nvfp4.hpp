@@ -59,4 +59,13 @@ void launch_nvfp4_gemm(const Nvfp4GemmParams& p, cudaStream_t stream, void* work
 /// The split-K workspace of an M x N x K GEMM with `batches` batches on the current device.
 size_t nvfp4_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batches);
 
+/// The epilogue over fp32 sums already in p.workspace ([splits, L, M, N], true sums, not scaled):
+/// each element's slices added in split order, then alpha' (+ beta C) (+ bias) into D.
+void launch_gemm_epilogue(const Nvfp4GemmParams& p, cudaStream_t stream);
+
+/// The expanded path (src/cuda/gemm_expanded.cu): bf16 copies of A and B, cuBLAS, the epilogue.
+void launch_expanded_nvfp4_gemm(const Nvfp4GemmParams& p, cudaStream_t stream, void* workspace,
+                                size_t workspace_bytes);
+size_t expanded_nvfp4_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batches);
+
 }  // namespace microscale::cuda

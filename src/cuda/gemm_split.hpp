@@ -1,4 +1,5 @@
-// How many ways the CUDA GEMM splits K (host-only, no CUDA headers: tests/cpp tests it).
+// How the CUDA GEMM runs: which path (fused or expanded, cuda.hpp's GemmPath) and, on the fused
+// path, how many ways it splits K (host-only, no CUDA headers: tests/cpp tests it).
 //
 // A grid of output tiles smaller than the GPU leaves SMs idle: at M = 128, N = 7168 there are 56
 // tiles of 128 x 128 for 132 SMs that each hold two blocks. Splitting K gives every tile `splits`
@@ -33,6 +34,17 @@ inline GemmSplit choose_gemm_split(int64_t tiles, int64_t k_tiles, int64_t sms, 
   s.tiles_per_split = (k_tiles + wanted - 1) / wanted;
   s.splits = (k_tiles + s.tiles_per_split - 1) / s.tiles_per_split;  // no empty split
   return s;
+}
+
+/// @brief Whether the expanded path (exact bf16 copies of the operands, then cuBLAS) runs an
+/// M x N x K GEMM, else the fused kernel. The copies cost a pass over both operands, which pays
+/// once the product is large beside them. On the H200 (docs/perf.md "CUDA GEMM", v8) the expanded
+/// path was faster from M = 512 (512 x 4096 x 4096: 51 against 104 us) and at 128 x 7168 x 2048
+/// (30 against 33 us), slower at M = 128 with long K (128 x 7168 x 16384: 216 against 146 us,
+/// where B's copy is most of the work). Rule: both sides at least `min_side`.
+inline constexpr int64_t kExpandedMinSide = 512;
+inline bool prefer_expanded_gemm(int64_t m, int64_t n, int64_t min_side = kExpandedMinSide) {
+  return m >= min_side && n >= min_side;
 }
 
 }  // namespace microscale::cuda

@@ -1,5 +1,5 @@
-// choose_gemm_split: the CUDA GEMM's split of K (a pure host function; the kernel runs on a GPU
-// machine, tests/gpu/gemm_gpu_test.cu).
+// choose_gemm_split and prefer_expanded_gemm: the CUDA GEMM's split of K and its path (pure host
+// functions; the kernels run on a GPU machine, tests/gpu/gemm_gpu_test.cu).
 #include "cuda/gemm_split.hpp"
 
 #include <gtest/gtest.h>
@@ -43,6 +43,15 @@ TEST(GemmSplit, EveryBlockSumsAtLeastTheMinimumRunAndNoSplitIsEmpty) {
   EXPECT_EQ(choose_gemm_split(1, 31, 132, 2).splits, 1);  // too short to split
   EXPECT_EQ(choose_gemm_split(1, 32, 132, 2).splits, 2);
   EXPECT_EQ(choose_gemm_split(1, 32, 132, 2, /*min_run=*/4).splits, 8);
+}
+
+TEST(GemmPath, ExpandedOnceBothSidesAreLarge) {
+  EXPECT_FALSE(prefer_expanded_gemm(128, 7168));  // decode-like: B's copy would be most of the work
+  EXPECT_FALSE(prefer_expanded_gemm(7168, 128));
+  EXPECT_FALSE(prefer_expanded_gemm(511, 4096));
+  EXPECT_TRUE(prefer_expanded_gemm(512, 4096));
+  EXPECT_TRUE(prefer_expanded_gemm(8192, 8192));
+  EXPECT_TRUE(prefer_expanded_gemm(256, 256, /*min_side=*/256));
 }
 
 }  // namespace

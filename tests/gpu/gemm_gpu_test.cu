@@ -10,7 +10,8 @@
 // each bad argument a microscale::Error.
 // Exit status = number of failures (capped).
 //
-// Usage: gemm_gpu_test [--quick] | --time M N K
+// Every check runs on both paths (cuda::GemmPath::Fused and ::Expanded).
+// Usage: gemm_gpu_test [--quick] | --time M N K [fused|expanded]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -38,10 +39,14 @@ using namespace microscale;
 namespace {
 
 int g_failures = 0, g_checks = 0;
+// Every check runs on both paths of cuda::gemm (GemmPath): the fused kernel and the expanded one.
+cuda::GemmPath g_path = cuda::GemmPath::Fused;
+
+const char* path_name(cuda::GemmPath path) { return path == cuda::GemmPath::Expanded ? "expanded" : "fused"; }
 
 void fail(const std::string& what) {
   ++g_failures;
-  std::printf("FAIL %s\n", what.c_str());
+  std::printf("FAIL [%s] %s\n", path_name(g_path), what.c_str());
 }
 
 // An NVFP4 operand [rows, K(, L)] in host memory: codes [L][rows][K/2] (viewed [rows, K/2, L] as
@@ -201,13 +206,14 @@ void check_gemm(const std::string& name, const HostOperand& a, const HostOperand
     problem.bias = TensorView{dbias->p, e.bias_dtype, {n}, {}, Device::CUDA};
   }
   const TensorView d{dd.p, e.out, shape, d_strides, Device::CUDA};
-  const size_t workspace_bytes = e.workspace ? cuda::gemm_workspace_bytes(m, n, k, batches) : 0;
-  if (e.workspace && workspace_bytes == 0) fail(name + ": expected a split K (a workspace)");
+  const size_t workspace_bytes = e.workspace ? cuda::gemm_workspace_bytes(m, n, k, batches, g_path) : 0;
+  if (e.workspace && workspace_bytes == 0)
+    fail(name + ": expected a workspace (a split K, or the expanded path)");
   DeviceBuffer workspace(workspace_bytes);
   try {
     cuda::gemm(ga, gb, problem, d, nullptr, amax_a ? static_cast<const float*>(amax_a->p) : nullptr,
                amax_b ? static_cast<const float*>(amax_b->p) : nullptr, e.workspace ? workspace.p : nullptr,
-               workspace_bytes);
+               workspace_bytes, g_path);
     CK(cudaDeviceSynchronize());
   } catch (const Error& err) {
     fail(name + ": threw " + err.what());
@@ -344,7 +350,7 @@ void expect_error(const std::string& name, const std::function<void()>& call) {
 }  // namespace
 
 // --time M N K: one GEMM shape timed (no checks), for profiling: the median of 20 calls.
-int time_one_shape(int64_t m, int64_t n, int64_t k) {
+int time_one_shape(int64_t m, int64_t n, int64_t k, cuda::GemmPath path) {
   std::mt19937_64 rng(1);
   const auto scales = e4m3_codes_of({0.5f, 1.0f, 1.5f, 2.0f});
   const HostOperand a = random_operand(m, k, 1, scales, rng), b = random_operand(n, k, 1, scales, rng);
@@ -354,7 +360,7 @@ int time_one_shape(int64_t m, int64_t n, int64_t k) {
   const GemmOperand ga = a.view(da.p, das.p, false, Device::CUDA),
                     gb = b.view(db.p, dbs.p, false, Device::CUDA);
   const TensorView d{dd.p, DType::BF16, {m, n}, {}, Device::CUDA};
-  const size_t workspace_bytes = cuda::gemm_workspace_bytes(m, n, k);
+  const size_t workspace_bytes = cuda::gemm_workspace_bytes(m, n, k, 1, path);
   DeviceBuffer workspace(workspace_bytes);
   std::vector<float> ms;
   cudaEvent_t start, stop;
@@ -362,7 +368,7 @@ int time_one_shape(int64_t m, int64_t n, int64_t k) {
   CK(cudaEventCreate(&stop));
   for (int i = 0; i < 20; ++i) {
     CK(cudaEventRecord(start));
-    cuda::gemm(ga, gb, {}, d, nullptr, nullptr, nullptr, workspace.p, workspace_bytes);
+    cuda::gemm(ga, gb, {}, d, nullptr, nullptr, nullptr, workspace.p, workspace_bytes, path);
     CK(cudaEventRecord(stop));
     CK(cudaEventSynchronize(stop));
     float t = 0;
@@ -371,15 +377,12 @@ int time_one_shape(int64_t m, int64_t n, int64_t k) {
   }
   std::sort(ms.begin(), ms.end());
   const double us = ms[ms.size() / 2] * 1e3;
-  std::printf("%lld x %lld x %lld: %.1f us, %.0f TFLOP/s\n", static_cast<long long>(m),
+  std::printf("%s %lld x %lld x %lld: %.1f us, %.0f TFLOP/s\n", path_name(path), static_cast<long long>(m),
               static_cast<long long>(n), static_cast<long long>(k), us, 2.0 * m * n * k / us / 1e6);
   return 0;
 }
 
-int main(int argc, char** argv) {
-  if (argc == 5 && std::string(argv[1]) == "--time")
-    return time_one_shape(std::stoll(argv[2]), std::stoll(argv[3]), std::stoll(argv[4]));
-  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+void run_checks(bool quick) {
   std::mt19937_64 rng(20261127);
   const auto gpumode_scales = e4m3_codes_of({0.0f, 1.0f, 2.0f, 3.0f});
   std::vector<uint8_t> subnormal_scales = {1, 2, 3, 4, 5, 6, 7};  // E4M3 2^-9 .. 7 * 2^-9
@@ -524,7 +527,7 @@ int main(int argc, char** argv) {
     const GemmOperand ok = a.view(da.p, das.p, false, Device::CUDA);
     const TensorView d{dd.p, DType::F32, {32, 32}, {}, Device::CUDA};
     auto run = [&](GemmOperand x, GemmOperand y, GemmProblem p, TensorView out) {
-      cuda::gemm(x, y, p, out, nullptr);
+      cuda::gemm(x, y, p, out, nullptr, nullptr, nullptr, nullptr, 0, g_path);
     };
     run(ok, ok, {}, d);  // the control: no error
     CK(cudaDeviceSynchronize());
@@ -589,7 +592,21 @@ int main(int argc, char** argv) {
     GemmOperand both = ok;
     both.amax = 1.0f;
     float* amax_device = static_cast<float*>(dd.p);
-    expect_error("host and device amax", [&] { cuda::gemm(both, ok, {}, d, nullptr, amax_device, nullptr); });
+    expect_error("host and device amax",
+                 [&] { cuda::gemm(both, ok, {}, d, nullptr, amax_device, nullptr, nullptr, 0, g_path); });
+  }
+}
+
+int main(int argc, char** argv) {
+  if ((argc == 5 || argc == 6) && std::string(argv[1]) == "--time") {
+    const bool expanded = argc == 6 && std::string(argv[5]) == "expanded";
+    return time_one_shape(std::stoll(argv[2]), std::stoll(argv[3]), std::stoll(argv[4]),
+                          expanded ? cuda::GemmPath::Expanded : cuda::GemmPath::Fused);
+  }
+  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  for (cuda::GemmPath path : {cuda::GemmPath::Fused, cuda::GemmPath::Expanded}) {
+    g_path = path;
+    run_checks(quick);
   }
   std::printf("%d checks, %d failures\n", g_checks, g_failures);
   return g_failures > 100 ? 100 : g_failures;

@@ -51,9 +51,9 @@ ar rcs "$BUILD/libmicroscale_host.a" "${HOST_OBJ[@]}" || { summary "archive: FAI
 LIBOBJ=()
 for f in "${CU_SRC[@]}"; do LIBOBJ+=("$(obj "$f")"); done
 LIBOBJ+=("$BUILD/libmicroscale_host.a")
-nvcc -o "$BUILD/quantize_gpu_test" "$(obj tests/gpu/quantize_gpu_test.cu)" "${LIBOBJ[@]}" -Xcompiler=-fopenmp || { summary "link: FAILED"; exit 1; }
-nvcc -o "$BUILD/gemm_gpu_test" "$(obj tests/gpu/gemm_gpu_test.cu)" "${LIBOBJ[@]}" -lopenblas -Xcompiler=-fopenmp || { summary "link: FAILED"; exit 1; }
-nvcc -o "$BUILD/quantize_cuda_bench" "$(obj bench/quantize_cuda_bench.cu)" "${LIBOBJ[@]}" -Xcompiler=-fopenmp || { summary "link: FAILED"; exit 1; }
+nvcc -o "$BUILD/quantize_gpu_test" "$(obj tests/gpu/quantize_gpu_test.cu)" "${LIBOBJ[@]}" -lcublas -Xcompiler=-fopenmp || { summary "link: FAILED"; exit 1; }
+nvcc -o "$BUILD/gemm_gpu_test" "$(obj tests/gpu/gemm_gpu_test.cu)" "${LIBOBJ[@]}" -lopenblas -lcublas -Xcompiler=-fopenmp || { summary "link: FAILED"; exit 1; }
+nvcc -o "$BUILD/quantize_cuda_bench" "$(obj bench/quantize_cuda_bench.cu)" "${LIBOBJ[@]}" -lcublas -Xcompiler=-fopenmp || { summary "link: FAILED"; exit 1; }
 grep -E "registers|stack frame" "$OUTDIR/build.log" | sort | uniq -c | sort -rn | head -12
 summary "build: ok ($(( $(date +%s) - t0 )) s)"
 
@@ -78,7 +78,11 @@ if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
   for prog in "${SANITIZED[@]}"; do
     for tool in memcheck racecheck; do
       echo "== compute-sanitizer $tool on $prog (quick run)"
-      timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 99 "$BUILD/$prog" --quick > "$OUTDIR/sanitizer_${prog}_$tool.log" 2>&1; src=$?
+      # racecheck leaves out cuBLAS's own kernels (nvjet_*, the expanded GEMM path's products): it
+      # reports shared-memory hazards inside them that we can neither read nor fix.
+      exclude=()
+      [ "$tool" = racecheck ] && exclude=(--kernel-name-exclude kns=nvjet)
+      timeout 240 compute-sanitizer --tool "$tool" "${exclude[@]}" --error-exitcode 99 "$BUILD/$prog" --quick > "$OUTDIR/sanitizer_${prog}_$tool.log" 2>&1; src=$?
       tail -4 "$OUTDIR/sanitizer_${prog}_$tool.log"
       summary "sanitizer $tool ($prog): rc=$src; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUTDIR/sanitizer_${prog}_$tool.log" | tail -1)"
     done
@@ -92,7 +96,7 @@ if [ $QUANTIZE = 1 ]; then
   CUDA_INC="$(dirname "$(dirname "$(command -v nvcc)")")/include"
   g++ "${CXXFLAGS[@]}" -Itools -I"$CUDA_INC" -c tools/bench_cuda.cpp -o "$BUILD/obj/bench_cuda.o" &&
     g++ "${CXXFLAGS[@]}" -Itools -c tests/gpu/bench_cli_main.cpp -o "$BUILD/obj/bench_cli_main.o" &&
-    nvcc -o "$BUILD/bench_cli_gpu" "$BUILD/obj/bench_cuda.o" "$BUILD/obj/bench_cli_main.o" "${LIBOBJ[@]}" -Xcompiler=-fopenmp &&
+    nvcc -o "$BUILD/bench_cli_gpu" "$BUILD/obj/bench_cuda.o" "$BUILD/obj/bench_cli_main.o" "${LIBOBJ[@]}" -lcublas -Xcompiler=-fopenmp &&
     "$BUILD/bench_cli_gpu" > "$OUTDIR/bench_cli.log" 2>&1; rc=$?
   summary "microscale bench (GPU part): rc=$rc"
   echo "== torch.compile baseline"
