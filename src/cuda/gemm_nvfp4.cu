@@ -342,15 +342,19 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 
 // A split K's second kernel: each element's slices added in split order (the same sum whatever
 // order the blocks ran in), then the epilogue.
+// One CUDA block per output row at a time (its batch and row found once per row, not per element),
+// its threads along the row's columns.
 __global__ void finish_split_gemm(const __grid_constant__ Nvfp4GemmParams p) {
   const float alpha = effective_alpha(p);
-  const int64_t per_batch = p.m * p.n, total = p.batches * per_batch;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float sum = p.workspace[i];
-    for (int64_t s = 1; s < p.splits; ++s) sum = sum + p.workspace[s * total + i];
-    const int64_t l = i / per_batch, row = (i % per_batch) / p.n, col = i % p.n;
-    store_result(p, row, col, l, alpha * sum);
+  const int64_t total = p.batches * p.m * p.n;
+  for (int64_t r = blockIdx.x; r < p.batches * p.m; r += gridDim.x) {
+    const int64_t l = r / p.m, row = r % p.m;
+    const float* sums = p.workspace + r * p.n;  // slice 0's row; slice s's is s * total further
+    for (int64_t col = threadIdx.x; col < p.n; col += blockDim.x) {
+      float sum = sums[col];
+      for (int64_t s = 1; s < p.splits; ++s) sum = sum + sums[s * total + col];
+      store_result(p, row, col, l, alpha * sum);
+    }
   }
 }
 
@@ -405,8 +409,7 @@ void launch_nvfp4_gemm(const Nvfp4GemmParams& problem, cudaStream_t stream, void
 }
 
 void launch_gemm_epilogue(const Nvfp4GemmParams& p, cudaStream_t stream) {
-  const int64_t total = p.batches * p.m * p.n;
-  const int64_t blocks = std::min<int64_t>((total + 255) / 256, 65535);
+  const int64_t blocks = std::min<int64_t>(p.batches * p.m, int64_t{1} << 20);
   finish_split_gemm<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p);
   MICROSCALE_CUDA_CHECK(cudaGetLastError());
 }

@@ -11,7 +11,7 @@
 // Exit status = number of failures (capped).
 //
 // Every check runs on both paths (cuda::GemmPath::Fused and ::Expanded).
-// Usage: gemm_gpu_test [--quick] | --time M N K [fused|expanded]
+// Usage: gemm_gpu_test [--quick] [--fused-only] | --time M N K [fused|expanded]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -603,8 +603,14 @@ int main(int argc, char** argv) {
     return time_one_shape(std::stoll(argv[2]), std::stoll(argv[3]), std::stoll(argv[4]),
                           expanded ? cuda::GemmPath::Expanded : cuda::GemmPath::Fused);
   }
-  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
-  for (cuda::GemmPath path : {cuda::GemmPath::Fused, cuda::GemmPath::Expanded}) {
+  bool quick = false;
+  std::vector<cuda::GemmPath> paths = {cuda::GemmPath::Fused, cuda::GemmPath::Expanded};
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--quick") quick = true;
+    if (arg == "--fused-only") paths = {cuda::GemmPath::Fused};
+  }
+  for (cuda::GemmPath path : paths) {
     g_path = path;
     run_checks(quick);
   }

@@ -78,11 +78,13 @@ if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
   for prog in "${SANITIZED[@]}"; do
     for tool in memcheck racecheck; do
       echo "== compute-sanitizer $tool on $prog (quick run)"
-      # racecheck leaves out cuBLAS's own kernels (nvjet_*, the expanded GEMM path's products): it
-      # reports shared-memory hazards inside them that we can neither read nor fix.
-      exclude=()
-      [ "$tool" = racecheck ] && exclude=(--kernel-name-exclude kns=nvjet)
-      timeout 240 compute-sanitizer --tool "$tool" "${exclude[@]}" --error-exitcode 99 "$BUILD/$prog" --quick > "$OUTDIR/sanitizer_${prog}_$tool.log" 2>&1; src=$?
+      # racecheck (shared-memory hazards) runs the GEMM test on the fused path only: the expanded
+      # path's own kernels use no shared memory, and racecheck reports hazards inside cuBLAS's
+      # kernels (nvjet_sm90_*) that we can neither read nor fix (leaving them out by name with
+      # --kernel-name-exclude made the sanitizer fail on a hardware exception instead).
+      only=()
+      [ "$tool" = racecheck ] && [ "$prog" = gemm_gpu_test ] && only=(--fused-only)
+      timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 99 "$BUILD/$prog" --quick "${only[@]}" > "$OUTDIR/sanitizer_${prog}_$tool.log" 2>&1; src=$?
       tail -4 "$OUTDIR/sanitizer_${prog}_$tool.log"
       summary "sanitizer $tool ($prog): rc=$src; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUTDIR/sanitizer_${prog}_$tool.log" | tail -1)"
     done

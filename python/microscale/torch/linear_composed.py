@@ -14,7 +14,7 @@ import torch
 
 from .. import _C
 from .gemm import gemm
-from .ops import quantize
+from .ops import QuantizeSpec, _options, quantize_parts, quantized_tensor
 
 
 def quantize_for(x, options, *, columnwise=None, sr_seed=None):
@@ -23,10 +23,13 @@ def quantize_for(x, options, *, columnwise=None, sr_seed=None):
     on bf16 (as in TransformerEngine and the CPU layer): under it, f32 / f16 is rounded to bf16 first."""
     if options.rht and x.dtype != torch.bfloat16:
         x = x.to(torch.bfloat16)
-    return quantize(x, options.scheme, rowwise=options.rowwise,
-                    columnwise=options.columnwise if columnwise is None else columnwise,
-                    scale_mode=options.scale_mode, tile=options.tile, rht=options.rht, sr_seed=sr_seed,
-                    swizzle=options.swizzle)
+    spec = QuantizeSpec(options.scheme, options.rowwise, options.columnwise if columnwise is None else columnwise,
+                        options.scale_mode, options.tile, options.rht, options.swizzle)
+    # The quantize op's body without its dispatch (a few hundred microseconds of host time per
+    # call, which bound the layer's steps at 4096^3): inside an autograd function nothing traces.
+    call = _options(spec.scheme, spec.rowwise, spec.columnwise, spec.scale_mode, spec.tile, spec.rht, sr_seed, 0,
+                    None, None, spec.swizzle, torch.get_num_threads())
+    return quantized_tensor(quantize_parts(x.detach(), call), tuple(x.shape), spec)
 
 
 def _require_same_device(name, t, device):
@@ -77,5 +80,5 @@ class ComposedLinearFunction(torch.autograd.Function):
                                out_dtype=ctx.x_dtype).to(ctx.weight_dtype)
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             # The unquantized dy's column sums: in float64, rounded to fp32, then to dy's dtype (the CPU's rule).
-            grad_bias = dy.double().sum(0).float().to(grad_output.dtype).to(ctx.bias_dtype)
+            grad_bias = dy.sum(0, dtype=torch.float64).float().to(grad_output.dtype).to(ctx.bias_dtype)
         return grad_input, grad_weight, grad_bias, None, None, None

@@ -86,7 +86,14 @@ def _quantize_op(
     # CPU threads: as many as torch's intra-op pool (torch.set_num_threads), as torch's own ops use
     options = _options(scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
                        amax_columnwise, swizzle, torch.get_num_threads())
-    x = x.detach()
+    return quantize_parts(x.detach(), options)
+
+
+def quantize_parts(x, options):
+    """The quantize op's body, without the op's dispatch (the Linear calls it from inside its
+    autograd function, where nothing traces): [rowwise_data, rowwise_scale, columnwise_data,
+    columnwise_scale, amax], empty tensors for the parts not asked for."""
+    scheme = options.scheme
     if x.device.type == "cpu":
         q = _C.quantize(x, options, False)
         parts = [q.rowwise_data, q.rowwise_scale, q.columnwise_data, q.columnwise_scale]
@@ -123,15 +130,21 @@ def quantize(x, scheme="nvfp4", *, rowwise=True, columnwise=False, scale_mode="r
     # float amax output does not claim one either.
     parts = _quantize_op(x.detach(), scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
                          amax_columnwise, swizzle)
+    return quantized_tensor(parts, tuple(x.shape), QuantizeSpec(scheme, rowwise, columnwise, scale_mode, tile, rht,
+                                                                swizzle))
+
+
+def quantized_tensor(parts, shape, spec):
+    """A QuantizedTensor from the quantize op's five outputs (None for the parts not asked for)."""
     rd, rs, cd, cs, amax = parts
     return QuantizedTensor(
-        rowwise_data=rd if rowwise else None,
-        rowwise_scale=rs if rowwise else None,
-        columnwise_data=cd if columnwise else None,
-        columnwise_scale=cs if columnwise else None,
-        amax=amax if scheme == "nvfp4" else None,
-        shape=tuple(x.shape),
-        options=QuantizeSpec(scheme, rowwise, columnwise, scale_mode, tile, rht, swizzle),
+        rowwise_data=rd if spec.rowwise else None,
+        rowwise_scale=rs if spec.rowwise else None,
+        columnwise_data=cd if spec.columnwise else None,
+        columnwise_scale=cs if spec.columnwise else None,
+        amax=amax if spec.scheme == "nvfp4" else None,
+        shape=shape,
+        options=spec,
     )
 
 
