@@ -5,9 +5,10 @@ A training step is y = layer(x); y.backward(dy). Timed eagerly, as a user runs i
 per-call cost included), as the median over several runs of back-to-back steps:
 
   torch BF16       torch.nn.Linear: cuBLAS BF16 for the three GEMMs
-  microscale NVFP4 microscale.torch.Linear under NVFP4BlockScaling(): six CUDA quantizations
-                   (x, dy with the RHT and, for dy, stochastic rounding; the weight cached) and the
-                   NVFP4 GEMM kernel three times
+  microscale NVFP4 microscale.torch.Linear under NVFP4BlockScaling(): two CUDA quantize calls
+                   per step (x and dy, each rowwise and columnwise with the RHT, dy with stochastic
+                   rounding; the weight's quantization cached) and three NVFP4 GEMMs through
+                   mst.gemm (the expanded path at these shapes: exact bf16 copies and cuBLAS)
   microscale MXFP8 the same under MXFP8BlockScaling(): its GEMMs are the exact emulation
                    (dequantize, float64 matmul), the MX path a Hopper user had before, done exactly
 

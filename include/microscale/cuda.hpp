@@ -49,10 +49,13 @@ void swizzle_scales(const TensorView& compact, const TensorView& swizzled, void*
 /// - Fused: one kernel converts each tile of codes to fp16 in shared memory and multiplies it
 ///   with wgmma (src/cuda/gemm_nvfp4.cu); no copy of the operands. Best where M or N is small.
 /// - Expanded: the operands' blocks are written out once as exact bf16 values (codes times block
-///   scales; the global scales stay in alpha), cuBLAS multiplies them with fp32 accumulation
-///   into an fp32 [L, M, N], and the epilogue applies alpha, C and the bias
-///   (src/cuda/gemm_expanded.cu). Needs workspace for the copies; fastest for large shapes.
-/// - Auto: choose_gemm_path (src/cuda/gemm_split.hpp) picks by shape.
+///   scales; the global scales stay in alpha), and cuBLAS multiplies them with fp32 accumulation.
+///   cuBLAS writes D itself (alpha' from the device) when there is no C or bias and D is
+///   contiguous bf16 or f32; otherwise it writes an fp32 [L, M, N] and the epilogue kernel
+///   applies alpha', C and the bias (src/cuda/gemm_expanded.cu). Needs workspace for the copies
+///   and M * L, N * L below 2^31; fastest for large shapes.
+/// - Auto: the expanded path where M and N are both at least 512 (prefer_expanded_gemm in
+///   src/cuda/gemm_split.hpp) and its sizes hold, else the fused kernel.
 enum class GemmPath { Auto, Fused, Expanded };
 
 /// @brief D = alpha * A B^T (+ beta C) (+ bias) on the device, for two NVFP4 operands (K-major
@@ -79,7 +82,8 @@ void gemm(const GemmOperand& a, const GemmOperand& b, const GemmProblem& problem
           void* workspace = nullptr, size_t workspace_bytes = 0, GemmPath path = GemmPath::Auto);
 
 /// @brief Bytes of workspace cuda::gemm uses for D [M, N(, L)] = A [M, K] B [N, K]^T on the
-/// current device along `path` (0: none).
+/// current device along `path` (0: none): enough for any C, bias and D (the expanded path uses
+/// less when cuBLAS writes D itself).
 size_t gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batches = 1,
                             GemmPath path = GemmPath::Auto);
 

@@ -1,7 +1,9 @@
 // microscale::cuda::gemm: the operands and epilogue tensors checked on the host (device memory,
-// shapes, strides, alignment), then the NVFP4 kernel launched (src/cuda/gemm_nvfp4.cu). The
-// numerics are core/gemm.cpp's: D = alpha' * sum over blocks (sa * sb * sum a*b) [+ beta C]
+// shapes, strides, alignment), then one of the two paths launched: the fused kernel
+// (src/cuda/gemm_nvfp4.cu) or the expanded path (src/cuda/gemm_expanded.cu). The numerics are
+// core/gemm.cpp's: D = alpha' * sum over blocks (sa * sb * sum a*b) [+ beta C]
 // [+ bias], fp32 accumulation, alpha' folding in the NVFP4 global amaxes.
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -123,9 +125,11 @@ void require_c_apart_from_d(const TensorView& c, const TensorView& d) {
   require(c_end <= first(d) || d_end <= first(c), "C overlaps D without being D itself");
 }
 
-// Whether `path` (Auto: by shape, gemm_split.hpp) runs the expanded path.
-bool expanded(GemmPath path, int64_t m, int64_t n) {
-  return path == GemmPath::Expanded || (path == GemmPath::Auto && prefer_expanded_gemm(m, n));
+// Whether `path` runs the expanded path. Auto: by shape (gemm_split.hpp), and only where the
+// expanded path's int sizes hold (M * L and N * L below 2^31; K is below that already).
+bool expanded(GemmPath path, int64_t m, int64_t n, int64_t batches) {
+  if (path != GemmPath::Auto) return path == GemmPath::Expanded;
+  return prefer_expanded_gemm(m, n) && m <= INT_MAX / batches && n <= INT_MAX / batches;
 }
 
 }  // namespace
@@ -169,7 +173,7 @@ void gemm(const GemmOperand& a, const GemmOperand& b, const GemmProblem& problem
   p.batches = la;
   p.alpha = problem.alpha;
   p.beta = problem.beta;
-  if (expanded(path, m, n)) {
+  if (expanded(path, m, n, la)) {
     launch_expanded_nvfp4_gemm(p, static_cast<cudaStream_t>(stream), workspace, workspace_bytes);
   } else {
     launch_nvfp4_gemm(p, static_cast<cudaStream_t>(stream), workspace, workspace_bytes);
@@ -178,8 +182,8 @@ void gemm(const GemmOperand& a, const GemmOperand& b, const GemmProblem& problem
 
 size_t gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batches, GemmPath path) {
   require(m > 0 && n > 0 && k > 0 && batches > 0, "gemm_workspace_bytes: sizes must be positive");
-  return expanded(path, m, n) ? expanded_nvfp4_gemm_workspace_bytes(m, n, k, batches)
-                              : nvfp4_gemm_workspace_bytes(m, n, k, batches);
+  return expanded(path, m, n, batches) ? expanded_nvfp4_gemm_workspace_bytes(m, n, k, batches)
+                                       : nvfp4_gemm_workspace_bytes(m, n, k, batches);
 }
 
 }  // namespace microscale::cuda

@@ -56,18 +56,24 @@ cublasHandle_t cublas_handle() {
   return handle;
 }
 
-// Workspace: bf16 A, bf16 B, fp32 product, each starting on a 256-byte boundary.
-// Workspace: bf16 A, bf16 B, alpha' and beta for cuBLAS, the fp32 product (used only when the
-// epilogue kernel finishes D), each starting on a 256-byte boundary.
+// cuBLAS's own scratch, handed over with each call (cublasSetWorkspace) instead of the handle's
+// default, which all streams would share: a call's result then does not depend on what runs on
+// other streams, and CUDA graphs capture memory of their own. 32 MiB: cuBLAS's advice for Hopper.
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+
+// Workspace: bf16 A, bf16 B, alpha' and beta for cuBLAS, cuBLAS's scratch, then the fp32 product
+// (only when the epilogue kernel finishes D; last, so a call that needs no product asks for
+// less), each starting on a 256-byte boundary.
 struct ExpandedLayout {
-  size_t a = 0, b = 0, alpha_beta = 0, product = 0, total = 0;
+  size_t a = 0, b = 0, alpha_beta = 0, cublas = 0, product = 0, total = 0;
 };
 ExpandedLayout layout_of(int64_t m, int64_t n, int64_t k, int64_t batches) {
   const auto up = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
   ExpandedLayout l;
   l.b = up(static_cast<size_t>(batches * m * k) * 2);
   l.alpha_beta = l.b + up(static_cast<size_t>(batches * n * k) * 2);
-  l.product = l.alpha_beta + 256;
+  l.cublas = l.alpha_beta + 256;
+  l.product = l.cublas + kCublasWorkspaceBytes;
   l.total = l.product + up(static_cast<size_t>(batches * m * n) * sizeof(float));
   return l;
 }
@@ -152,7 +158,8 @@ void launch_expanded_nvfp4_gemm(const Nvfp4GemmParams& problem, cudaStream_t str
   if (problem.m * problem.batches > INT_MAX || problem.n * problem.batches > INT_MAX || problem.k > INT_MAX)
     throw Error("cuda::gemm: the expanded path takes M * L, N * L and K below 2^31");
   const ExpandedLayout layout = layout_of(problem.m, problem.n, problem.k, problem.batches);
-  const StreamWorkspace scratch(layout.total, workspace, workspace_bytes, stream);
+  const bool direct = cublas_writes_d(problem);
+  const StreamWorkspace scratch(direct ? layout.product : layout.total, workspace, workspace_bytes, stream);
   auto* a16 = reinterpret_cast<uint16_t*>(scratch.data() + layout.a);
   auto* b16 = reinterpret_cast<uint16_t*>(scratch.data() + layout.b);
   auto* product = reinterpret_cast<float*>(scratch.data() + layout.product);
@@ -163,7 +170,9 @@ void launch_expanded_nvfp4_gemm(const Nvfp4GemmParams& problem, cudaStream_t str
   // transposed: cuBLAS's "TN", lda = ldb = K.
   const int m = static_cast<int>(problem.m), n = static_cast<int>(problem.n), k = static_cast<int>(problem.k);
   cublasHandle_t handle = cublas_handle();
-  check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
+  check_cublas(cublasSetStream(handle, stream), "cublasSetStream");  // resets the workspace: set it after
+  check_cublas(cublasSetWorkspace(handle, scratch.data() + layout.cublas, kCublasWorkspaceBytes),
+               "cublasSetWorkspace");
   const auto multiply = [&](const float* alpha, const float* beta, void* out, cudaDataType out_type) {
     check_cublas(
         cublasGemmStridedBatchedEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, alpha, b16, CUDA_R_16BF, k,
@@ -172,7 +181,10 @@ void launch_expanded_nvfp4_gemm(const Nvfp4GemmParams& problem, cudaStream_t str
                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
         "cublasGemmStridedBatchedEx");
   };
-  if (cublas_writes_d(problem)) {
+  if (direct) {
+    // Note: D = alpha' * sum with alpha' from the device; a zero alpha' (alpha = 0 or an amax of
+    // 0) may let cuBLAS skip the product, so NaN codes' blocks give 0 here where the epilogue
+    // kernel gives NaN.
     auto* alpha_beta = reinterpret_cast<float*>(scratch.data() + layout.alpha_beta);
     write_alpha_beta<<<1, 1, 0, stream>>>(problem, alpha_beta);
     MICROSCALE_CUDA_CHECK(cudaGetLastError());

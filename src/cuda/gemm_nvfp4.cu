@@ -323,7 +323,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 
   // Epilogue. wgmma's fragment: warp w of the group holds rows 16 (w % 4) + lane / 4 (+ 8 for
   // odd i / 2), columns 8 (i / 4) + 2 (lane % 4) (+ 1 for odd i). A split K leaves its sum (times
-  // 2^28, exact) in its workspace slice for finish_split_gemm.
+  // 2^28, exact) in its workspace slice for gemm_epilogue_kernel.
   const float alpha = effective_alpha(p);
   const int row_base = group * 64 + (warp % 4) * 16 + lane / 4, col_base = 2 * (lane % 4);
   float* slice = p.workspace ? p.workspace + (split * p.batches + l) * p.m * p.n : nullptr;
@@ -340,21 +340,24 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   }
 }
 
-// A split K's second kernel: each element's slices added in split order (the same sum whatever
-// order the blocks ran in), then the epilogue.
-// One CUDA block per output row at a time (its batch and row found once per row, not per element),
-// its threads along the row's columns.
-__global__ void finish_split_gemm(const __grid_constant__ Nvfp4GemmParams p) {
+// The epilogue over fp32 sums in the workspace: a split K's second kernel (each element's slices
+// added in split order, the same sum whatever order the blocks ran in), and the expanded path's
+// last step (one slice, cuBLAS's product).
+// Work unit: kEpilogueColumns columns of one output row, a column per thread; its batch, row and
+// columns are found once per unit, not per element (per-element 64-bit divisions made the kernel
+// 2x slower), and a split K's few rows (M = 128) still spread over many blocks.
+constexpr int kEpilogueColumns = 256;
+__global__ void gemm_epilogue_kernel(const __grid_constant__ Nvfp4GemmParams p) {
   const float alpha = effective_alpha(p);
-  const int64_t total = p.batches * p.m * p.n;
-  for (int64_t r = blockIdx.x; r < p.batches * p.m; r += gridDim.x) {
-    const int64_t l = r / p.m, row = r % p.m;
+  const int64_t total = p.batches * p.m * p.n, chunks = (p.n + kEpilogueColumns - 1) / kEpilogueColumns;
+  for (int64_t unit = blockIdx.x; unit < p.batches * p.m * chunks; unit += gridDim.x) {
+    const int64_t r = unit / chunks, l = r / p.m, row = r % p.m;
+    const int64_t col = (unit % chunks) * kEpilogueColumns + threadIdx.x;
+    if (col >= p.n) continue;
     const float* sums = p.workspace + r * p.n;  // slice 0's row; slice s's is s * total further
-    for (int64_t col = threadIdx.x; col < p.n; col += blockDim.x) {
-      float sum = sums[col];
-      for (int64_t s = 1; s < p.splits; ++s) sum = sum + sums[s * total + col];
-      store_result(p, row, col, l, alpha * sum);
-    }
+    float sum = sums[col];
+    for (int64_t s = 1; s < p.splits; ++s) sum = sum + sums[s * total + col];
+    store_result(p, row, col, l, alpha * sum);
   }
 }
 
@@ -409,8 +412,9 @@ void launch_nvfp4_gemm(const Nvfp4GemmParams& problem, cudaStream_t stream, void
 }
 
 void launch_gemm_epilogue(const Nvfp4GemmParams& p, cudaStream_t stream) {
-  const int64_t blocks = std::min<int64_t>(p.batches * p.m, int64_t{1} << 20);
-  finish_split_gemm<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p);
+  const int64_t units = p.batches * p.m * ((p.n + kEpilogueColumns - 1) / kEpilogueColumns);
+  const int64_t blocks = std::min<int64_t>(units, int64_t{1} << 20);
+  gemm_epilogue_kernel<<<static_cast<unsigned>(blocks), kEpilogueColumns, 0, stream>>>(p);
   MICROSCALE_CUDA_CHECK(cudaGetLastError());
 }
 

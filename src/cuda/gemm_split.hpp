@@ -41,7 +41,9 @@ inline GemmSplit choose_gemm_split(int64_t tiles, int64_t k_tiles, int64_t sms, 
 /// once the product is large beside them. On the H200 (docs/perf.md "CUDA GEMM", v8) the expanded
 /// path was faster from M = 512 (512 x 4096 x 4096: 51 against 104 us) and at 128 x 7168 x 2048
 /// (30 against 33 us), slower at M = 128 with long K (128 x 7168 x 16384: 216 against 146 us,
-/// where B's copy is most of the work). Rule: both sides at least `min_side`.
+/// where B's copy is most of the work). Rule: both sides at least `min_side`; it leaves the
+/// 10 % at 128 x 7168 x 2048 to the fused kernel rather than guess at a K threshold from one
+/// shape.
 inline constexpr int64_t kExpandedMinSide = 512;
 inline bool prefer_expanded_gemm(int64_t m, int64_t n, int64_t min_side = kExpandedMinSide) {
   return m >= min_side && n >= min_side;

@@ -599,9 +599,13 @@ void run_checks(bool quick) {
 
 int main(int argc, char** argv) {
   if ((argc == 5 || argc == 6) && std::string(argv[1]) == "--time") {
-    const bool expanded = argc == 6 && std::string(argv[5]) == "expanded";
+    const std::string path = argc == 6 ? argv[5] : "fused";
+    if (path != "fused" && path != "expanded") {
+      std::fprintf(stderr, "unknown path '%s' (fused, expanded)\n", path.c_str());
+      return 2;
+    }
     return time_one_shape(std::stoll(argv[2]), std::stoll(argv[3]), std::stoll(argv[4]),
-                          expanded ? cuda::GemmPath::Expanded : cuda::GemmPath::Fused);
+                          path == "expanded" ? cuda::GemmPath::Expanded : cuda::GemmPath::Fused);
   }
   bool quick = false;
   std::vector<cuda::GemmPath> paths = {cuda::GemmPath::Fused, cuda::GemmPath::Expanded};

@@ -84,7 +84,7 @@ if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
       # --kernel-name-exclude made the sanitizer fail on a hardware exception instead).
       only=()
       [ "$tool" = racecheck ] && [ "$prog" = gemm_gpu_test ] && only=(--fused-only)
-      timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 99 "$BUILD/$prog" --quick "${only[@]}" > "$OUTDIR/sanitizer_${prog}_$tool.log" 2>&1; src=$?
+      timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 99 "$BUILD/$prog" --quick ${only[@]+"${only[@]}"} > "$OUTDIR/sanitizer_${prog}_$tool.log" 2>&1; src=$?
       tail -4 "$OUTDIR/sanitizer_${prog}_$tool.log"
       summary "sanitizer $tool ($prog): rc=$src; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUTDIR/sanitizer_${prog}_$tool.log" | tail -1)"
     done

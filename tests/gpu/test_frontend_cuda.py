@@ -166,6 +166,27 @@ def test_gemm_on_cuda_emulates_what_the_kernel_does_not_take(scheme, k):
         assert ((got.cpu().double() - want.double()).abs() <= 1e-5 * want.abs().max() + ulp * want.abs().double()).all()
 
 
+@pytest.mark.parametrize("path", ["fused", "expanded"])
+def test_gemm_paths_agree_with_the_cpu_gemm(path):
+    # Both paths of cuda::gemm through the binding, beside the CPU GEMM; with a bias (the expanded
+    # path's epilogue kernel) and without (cuBLAS writes D).
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(512, 512, generator=g).to(torch.bfloat16)
+    w = (torch.randn(640, 512, generator=g) * 0.05).to(torch.bfloat16)
+    a, b = mst.quantize(x.cuda(), "nvfp4"), mst.quantize(w.cuda(), "nvfp4", swizzle=True)
+    bias = torch.randn(640, generator=g)
+    for with_bias in (False, True):
+        d = torch.empty(512, 640, device="cuda", dtype=torch.bfloat16)
+        workspace = torch.empty(ms._C.gemm_workspace_bytes(512, 640, 512, 1, path), dtype=torch.uint8, device="cuda")
+        ms._C.gemm_cuda(a.rowwise_data, a.rowwise_scale, a.amax[0:1], False, b.rowwise_data, b.rowwise_scale,
+                        b.amax[0:1], True, 1.0, 0.0, None, bias.cuda() if with_bias else None, d,
+                        torch.cuda.current_stream().cuda_stream, workspace, path)
+        want = mst.gemm(_to_cpu(a), _to_cpu(b), bias=bias if with_bias else None, out_dtype=torch.bfloat16)
+        _assert_near(d.cpu(), want, f"{path} bias={with_bias}", 2.0**-7)
+    with pytest.raises(ms.Error, match="unknown GEMM path"):
+        ms._C.gemm_workspace_bytes(512, 640, 512, 1, "fast")
+
+
 def test_gemm_on_cuda_split_k_with_torch_workspace_and_without_amax():
     # M = 128 and a long K: few output tiles, so K is split and the partial sums go to a
     # workspace from PyTorch's allocator.
@@ -222,7 +243,9 @@ def _assert_near(got, want, what, ulp):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("m, k, n", [(128, 256, 192), (64, 96, 128)])  # the second: fprop emulated (K = 96)
+# (64, 96, 128): fprop emulated (K = 96); (512, 256, 512): the GEMMs with both sides >= 512 take
+# the expanded path (fprop and dgrad; wgrad's A is dy^T [512, 512] too).
+@pytest.mark.parametrize("m, k, n", [(128, 256, 192), (64, 96, 128), (512, 512, 512)])
 @pytest.mark.parametrize("recipe_name", sorted(LINEAR_RECIPES))
 def test_linear_on_cuda_matches_the_cpu_linear(recipe_name, m, k, n, dtype):
     recipe = LINEAR_RECIPES[recipe_name]()

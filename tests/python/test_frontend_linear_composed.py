@@ -12,6 +12,7 @@ import microscale.torch as mst
 from microscale.recipe import Format, MXFP8BlockScaling, NVFP4BlockScaling
 from microscale.torch.gemm import _emulated_operand, _gemm_emulated
 from microscale.torch.linear import _LinearFunction
+from microscale.torch import linear_composed
 from microscale.torch.linear_composed import ComposedLinearFunction, quantize_for
 
 RECIPES = {  # made in the test: recipe objects held by pytest's parametrization outlive the module
@@ -36,6 +37,7 @@ def run_layer(function, cached_weight, recipe, x, weight, bias, dy, seed):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("recipe_name", sorted(RECIPES))
 def test_composed_linear_equals_the_cpp_linear_bit_for_bit(recipe_name, dtype):
+    """y, dx and dW bit for bit; db within the rounding of two float64 summation orders."""
     recipe = RECIPES[recipe_name]()
     g = torch.Generator().manual_seed(3)
     m, k, n = 64, 96, 64  # MX's columnwise blocks of 32 need N % 32 == 0 for W^T
@@ -46,19 +48,30 @@ def test_composed_linear_equals_the_cpp_linear_bit_for_bit(recipe_name, dtype):
     options = ms._C.quantize_options(recipe, "weight")
     want = run_layer(_LinearFunction, ms._C.quantize(weight, options, False), recipe, x, weight, bias, dy, 9)
     got = run_layer(ComposedLinearFunction, quantize_for(weight, options), recipe, x, weight, bias, dy, 9)
-    for name, a, b in zip(("y", "dx", "dW", "db"), got, want):
+    for name, a, b in zip(("y", "dx", "dW"), got, want):
         assert a.dtype == b.dtype and a.shape == b.shape, name
         assert torch.equal(a, b), name
+    # db: float64 sums in torch's order and in the C++ loop's, each rounded to fp32 and dy's dtype
+    # (equal unless a rounding tie falls between them: one ulp of dy's dtype apart at most).
+    db, want_db = got[3], want[3]
+    assert db.dtype == want_db.dtype and db.shape == want_db.shape
+    ulp = 2.0**-23 if dtype == torch.float32 else 2.0**-7
+    assert bool(((db.double() - want_db.double()).abs() <= ulp * want_db.double().abs()).all())
 
 
-def test_composed_linear_skips_what_no_one_asked_for_and_runs_once():
+def test_composed_linear_skips_what_no_one_asked_for_and_runs_once(monkeypatch):
     recipe = NVFP4BlockScaling()
     x = torch.randn(32, 64, requires_grad=True)
-    weight = torch.randn(16, 64)  # frozen: no dW
+    weight = torch.randn(16, 64)  # frozen: no X^T quantized, no wgrad GEMM
     wq = quantize_for(weight, ms._C.quantize_options(recipe, "weight"))
+    calls = []
+    real_gemm = linear_composed.gemm
+    monkeypatch.setattr(linear_composed, "gemm", lambda *a, **k: calls.append(k) or real_gemm(*a, **k))
     y = ComposedLinearFunction.apply(x, weight, None, recipe, wq, True)
     (dx,) = torch.autograd.grad(y.sum(), x, retain_graph=True)
     assert dx.shape == x.shape
+    assert len(calls) == 2  # fprop and dgrad
+    assert not any(k.get("a_usage") == "columnwise" for k in calls)
     with pytest.raises(RuntimeError, match="kept no context"):
         torch.autograd.grad(y.sum(), x)
     with pytest.raises(ms.Error, match="K = 32"):

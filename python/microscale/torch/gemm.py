@@ -6,7 +6,13 @@ The result is a tensor of any float dtype."""
 import torch
 
 from .. import _C
-from .ops import _DTYPE_NAMES, QuantizedTensor, _stream, dequantize
+from .ops import _DTYPE_NAMES, QuantizedTensor, _capsule, _stream, dequantize
+
+
+def _require_usage(x, usage):
+    """A QuantizedTensor operand must have the usage (output) the GEMM reads."""
+    if usage not in ("rowwise", "columnwise") or not getattr(x.options, usage):
+        raise _C.Error(f"microscale.torch.gemm: the quantized operand has no {usage} output")
 
 
 def _gemm_operand(x, usage):
@@ -16,8 +22,7 @@ def _gemm_operand(x, usage):
         raise _C.Error(f"microscale.torch.gemm: operands are microscale.torch.QuantizedTensor or tensors, not "
                        f"{type(x).__name__}")
     o = x.options
-    if usage not in ("rowwise", "columnwise") or not getattr(o, usage):
-        raise _C.Error(f"microscale.torch.gemm: the quantized operand has no {usage} output")
+    _require_usage(x, usage)
     data, scales = (x.rowwise_data, x.rowwise_scale) if usage == "rowwise" else (x.columnwise_data, x.columnwise_scale)
     amax = None
     if x.amax is not None:
@@ -37,8 +42,7 @@ def _device_of(x):
 
 def _cuda_parts(x, usage):
     """(data, scales, amax slice or None, swizzle) of one NVFP4 operand on CUDA."""
-    if usage not in ("rowwise", "columnwise") or not getattr(x.options, usage):
-        raise _C.Error(f"microscale.torch.gemm: the quantized operand has no {usage} output")
+    _require_usage(x, usage)
     # The usage's device amax (a view: no copy to the host); None: the scales carry everything.
     if usage == "rowwise":
         return x.rowwise_data, x.rowwise_scale, None if x.amax is None else x.amax[0:1], x.options.swizzle
@@ -66,8 +70,7 @@ def _emulated_operand(x, usage):
     if not isinstance(x, QuantizedTensor):
         raise _C.Error(f"microscale.torch.gemm: operands are microscale.torch.QuantizedTensor or tensors, not "
                        f"{type(x).__name__}")
-    if usage not in ("rowwise", "columnwise") or not getattr(x.options, usage):
-        raise _C.Error(f"microscale.torch.gemm: the quantized operand has no {usage} output")
+    _require_usage(x, usage)
     values = dequantize(x, usage, torch.float32)
     if usage == "columnwise" and x.options.scheme == "nvfp4":
         return values.double()  # already X^T [K_in, M_in]
@@ -77,21 +80,28 @@ def _emulated_operand(x, usage):
 
 
 def _gemm_emulated(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
-    """D = alpha A B^T (+ beta C) (+ bias) from exactly dequantized operands: products exact and
-    sums in float64 (cuBLAS DGEMM: no TF32 setting applies), rounded once to out_dtype. Within
-    the kernel's fp32 accumulation bound of it, at an emulation's speed."""
+    """D = alpha A B^T (+ beta C) (+ bias) from dequantized operands (the blocks exactly; NVFP4's
+    global scale in one fp32 multiply per element): products exact and sums in float64 (cuBLAS
+    DGEMM: no TF32 setting applies), rounded to fp32 and then to out_dtype. Within the kernel's
+    fp32 accumulation bound of it, at an emulation's speed."""
     A, B = _emulated_operand(a, a_usage), _emulated_operand(b, b_usage)
     for name, t in (("B", B), ("c", c), ("bias", bias)):
         if t is not None and t.device != A.device:
             raise _C.Error(f"microscale.torch.gemm: {name} is on {t.device}, A on {A.device}")
     if A.shape[1] != B.shape[1]:
         raise _C.Error(f"microscale.torch.gemm: A is {list(A.shape)} and B is {list(B.shape)}: their K differ")
+    want = (A.shape[0], B.shape[0])
+    if c is not None and tuple(c.shape) != want:
+        raise _C.Error(f"microscale.torch.gemm: C is {list(c.shape)}, expected {list(want)}")
+    if bias is not None and tuple(bias.shape) != (B.shape[0],):
+        raise _C.Error(f"microscale.torch.gemm: bias is {list(bias.shape)}, expected [{B.shape[0]}]")
     d = alpha * (A @ B.t())
     if c is not None:
         d = d + beta * c.detach().double()
     if bias is not None:
         d = d + bias.detach().double()
-    return d.to(out_dtype)
+    # To fp32 first, the kernel's accumulator type, then once to out_dtype (as the kernel stores).
+    return d.float().to(out_dtype)
 
 
 def _gemm_cuda(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
@@ -108,9 +118,10 @@ def _gemm_cuda(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
         # A split K's partial sums go to a workspace from PyTorch's allocator (fast to reuse).
         workspace_bytes = _C.gemm_workspace_bytes(m, n, k, batches) if min(m, n, k, batches) > 0 else 0
         workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=a_data.device) if workspace_bytes else None
-        _C.gemm_cuda(a_data, a_scales, a_amax, a_swizzle, b_data, b_scales, b_amax, b_swizzle, alpha, beta,
-                     None if c is None else c.detach(), None if bias is None else bias.detach(), d,
-                     _stream(a_data.device), workspace)
+        _C.gemm_cuda(_capsule(a_data), _capsule(a_scales), _capsule(a_amax), a_swizzle, _capsule(b_data),
+                     _capsule(b_scales), _capsule(b_amax), b_swizzle, alpha, beta,
+                     _capsule(None if c is None else c.detach()), _capsule(None if bias is None else bias.detach()),
+                     _capsule(d), _stream(a_data.device), _capsule(workspace))
     return d
 
 

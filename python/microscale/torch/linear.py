@@ -19,7 +19,7 @@ import torch
 from .. import _C
 from ..recipe import HighPrecision, NVFP4BlockScaling
 from .autocast import autocast_enabled, current_recipe
-from .linear_composed import ComposedLinearFunction, quantize_for
+from .linear_composed import NO_CONTEXT, ComposedLinearFunction, quantize_for
 
 
 def _tensor(array):
@@ -42,8 +42,7 @@ class _LinearFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
         if ctx.context is None:
-            raise RuntimeError("microscale.torch.Linear: backward through a forward that kept no context "
-                               "(a second backward, or a forward without inputs that need grad)")
+            raise RuntimeError(NO_CONTEXT)
         # Only stochastic rounding draws from torch's generator (other recipes leave its stream alone).
         sr_seed = int(torch.randint(0, 2**62, (1,)).item()) if ctx.draws_seed else 0
         dx, dw, db = _C.linear_backward(

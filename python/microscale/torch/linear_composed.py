@@ -2,8 +2,9 @@
 quantize (the Hopper kernels: the CPU path's bytes) and gemm (the NVFP4 kernel, or the exact
 emulation where it does not run). The three GEMMs and their operands are the C++ linear_forward /
 linear_backward's (docs/training.md), so a CUDA layer quantizes x, W and dy to the same bytes as a
-CPU layer with the same seed, and its outputs differ from the CPU's only by the order of the fp32
-sums.
+CPU layer with the same seed. Where the NVFP4 kernel runs, its outputs differ from the CPU's only
+by the order of the fp32 sums; the emulation (MX recipes, K not a multiple of 64) sums in float64
+and applies NVFP4's global scale per element, within the fp32 accumulation bound of the CPU's.
 
     fprop  y  = x.rowwise  W.rowwise^T        [M, K] x [N, K] -> [M, N]
     dgrad  dx = dy.rowwise (W.columnwise)^T   [M, N] x [K, N] -> [M, K]   (NVFP4 W.columnwise is W^T)
@@ -32,6 +33,11 @@ def quantize_for(x, options, *, columnwise=None, sr_seed=None):
     return quantized_tensor(quantize_parts(x.detach(), call), tuple(x.shape), spec)
 
 
+# Both Linear functions' error for a backward without a forward's context.
+NO_CONTEXT = ("microscale.torch.Linear: backward through a forward that kept no context (a second backward, or a "
+              "forward without inputs that need grad)")
+
+
 def _require_same_device(name, t, device):
     if t is not None and t.device != device:
         raise _C.Error(f"microscale.torch.Linear: {name} is on {t.device}, x on {device}")
@@ -50,7 +56,8 @@ class ComposedLinearFunction(torch.autograd.Function):
             raise _C.Error(f"microscale.torch.Linear: x has K = {x.shape[-1]} but the weight {list(weight.shape)} "
                            f"has K = {k}")
         x2 = x.detach().reshape(-1, k)  # [M, K]
-        x_q = quantize_for(x2, _C.quantize_options(recipe, "input"), columnwise=training)  # X^T feeds wgrad only
+        # X^T (through the RHT for NVFP4) feeds wgrad only: none for a frozen weight.
+        x_q = quantize_for(x2, _C.quantize_options(recipe, "input"), columnwise=training and weight.requires_grad)
         y = gemm(x_q, weight_q, bias=None if bias is None else bias.detach(), out_dtype=x.dtype)  # [M, N]
         ctx.recipe = recipe
         ctx.saved = (x_q, weight_q) if training else None
@@ -63,8 +70,7 @@ class ComposedLinearFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
         if ctx.saved is None:
-            raise RuntimeError("microscale.torch.Linear: backward through a forward that kept no context "
-                               "(a second backward, or a forward without inputs that need grad)")
+            raise RuntimeError(NO_CONTEXT)
         x_q, weight_q = ctx.saved
         ctx.saved = None  # frees the saved quantized operands, as autograd frees saved tensors
         dy = grad_output.detach().reshape(-1, grad_output.shape[-1])  # [M, N]
@@ -75,7 +81,7 @@ class ComposedLinearFunction(torch.autograd.Function):
         grad_input = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:  # dx in dy's dtype (TE's dgrad output)
             grad_input = gemm(dy_q, weight_q, b_usage="columnwise", out_dtype=grad_output.dtype).reshape(ctx.x_shape)
-        if ctx.needs_input_grad[1]:  # dW in x's dtype (TE's wgrad output), then the weight's
+        if ctx.needs_input_grad[1] and x_q.columnwise_data is not None:  # dW in x's dtype, then the weight's
             grad_weight = gemm(dy_q, x_q, a_usage="columnwise", b_usage="columnwise",
                                out_dtype=ctx.x_dtype).to(ctx.weight_dtype)
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
