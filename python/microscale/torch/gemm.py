@@ -52,11 +52,11 @@ def _cuda_parts(x, usage):
 def _kernel_runs(a, b, a_usage, b_usage):
     """Whether the Hopper kernel takes this pair: two NVFP4 QuantizedTensors whose K (the codes'
     row length, two per byte) is a multiple of 64."""
-    nvfp4 = [isinstance(x, QuantizedTensor) and x.options.scheme == "nvfp4" for x in (a, b)]
-    if not all(nvfp4):
+    if not all(isinstance(x, QuantizedTensor) and x.options.scheme == "nvfp4" for x in (a, b)):
         return False
-    a_data = _cuda_parts(a, a_usage)[0]  # raises for a usage the operand lacks
-    _cuda_parts(b, b_usage)
+    _require_usage(a, a_usage)
+    _require_usage(b, b_usage)
+    a_data = a.rowwise_data if a_usage == "rowwise" else a.columnwise_data
     return a_data.shape[1] * 2 % 64 == 0
 
 
