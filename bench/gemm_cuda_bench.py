@@ -1,7 +1,8 @@
-"""The CUDA NVFP4 GEMM beside the baselines a Hopper user has, timed in the same run.
+"""The CUDA block-scaled GEMM (NVFP4 and MXFP8) beside the baselines a Hopper user has, timed in
+the same run.
 
 For each (M, N, K): A [M, K] and B [N, K] are random bf16 tensors quantized to NVFP4 by
-microscale (rowwise, with their global amaxes). Timed, each as a median of per-call times over
+microscale (rowwise, with their global amaxes), and to MXFP8 E4M3. Timed, each as a median of per-call times over
 several replays of a CUDA graph of back-to-back calls (GPU time, without the host's per-call
 cost):
 
@@ -13,6 +14,8 @@ cost):
   cuBLAS FP8   torch._scaled_mm of E4M3 copies with per-tensor scales (the fastest Hopper path)
   deq+BF16     dequantize both NVFP4 operands to bf16 (microscale's CUDA dequantize), then torch.mm:
                the emulation torchao runs on Hopper, here with microscale's (untuned) CUDA dequantize
+  MXFP8        microscale's call for the MXFP8 E4M3 operands (the expanded path: MX has no fused kernel)
+  MX deq+BF16  the same emulation for the MXFP8 operands
 
 Prints a table (microseconds, TFLOP/s, ratios to microscale) and writes JSON.
 Usage: python3 bench/gemm_cuda_bench.py [OUT.json] (needs torch with CUDA and microscale built with it)
@@ -87,6 +90,8 @@ def main():
         b = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
         qa = mst.quantize(a, "nvfp4")
         qb = mst.quantize(b, "nvfp4")
+        xa = mst.quantize(a, "mxfp8_e4m3")
+        xb = mst.quantize(b, "mxfp8_e4m3")
         d = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
         def along(path):
             """microscale's call along one path (auto: the one cuda::gemm picks for the shape)."""
@@ -100,6 +105,18 @@ def main():
             return call
 
         ours = along("auto")
+        mx_workspace = torch.empty(_C.gemm_workspace_bytes(m, n, k, 1, "auto", "mxfp8_e4m3"), dtype=torch.uint8,
+                                   device=dev)
+
+        def mxfp8():
+            _C.gemm_cuda(xa.rowwise_data, xa.rowwise_scale, None, False, xb.rowwise_data, xb.rowwise_scale, None,
+                         False, 1.0, 0.0, None, None, d, torch.cuda.current_stream().cuda_stream, mx_workspace,
+                         "auto", "mxfp8_e4m3", False, "mxfp8_e4m3", False)
+
+        def mx_dequant_bf16():
+            da = mst.dequantize(xa, "rowwise", torch.bfloat16)
+            db = mst.dequantize(xb, "rowwise", torch.bfloat16)
+            torch.mm(da, db.t(), out=d)
 
         def bf16():
             torch.mm(a, b.t(), out=d)
@@ -121,19 +138,23 @@ def main():
         ours()
         want = mst.dequantize(qa, "rowwise", torch.float32) @ mst.dequantize(qb, "rowwise", torch.float32).t()
         rel = ((d.float() - want).norm() / want.norm()).item()
+        mxfp8()
+        want = mst.dequantize(xa, "rowwise", torch.float32) @ mst.dequantize(xb, "rowwise", torch.float32).t()
+        rel = max(rel, ((d.float() - want).norm() / want.norm()).item())
 
         flops = 2.0 * m * n * k
         calls = max(3, min(200, int(2e12 / flops)))
         t = {"microscale": per_call_us(ours, calls), "fused": per_call_us(along("fused"), calls),
              "expanded": per_call_us(along("expanded"), calls), "cuBLAS BF16": per_call_us(bf16, calls),
-             "cuBLAS FP8": per_call_us(fp8, calls), "deq+BF16": per_call_us(dequant_bf16, calls)}
+             "cuBLAS FP8": per_call_us(fp8, calls), "deq+BF16": per_call_us(dequant_bf16, calls),
+             "MXFP8": per_call_us(mxfp8, calls), "MX deq+BF16": per_call_us(mx_dequant_bf16, calls)}
         rows.append({"m": m, "n": n, "k": k, "us": t, "tflops": {key: flops / v / 1e6 for key, v in t.items()},
                      "rel_err_vs_fp32_of_dequantized": rel})
-        del a, b, qa, qb, d, fa, fb
+        del a, b, qa, qb, xa, xb, d, fa, fb, mx_workspace
         torch.cuda.empty_cache()
 
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}")
-    keys = ("microscale", "fused", "expanded", "cuBLAS BF16", "cuBLAS FP8", "deq+BF16")
+    keys = ("microscale", "fused", "expanded", "cuBLAS BF16", "cuBLAS FP8", "deq+BF16", "MXFP8", "MX deq+BF16")
     head = f"{'M x N x K':>20} | " + " | ".join(f"{key:>17}" for key in keys) + " | rel err"
     print(head)
     print("-" * len(head))
@@ -145,8 +166,14 @@ def main():
             cells.append(f"{us:8.1f} us {tf:5.0f} TF" if key == "microscale" else f"{us:8.1f} ({us / ours_us:4.2f}x)")
         print(f"{r['m']:>6} x {r['n']:>5} x {r['k']:>5} | " + " | ".join(f"{c:>17}" for c in cells) +
               f" | {r['rel_err_vs_fp32_of_dequantized']:.1e}")
-    print("(microscale: the path cuda::gemm picks; fused, expanded: each path forced; other columns: time and "
-          "time / microscale's time, above 1 = microscale faster)")
+    print("(microscale: NVFP4 along the path cuda::gemm picks; fused, expanded: each path forced; other columns: "
+          "time and time / microscale's NVFP4 time, above 1 = microscale's NVFP4 faster; rel err: the larger of "
+          "NVFP4's and MXFP8's against the float32 product of the dequantized operands)")
+    print("MXFP8 beside its baselines (ratio = baseline time / microscale's MXFP8 time, above 1 = microscale faster):")
+    for r in rows:
+        us = r["us"]
+        print(f"{r['m']:>6} x {r['n']:>5} x {r['k']:>5} | MXFP8 {us['MXFP8']:8.1f} us {r['tflops']['MXFP8']:5.0f} TF | "
+              f"cuBLAS BF16 {us['cuBLAS BF16'] / us['MXFP8']:4.2f}x | MX deq+BF16 {us['MX deq+BF16'] / us['MXFP8']:4.2f}x")
     if out_path:
         with open(out_path, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)

@@ -1,14 +1,14 @@
 // microscale/cuda.hpp — the CUDA backend (sm_90a, Hopper): quantize, dequantize, swizzle and the
-// NVFP4 GEMM on the device, into buffers the caller allocated (a PyTorch frontend passes its
-// allocator's tensors).
+// block-scaled GEMM (NVFP4 and MX) on the device, into buffers the caller allocated (a PyTorch
+// frontend passes its allocator's tensors).
 //
 // Same numerics as the CPU backend: byte for byte for quantization (data, scales, amaxes,
 // stochastic rounding); the GEMM within the fp32 accumulation bound of the CPU's result (equal
 // where every partial sum is exact: the tensor cores' fp32 sums are not IEEE adds in a fixed order).
 // Every call is asynchronous on `stream` (a cudaStream_t; nullptr = the legacy default stream);
 // arguments are checked on the host before anything is launched, and launch failures throw
-// microscale::Error. No managed memory; the only allocation is the GEMM's split-K workspace when
-// the caller passes none (see cuda::gemm).
+// microscale::Error. No managed memory; the only allocation is the GEMM's workspace when the caller
+// passes none (see cuda::gemm).
 #pragma once
 
 #include <cstddef>
@@ -47,45 +47,52 @@ void swizzle_scales(const TensorView& compact, const TensorView& swizzled, void*
 
 /// @brief How cuda::gemm runs. Both give the same numerics (exact blocks, fp32 accumulation):
 /// - Fused: one kernel converts each tile of codes to fp16 in shared memory and multiplies it
-///   with wgmma (src/cuda/gemm_nvfp4.cu); no copy of the operands. Best where M or N is small.
+///   with wgmma (src/cuda/gemm_nvfp4.cu); no copy of the operands. NVFP4 pairs whose K is a
+///   multiple of 64 only. Best where M or N is small.
 /// - Expanded: the operands' blocks are written out once as exact bf16 values (codes times block
-///   scales; the global scales stay in alpha), and cuBLAS multiplies them with fp32 accumulation.
-///   cuBLAS writes D itself (alpha' from the device) when there is no C or bias and D is
-///   contiguous bf16 or f32; otherwise it writes an fp32 [L, M, N] and the epilogue kernel
-///   applies alpha', C and the bias (src/cuda/gemm_expanded.cu). Needs workspace for the copies
-///   and M * L, N * L below 2^31; fastest for large shapes.
-/// - Auto: the expanded path where M and N are both at least 512 (prefer_expanded_gemm in
-///   src/cuda/gemm_split.hpp) and its sizes hold, else the fused kernel.
+///   scales; the NVFP4 global scales stay in alpha), and cuBLAS multiplies them with fp32
+///   accumulation. cuBLAS writes D itself (alpha' from the device) when there is no C or bias and
+///   D is contiguous bf16 or f32; otherwise it writes an fp32 [L, M, N] and the epilogue kernel
+///   applies alpha', C and the bias (src/cuda/gemm_expanded.cu). MXFP8 values below bf16's range
+///   (blocks of values below ~2^-115) are caught on the device, and a slow exact kernel then
+///   recomputes the result (src/cuda/gemm_fallback.cu). Needs workspace for the copies and M, N,
+///   K times L below 2^31; takes every pair; fastest for large shapes.
+/// - Auto: the fused kernel where it takes the pair and M or N is below 512
+///   (prefer_expanded_gemm in src/cuda/gemm_split.hpp) or the expanded path's sizes would not
+///   hold, else the expanded path.
 enum class GemmPath { Auto, Fused, Expanded };
 
-/// @brief D = alpha * A B^T (+ beta C) (+ bias) on the device, for two NVFP4 operands (K-major
-/// codes with compact or swizzled scales, as GemmOperand::from gives them; optionally batched).
+/// @brief D = alpha * A B^T (+ beta C) (+ bias) on the device, for two block-scaled operands of
+/// one block size: NVFP4 x NVFP4, or MX x MX of any element formats (e.g. MXFP8 E4M3 x E5M2), as
+/// GemmOperand::from gives them (K-major codes, or MX columnwise outputs stored transposed;
+/// compact or swizzled scales; optionally batched).
 /// The numerics of microscale::gemm: each block dequantized exactly, fp32 accumulation, alpha
-/// times amax_a * amax_b / (6*6*448*448) when both operands carry an amax, times amax / 2688 when
-/// one does. An operand's amax is
+/// times amax_a * amax_b / (6*6*448*448) when both NVFP4 operands carry an amax, times amax / 2688
+/// when one does. An operand's amax is
 /// either its host value (GemmOperand::amax) or a device float (`a_amax` / `b_amax`, e.g. the
 /// QuantizedViews::amax entry of the usage). D, C and bias are device tensors (f32/bf16/f16; D
 /// and C [M, N(, L)] with any positive strides, bias [N] contiguous); problem.out_dtype is
-/// ignored (D's dtype rules); C is D itself or apart from it. Needs K % 64 == 0; rows and
-/// batches of codes 16-byte aligned; compact scale rows and batches 4-byte aligned, or swizzled
-/// scales contiguous and 16-byte aligned; L <= 65535 and M <= 65535 * 128. Anything else throws
-/// microscale::Error.
+/// ignored (D's dtype rules); C is D itself or apart from it. Codes need contiguous stored rows;
+/// L <= 65535 and M <= 65535 * 128. The fused path also needs rows and batches of codes 16-byte
+/// aligned; compact scale rows and batches 4-byte aligned, or swizzled scales 16-byte aligned.
+/// Anything else throws microscale::Error. One difference from the CPU GEMM: a byte of a 6-bit
+/// format with its high bits set (no code) reads as NaN here, where the CPU GEMM throws.
 ///
 /// The fused path splits K over several blocks when its output tiles are too few to fill the GPU
 /// (e.g. M = 128) and adds their fp32 sums in a second kernel (in a fixed order); the expanded
 /// path needs room for the bf16 copies and the fp32 product. Either takes `workspace` (device
 /// memory of `workspace_bytes`, 256-byte aligned) when it holds gemm_workspace_bytes(M, N, K, L,
-/// path) bytes, otherwise memory from the stream-ordered pool (cudaMallocAsync, freed on the
-/// stream).
+/// path, scheme) bytes, otherwise memory from the stream-ordered pool (cudaMallocAsync, freed on
+/// the stream).
 void gemm(const GemmOperand& a, const GemmOperand& b, const GemmProblem& problem, const TensorView& d,
           void* stream, const float* a_amax = nullptr, const float* b_amax = nullptr,
           void* workspace = nullptr, size_t workspace_bytes = 0, GemmPath path = GemmPath::Auto);
 
-/// @brief Bytes of workspace cuda::gemm uses for D [M, N(, L)] = A [M, K] B [N, K]^T on the
-/// current device along `path` (0: none): enough for any C, bias and D (the expanded path uses
-/// less when cuBLAS writes D itself).
+/// @brief Bytes of workspace cuda::gemm uses for D [M, N(, L)] = A [M, K] B [N, K]^T of operands
+/// of `scheme` (A's) on the current device along `path` (0: none): enough for any layout, C,
+/// bias and D (the expanded path uses less when cuBLAS writes D itself).
 size_t gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batches = 1,
-                            GemmPath path = GemmPath::Auto);
+                            GemmPath path = GemmPath::Auto, Scheme scheme = Scheme::NVFP4);
 
 /// @brief Visible CUDA devices (0 without a driver or device).
 int device_count();

@@ -1,4 +1,4 @@
-// Device quantization and the NVFP4 GEMM for Python, built with the library's CUDA backend
+// Device quantization and the block-scaled GEMM for Python, built with the library's CUDA backend
 // (microscale/cuda.hpp):
 // the caller, the PyTorch frontend, allocates the outputs with its own allocator and passes its
 // current stream, so nothing here allocates or synchronizes.
@@ -49,15 +49,17 @@ cuda::QuantizedViews device_views(const DeviceArray& rowwise_data, const DeviceA
 
 void* as_stream(uintptr_t stream) { return reinterpret_cast<void*>(stream); }
 
-// One NVFP4 operand of gemm_cuda: codes and scales in CUDA memory, and the device amax to use
-// (a float32 CUDA array whose first element is the operand's amax), if any.
-GemmOperand nvfp4_operand(const AnyArray& data, const AnyArray& scales, bool swizzle, const char* what) {
+// One block-scaled operand of gemm_cuda: codes and scales in CUDA memory (an MX columnwise output
+// stored transposed, as GemmOperand::from gives it).
+GemmOperand device_operand(const std::string& scheme, const AnyArray& data, const AnyArray& scales,
+                           bool swizzle, bool stored_transposed, const char* what) {
   GemmOperand op;
   op.quantized = true;
-  op.scheme = Scheme::NVFP4;
+  op.scheme = parse_scheme(scheme);
   op.data = view_of(data, what);
   op.scales = view_of(scales, what);
   op.scale_layout = swizzle ? ScaleLayout::Swizzled : ScaleLayout::Compact;
+  op.stored_transposed = stored_transposed;
   return op;
 }
 
@@ -119,7 +121,8 @@ void bind_cuda(nb::module_& m) {
       [](const AnyArray& a_data, const AnyArray& a_scales, DeviceArray a_amax, bool a_swizzle,
          const AnyArray& b_data, const AnyArray& b_scales, DeviceArray b_amax, bool b_swizzle, float alpha,
          float beta, std::optional<AnyArray> c, std::optional<AnyArray> bias, nb::ndarray<> d,
-         uintptr_t stream, DeviceArray workspace, const std::string& path) {
+         uintptr_t stream, DeviceArray workspace, const std::string& path, const std::string& a_scheme,
+         bool a_transposed, const std::string& b_scheme, bool b_transposed) {
         GemmProblem problem;
         problem.alpha = alpha;
         problem.beta = beta;
@@ -128,28 +131,34 @@ void bind_cuda(nb::module_& m) {
         const TensorView workspace_view = device_view(workspace, "workspace");
         const size_t workspace_bytes =
             workspace ? static_cast<size_t>(workspace_view.numel()) * dtype_size(workspace_view.dtype) : 0;
-        cuda::gemm(nvfp4_operand(a_data, a_scales, a_swizzle, "operand A"),
-                   nvfp4_operand(b_data, b_scales, b_swizzle, "operand B"), problem, device_view(d, "D"),
-                   as_stream(stream), device_amax(a_amax, "A's amax"), device_amax(b_amax, "B's amax"),
-                   workspace_view.data, workspace_bytes, parse_gemm_path(path));
+        cuda::gemm(device_operand(a_scheme, a_data, a_scales, a_swizzle, a_transposed, "operand A"),
+                   device_operand(b_scheme, b_data, b_scales, b_swizzle, b_transposed, "operand B"), problem,
+                   device_view(d, "D"), as_stream(stream), device_amax(a_amax, "A's amax"),
+                   device_amax(b_amax, "B's amax"), workspace_view.data, workspace_bytes,
+                   parse_gemm_path(path));
       },
       nb::arg("a_data"), nb::arg("a_scales"), nb::arg("a_amax").none(), nb::arg("a_swizzle"),
       nb::arg("b_data"), nb::arg("b_scales"), nb::arg("b_amax").none(), nb::arg("b_swizzle"),
       nb::arg("alpha"), nb::arg("beta"), nb::arg("c").none(), nb::arg("bias").none(), nb::arg("d"),
       nb::arg("stream"), nb::arg("workspace").none() = nb::none(), nb::arg("path") = "auto",
-      "D = alpha * A B^T (+ beta C) (+ bias) for two NVFP4 operands in CUDA memory (codes [rows, K/2(, L)], "
-      "compact or swizzled scales, optional device amaxes), into the caller's CUDA array D, on `stream`; "
-      "workspace: contiguous CUDA memory of gemm_workspace_bytes (else the stream-ordered pool's); path: "
-      "'auto', 'fused' or 'expanded' (cuda::GemmPath).");
+      nb::arg("a_scheme") = "nvfp4", nb::arg("a_transposed") = false, nb::arg("b_scheme") = "nvfp4",
+      nb::arg("b_transposed") = false,
+      "D = alpha * A B^T (+ beta C) (+ bias) for two block-scaled operands of one block size in CUDA memory "
+      "(NVFP4 codes [rows, K/2(, L)] with optional device amaxes; MX codes [rows, K] or, a_transposed / "
+      "b_transposed, an MX columnwise output [K, rows]; compact or swizzled scales), into the caller's CUDA "
+      "array D, on `stream`; workspace: contiguous CUDA memory of gemm_workspace_bytes (else the "
+      "stream-ordered pool's); path: 'auto', 'fused' or 'expanded' (cuda::GemmPath).");
 
   m.def(
       "gemm_workspace_bytes",
-      [](int64_t m, int64_t n, int64_t k, int64_t batches, const std::string& path) {
-        return cuda::gemm_workspace_bytes(m, n, k, batches, parse_gemm_path(path));
+      [](int64_t m, int64_t n, int64_t k, int64_t batches, const std::string& path,
+         const std::string& scheme) {
+        return cuda::gemm_workspace_bytes(m, n, k, batches, parse_gemm_path(path), parse_scheme(scheme));
       },
       nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("batches") = 1, nb::arg("path") = "auto",
-      "Bytes of workspace gemm_cuda uses for [M, K] x [N, K]^T on the current CUDA device along `path` "
-      "(0: none).");
+      nb::arg("scheme") = "nvfp4",
+      "Bytes of workspace gemm_cuda uses for [M, K] x [N, K]^T operands of `scheme` on the current CUDA "
+      "device along `path` (0: none).");
 }
 
 }  // namespace microscale::python

@@ -1,10 +1,10 @@
-// Branch-free fp32 -> small-float encoders, shared by the CPU fast path and the CUDA kernels
+// Branch-free fp32 <-> small-float codecs, shared by the CPU fast path and the CUDA kernels
 // (MICROSCALE_HOST_DEVICE: one definition for both backends).
 //
-// Each equals encode_rn / encode_sr of format.hpp bit for bit (tests/cpp/format_test.cpp, FastCodec
-// checks every bf16 input, every grid point and midpoint and their neighbours, and random fp32
-// bit patterns). Written with integer and compare/select operations only, so loops over a block
-// vectorise.
+// Each equals encode_rn / encode_sr / decode of format.hpp bit for bit (tests/cpp/format_test.cpp,
+// FastCodec checks every bf16 input, every grid point and midpoint and their neighbours, random
+// fp32 bit patterns, and every code). Written with integer and compare/select operations only, so
+// loops over a block vectorise.
 #pragma once
 
 #include <cstdint>
@@ -91,6 +91,25 @@ struct ElementCodec {
     code = select((a >= 0x7F800000u) | (code > kMaxCode), kMaxCode, code);
     const uint32_t with_sign = code | (sign << (kBits - 1));
     return static_cast<uint8_t>(select(a > 0x7F800000u, nan_code(sign), with_sign));
+  }
+
+  /// Code -> value, exact (see decode). Bits above the code's width are ignored (a caller that
+  /// reads codes from bytes checks them).
+  MICROSCALE_HOST_DEVICE static float decode(uint32_t code) {
+    const uint32_t magnitude = code & (kSignBit - 1);
+    // Normal: the exponent and mantissa fields move into fp32's, rebiased. Subnormal (exponent
+    // field 0, so magnitude = mantissa): magnitude steps of 2^(kEmin - kMantissaBits), as the
+    // difference of two fp32 values whose last mantissa bits are those steps (exact).
+    const uint32_t normal = (magnitude << kShift) + (kRebias << kShift);
+    const uint32_t subnormal = float_bits(bits_to_float(kMagicBits | magnitude) - bits_to_float(kMagicBits));
+    uint32_t bits = select(magnitude < (1u << kMantissaBits), subnormal, normal);
+    if constexpr (kSpecials == Specials::NanOnlyOnes) {
+      bits = select(magnitude == kSignBit - 1, 0x7FC00000u, bits);
+    } else if constexpr (kSpecials == Specials::Ieee) {
+      const uint32_t top = ((1u << kExponentBits) - 1) << kMantissaBits;  // the Inf/NaN binade
+      bits = select(magnitude >= top, select(magnitude == top, 0x7F800000u, 0x7FC00000u), bits);
+    }
+    return bits_to_float(bits | ((code & kSignBit) << (32 - kBits)));
   }
 };
 

@@ -3,6 +3,7 @@
 // (src/cuda/gemm_nvfp4.cu) or the expanded path (src/cuda/gemm_expanded.cu). The numerics are
 // core/gemm.cpp's: D = alpha' * sum over blocks (sa * sb * sum a*b) [+ beta C]
 // [+ bias], fp32 accumulation, alpha' folding in the NVFP4 global amaxes.
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "core/view_extent.hpp"
+#include "cuda/gemm_expanded.hpp"
 #include "cuda/gemm_nvfp4.hpp"
 #include "cuda/gemm_split.hpp"
 #include "microscale/cuda.hpp"
@@ -27,56 +29,62 @@ void require(bool ok, const std::string& message) {
 
 bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
-// Checks a NVFP4 operand [rows, K(, L)] on the device; returns its rows and K.
-Nvfp4GemmOperand device_operand(const GemmOperand& op, const float* device_amax, const char* name,
-                                int64_t& rows, int64_t& k, int64_t& batches) {
+// Checks a block-scaled operand [rows, K(, L)] on the device (what both paths read); returns
+// it with its rows, K and batches.
+GemmDeviceOperand device_operand(const GemmOperand& op, const float* device_amax, const char* name,
+                                 int64_t& rows, int64_t& k, int64_t& batches) {
   const std::string who = std::string("operand ") + name;
-  require(op.quantized && op.scheme == Scheme::NVFP4,
-          who + " must be NVFP4 (the CUDA GEMM takes NVFP4 x NVFP4; MX and dense operands run on the CPU)");
-  require(!op.stored_transposed, who + ": NVFP4 data is K-major, never stored transposed");
+  require(op.quantized, who + " must be block-scaled (dense operands run on the CPU)");
+  const bool nvfp4 = op.scheme == Scheme::NVFP4;
+  require(!(nvfp4 && op.stored_transposed), who + ": NVFP4 data is K-major, never stored transposed");
   const TensorView& d = op.data;
   const TensorView& s = op.scales;
   require(d.device == Device::CUDA && s.device == Device::CUDA, who + " data and scales must be CUDA memory");
   require(d.dtype == DType::U8 && s.dtype == DType::U8, who + " data and scales must be u8");
   require(d.data != nullptr && s.data != nullptr, who + " has a null pointer");
   require(d.ndim() == 2 || d.ndim() == 3,
-          who + " data must be [rows, K/2] or [rows, K/2, L], got " + shape_string(d.shape));
+          who + " data must be 2-D or 3-D (stored rows, their bytes(, L)), got " + shape_string(d.shape));
   const std::vector<int64_t> ds = d.effective_strides();
-  rows = d.shape[0];
-  k = d.shape[1] * 2;
+  const int64_t per_byte = element_format(op.scheme) == Format::E2M1 ? 2 : 1;
+  const int64_t stored_rows = d.shape[0], stored_cols = d.shape[1] * per_byte;
+  rows = op.stored_transposed ? stored_cols : stored_rows;
+  k = op.stored_transposed ? stored_rows : stored_cols;
   batches = d.ndim() == 3 ? d.shape[2] : 1;
   require(rows > 0 && k > 0 && batches > 0, who + " is empty: " + shape_string(d.shape));
-  require(k % kNvfp4GemmK == 0, who + ": K = " + std::to_string(k) + " is not a multiple of " +
-                                    std::to_string(kNvfp4GemmK) + " (the CUDA GEMM's K tile)");
-  require(ds[1] == 1 && ds[0] % 16 == 0 && (batches == 1 || ds[2] % 16 == 0) && aligned(d.data, 16),
-          who + " data must have contiguous rows whose starts are 16-byte aligned (strides " +
-              shape_string(ds) + ")");
-  Nvfp4GemmOperand out;
+  const int64_t block = block_size(op.scheme);
+  require(k % block == 0, who + ": K = " + std::to_string(k) + " is not a multiple of the block size " +
+                              std::to_string(block));
+  require(ds[1] == 1 && ds[0] > 0 && (batches == 1 || ds[2] > 0),
+          who + " data must have contiguous rows and positive strides (strides " + shape_string(ds) + ")");
+  GemmDeviceOperand out;
+  out.scheme = op.scheme;
+  out.stored_transposed = op.stored_transposed;
   out.data = static_cast<const uint8_t*>(d.data);
   out.row_bytes = ds[0];
   out.batch_bytes = batches > 1 ? ds[2] : 0;
   out.scales = static_cast<const uint8_t*>(s.data);
   out.swizzled = op.scale_layout == ScaleLayout::Swizzled;
-  const int64_t scale_cols = k / 16;
+  const int64_t scale_cols = k / block;
   if (out.swizzled) {
     const int64_t image = swizzled_rows(rows) * swizzled_cols(scale_cols);
     require(s.is_contiguous() && s.numel() == batches * image,
             who + " swizzled scales must be contiguous, " + std::to_string(batches * image) + " bytes");
-    require(aligned(s.data, 16), who + " swizzled scales must be 16-byte aligned");
     out.scale_batch_bytes = image;
   } else {
-    std::vector<int64_t> want = {rows, scale_cols};
+    std::vector<int64_t> want = op.stored_transposed ? std::vector<int64_t>{scale_cols, rows}
+                                                     : std::vector<int64_t>{rows, scale_cols};
     if (d.ndim() == 3) want.push_back(batches);
     require(s.shape == want,
             who + " compact scales are " + shape_string(s.shape) + ", expected " + shape_string(want));
     const std::vector<int64_t> ss = s.effective_strides();
-    require(ss[1] == 1 && ss[0] % 4 == 0 && (batches == 1 || ss[2] % 4 == 0) && aligned(s.data, 4),
-            who + " compact scales must have contiguous rows starting on 4-byte boundaries (strides " +
+    require(ss[1] == 1 && ss[0] > 0 && (batches == 1 || ss[2] > 0),
+            who + " compact scales must have contiguous rows and positive strides (strides " +
                 shape_string(ss) + ")");
     out.scale_row_bytes = ss[0];
     out.scale_batch_bytes = batches > 1 ? ss[2] : 0;
   }
   require(!(op.amax && device_amax), who + " has both a host amax and a device amax");
+  require(nvfp4 || !(op.amax || device_amax), who + ": only NVFP4 operands carry an amax");
   if (op.amax) {
     require(std::isfinite(*op.amax) && *op.amax >= 0.0f, who + ": amax must be finite and >= 0");
     out.has_amax = true;
@@ -86,6 +94,20 @@ Nvfp4GemmOperand device_operand(const GemmOperand& op, const float* device_amax,
     out.amax = device_amax;
   }
   return out;
+}
+
+// What the fused kernel needs beyond device_operand: 16-byte aligned rows of codes (its cp.async
+// copies), compact scale rows on 4-byte boundaries or 16-byte aligned swizzled images.
+void require_fused_layout(const GemmDeviceOperand& op, const char* name) {
+  const std::string who = std::string("operand ") + name + " (fused path)";
+  require(op.row_bytes % 16 == 0 && op.batch_bytes % 16 == 0 && aligned(op.data, 16),
+          who + ": rows of codes must start 16-byte aligned");
+  if (op.swizzled) {
+    require(aligned(op.scales, 16), who + ": swizzled scales must be 16-byte aligned");
+  } else {
+    require(op.scale_row_bytes % 4 == 0 && op.scale_batch_bytes % 4 == 0 && aligned(op.scales, 4),
+            who + ": compact scale rows must start on 4-byte boundaries");
+  }
 }
 
 // A 2-D or 3-D epilogue tensor [M, N(, L)] on the device.
@@ -125,11 +147,18 @@ void require_c_apart_from_d(const TensorView& c, const TensorView& d) {
   require(c_end <= first(d) || d_end <= first(c), "C overlaps D without being D itself");
 }
 
-// Whether `path` runs the expanded path. Auto: by shape (gemm_split.hpp), and only where the
-// expanded path's int sizes hold (M * L and N * L below 2^31; K is below that already).
-bool expanded(GemmPath path, int64_t m, int64_t n, int64_t batches) {
-  if (path != GemmPath::Auto) return path == GemmPath::Expanded;
-  return prefer_expanded_gemm(m, n) && m <= INT_MAX / batches && n <= INT_MAX / batches;
+// Whether `path` runs the expanded path for an operand pair of `scheme`. The fused kernel takes
+// NVFP4 pairs whose K is a multiple of its K tile; Auto picks it by shape (gemm_split.hpp) and
+// where the expanded path's int sizes (M, N and K times L below 2^31) would not hold.
+bool expanded(GemmPath path, Scheme scheme, int64_t m, int64_t n, int64_t k, int64_t batches) {
+  const bool fused_takes = scheme == Scheme::NVFP4 && k % kNvfp4GemmK == 0;
+  if (path == GemmPath::Fused) {
+    require(fused_takes, "the fused path takes NVFP4 pairs whose K is a multiple of " +
+                             std::to_string(kNvfp4GemmK) + " (GemmPath::Expanded or Auto take the rest)");
+    return false;
+  }
+  if (path == GemmPath::Expanded || !fused_takes) return true;
+  return prefer_expanded_gemm(m, n) && std::max({m, n, k}) <= INT_MAX / batches;
 }
 
 }  // namespace
@@ -137,7 +166,7 @@ bool expanded(GemmPath path, int64_t m, int64_t n, int64_t batches) {
 void gemm(const GemmOperand& a, const GemmOperand& b, const GemmProblem& problem, const TensorView& d,
           void* stream, const float* a_amax, const float* b_amax, void* workspace, size_t workspace_bytes,
           GemmPath path) {
-  Nvfp4GemmParams p;
+  GemmDeviceParams p;
   int64_t m = 0, ka = 0, la = 0, n = 0, kb = 0, lb = 0;
   p.a = device_operand(a, a_amax, "A", m, ka, la);
   p.b = device_operand(b, b_amax, "B", n, kb, lb);
@@ -145,6 +174,9 @@ void gemm(const GemmOperand& a, const GemmOperand& b, const GemmProblem& problem
                         std::to_string(n) + ", " + std::to_string(kb) + "]: their K differ");
   require(la == lb, "A has " + std::to_string(la) + " batches and B has " + std::to_string(lb));
   require(la <= 65535 && (m + 127) / 128 <= 65535, "too many batches or rows for one launch");
+  require(block_size(a.scheme) == block_size(b.scheme), std::string("A and B use different block sizes (") +
+                                                            std::string(scheme_name(a.scheme)) + " x " +
+                                                            std::string(scheme_name(b.scheme)) + ")");
   std::vector<int64_t> want = {m, n};
   if (la > 1 || d.ndim() == 3) want.push_back(la);
   p.d = epilogue_tensor(d, want, "D");
@@ -173,17 +205,19 @@ void gemm(const GemmOperand& a, const GemmOperand& b, const GemmProblem& problem
   p.batches = la;
   p.alpha = problem.alpha;
   p.beta = problem.beta;
-  if (expanded(path, m, n, la)) {
-    launch_expanded_nvfp4_gemm(p, static_cast<cudaStream_t>(stream), workspace, workspace_bytes);
+  if (expanded(path, a.scheme, m, n, ka, la)) {
+    launch_expanded_gemm(p, static_cast<cudaStream_t>(stream), workspace, workspace_bytes);
   } else {
+    require_fused_layout(p.a, "A");
+    require_fused_layout(p.b, "B");
     launch_nvfp4_gemm(p, static_cast<cudaStream_t>(stream), workspace, workspace_bytes);
   }
 }
 
-size_t gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batches, GemmPath path) {
+size_t gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batches, GemmPath path, Scheme scheme) {
   require(m > 0 && n > 0 && k > 0 && batches > 0, "gemm_workspace_bytes: sizes must be positive");
-  return expanded(path, m, n, batches) ? expanded_nvfp4_gemm_workspace_bytes(m, n, k, batches)
-                                       : nvfp4_gemm_workspace_bytes(m, n, k, batches);
+  return expanded(path, scheme, m, n, k, batches) ? expanded_gemm_workspace_bytes(m, n, k, batches)
+                                                  : nvfp4_gemm_workspace_bytes(m, n, k, batches);
 }
 
 }  // namespace microscale::cuda

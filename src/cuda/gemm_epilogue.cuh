@@ -1,11 +1,12 @@
-// The NVFP4 GEMM's epilogue on the device, shared by its two paths (the fused kernel and the
-// expanded path's finishing kernel): alpha with the global scales folded in, then D = alpha' * sum
-// (+ beta C) (+ bias) in core/gemm.cpp's order, read and written in any float dtype.
+// The CUDA GEMM's epilogue on the device, shared by its two paths (the fused kernel, the expanded
+// path's finishing kernel and its exact fallback): alpha with the NVFP4 global scales folded in,
+// then D = alpha' * sum (+ beta C) (+ bias) in core/gemm.cpp's order, read and written in any
+// float dtype.
 #pragma once
 
 #include <cstdint>
 
-#include "cuda/gemm_nvfp4.hpp"
+#include "cuda/gemm_params.hpp"
 #include "microscale/half.hpp"
 
 namespace microscale::cuda {
@@ -27,7 +28,7 @@ __device__ __forceinline__ void store_value(void* p, DType dtype, int64_t i, flo
 }
 
 // D[row, col, l] = v (+ beta C) (+ bias), in core/gemm.cpp's order; v is alpha' times the sum.
-__device__ __forceinline__ void store_result(const Nvfp4GemmParams& p, int64_t row, int64_t col, int64_t l,
+__device__ __forceinline__ void store_result(const GemmDeviceParams& p, int64_t row, int64_t col, int64_t l,
                                              float v) {
   if (p.has_c) {
     v = v + p.beta * load_value(p.c.data, p.c.dtype,
@@ -38,7 +39,7 @@ __device__ __forceinline__ void store_result(const Nvfp4GemmParams& p, int64_t r
 }
 
 // alpha with the global scales folded in, in core/gemm.cpp's order.
-__device__ __forceinline__ float effective_alpha(const Nvfp4GemmParams& p) {
+__device__ __forceinline__ float effective_alpha(const GemmDeviceParams& p) {
   const bool a_global = p.a.has_amax, b_global = p.b.has_amax;
   const float amax_a = p.a.amax ? *p.a.amax : p.a.amax_value;
   const float amax_b = p.b.amax ? *p.b.amax : p.b.amax_value;

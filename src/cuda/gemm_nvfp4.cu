@@ -102,7 +102,7 @@ struct ThreadCopies {
   bool a_valid, b_valid, scale_valid, scale_wide, has_scale;
   int code_offset, scale_offset;  // within a stage's code and scale arrays
 
-  __device__ ThreadCopies(const Nvfp4GemmParams& p, int64_t m0, int64_t n0, int64_t l) {
+  __device__ ThreadCopies(const GemmDeviceParams& p, int64_t m0, int64_t n0, int64_t l) {
     const int t = static_cast<int>(threadIdx.x);
     const int row = t / 2, half = t % 2;
     code_offset = row * kCodeBytes + half * 16;
@@ -111,7 +111,7 @@ struct ThreadCopies {
     a_codes = p.a.data + l * p.a.batch_bytes + (a_valid ? (m0 + row) * p.a.row_bytes : 0) + half * 16;
     b_codes = p.b.data + l * p.b.batch_bytes + (b_valid ? (n0 + row) * p.b.row_bytes : 0) + half * 16;
     const bool for_a = t < kTileM;
-    const Nvfp4GemmOperand& op = for_a ? p.a : p.b;
+    const GemmDeviceOperand& op = for_a ? p.a : p.b;
     const int64_t r0 = for_a ? m0 : n0, rows = for_a ? p.m : p.n;
     const int srow = for_a ? t : t - kTileM;
     scale_wide = for_a ? SwizzledA : SwizzledB;
@@ -243,7 +243,7 @@ __device__ __forceinline__ void wgmma_64x128x16(float (&d)[64], uint64_t desc_a,
 
 template <bool SwizzledA, bool SwizzledB>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
-    nvfp4_gemm_kernel(const __grid_constant__ Nvfp4GemmParams p) {
+    nvfp4_gemm_kernel(const __grid_constant__ GemmDeviceParams p) {
   extern __shared__ uint8_t shared_raw[];
   uint8_t* shared =
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) & ~uintptr_t{1023});
@@ -340,29 +340,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   }
 }
 
-// The epilogue over fp32 sums in the workspace: a split K's second kernel (each element's slices
-// added in split order, the same sum whatever order the blocks ran in), and the expanded path's
-// last step (one slice, cuBLAS's product).
-// Work unit: kEpilogueColumns columns of one output row, a column per thread; its batch, row and
-// columns are found once per unit, not per element (per-element 64-bit divisions made the kernel
-// 2x slower), and a split K's few rows (M = 128) still spread over many blocks.
-constexpr int kEpilogueColumns = 256;
-__global__ void gemm_epilogue_kernel(const __grid_constant__ Nvfp4GemmParams p) {
-  const float alpha = effective_alpha(p);
-  const int64_t total = p.batches * p.m * p.n, chunks = (p.n + kEpilogueColumns - 1) / kEpilogueColumns;
-  for (int64_t unit = blockIdx.x; unit < p.batches * p.m * chunks; unit += gridDim.x) {
-    const int64_t r = unit / chunks, l = r / p.m, row = r % p.m;
-    const int64_t col = (unit % chunks) * kEpilogueColumns + threadIdx.x;
-    if (col >= p.n) continue;
-    const float* sums = p.workspace + r * p.n;  // slice 0's row; slice s's is s * total further
-    float sum = sums[col];
-    for (int64_t s = 1; s < p.splits; ++s) sum = sum + sums[s * total + col];
-    store_result(p, row, col, l, alpha * sum);
-  }
-}
-
 template <bool SwizzledA, bool SwizzledB>
-void launch(const Nvfp4GemmParams& p, cudaStream_t stream) {
+void launch(const GemmDeviceParams& p, cudaStream_t stream) {
   auto kernel = nvfp4_gemm_kernel<SwizzledA, SwizzledB>;
   MICROSCALE_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
@@ -395,9 +374,9 @@ size_t nvfp4_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batch
   return slices_bytes(split_of(m, n, k, batches), m, n, batches);
 }
 
-void launch_nvfp4_gemm(const Nvfp4GemmParams& problem, cudaStream_t stream, void* workspace,
+void launch_nvfp4_gemm(const GemmDeviceParams& problem, cudaStream_t stream, void* workspace,
                        size_t workspace_bytes) {
-  Nvfp4GemmParams p = problem;
+  GemmDeviceParams p = problem;
   const GemmSplit split = split_of(p.m, p.n, p.k, p.batches);
   p.splits = split.splits;
   p.tiles_per_split = split.tiles_per_split;
@@ -409,13 +388,6 @@ void launch_nvfp4_gemm(const Nvfp4GemmParams& problem, cudaStream_t stream, void
     p.b.swizzled ? launch<false, true>(p, stream) : launch<false, false>(p, stream);
   }
   if (p.splits > 1) launch_gemm_epilogue(p, stream);
-}
-
-void launch_gemm_epilogue(const Nvfp4GemmParams& p, cudaStream_t stream) {
-  const int64_t units = p.batches * p.m * ((p.n + kEpilogueColumns - 1) / kEpilogueColumns);
-  const int64_t blocks = std::min<int64_t>(units, int64_t{1} << 20);
-  gemm_epilogue_kernel<<<static_cast<unsigned>(blocks), kEpilogueColumns, 0, stream>>>(p);
-  MICROSCALE_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace microscale::cuda

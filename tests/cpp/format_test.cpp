@@ -220,6 +220,11 @@ void check_codec(Format format) {
       }
     }
   }
+  for (uint32_t code = 0; code < (1u << f.bits); ++code) {
+    const float want = decode(format, static_cast<uint8_t>(code)), got = Codec::decode(code);
+    const bool same = std::isnan(want) ? std::isnan(got) : float_bits(got) == float_bits(want);
+    if (!same && ++mismatches < 5) ADD_FAILURE() << f.name << " decode code=" << code << ": " << got;
+  }
   EXPECT_EQ(mismatches, 0) << f.name;
 }
 

@@ -1,4 +1,4 @@
-// GPU tests of the CUDA NVFP4 GEMM (plain main; run by tests/gpu/run.sh on a GPU machine).
+// GPU tests of the CUDA GEMM, NVFP4 and MX (plain main; run by tests/gpu/run.sh on a GPU machine).
 //
 // The oracle is a float64 sum of the exactly dequantized operands (OperandReader, the CPU GEMM's
 // reader), finished with the CPU GEMM's fp32 epilogue. Where every partial sum is exact in fp32
@@ -7,10 +7,11 @@
 // accumulation bound K * 2^-23 * sum |a*b|. Also: swizzled scales, batches, ragged M and N, K
 // split over several blocks (small grids), host and device amaxes, alpha / beta / C / bias,
 // strided and in-place D, operands from quantize() (TE's fprop "TN" and wgrad "NT" operands), and
-// each bad argument a microscale::Error.
+// each bad argument a microscale::Error. MX pairs (run_mx_checks) and NVFP4 with K not a multiple
+// of 64 run on the expanded path only, within the bound.
 // Exit status = number of failures (capped).
 //
-// Every check runs on both paths (cuda::GemmPath::Fused and ::Expanded).
+// Every other check runs on both paths (cuda::GemmPath::Fused and ::Expanded).
 // Usage: gemm_gpu_test [--quick] [--fused-only] | --time M N K [fused|expanded]
 #include <cuda_runtime.h>
 
@@ -19,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -154,21 +156,19 @@ struct Layouts {
   bool swizzle_a, swizzle_b;
 };
 
-// Runs one GEMM on the device and checks every element of D; `exact` asks for equal bits.
-void check_gemm(const std::string& name, const HostOperand& a, const HostOperand& b, Layouts layouts,
-                const Epilogue& e, bool exact, std::mt19937_64& rng) {
-  const int64_t m = a.rows, n = b.rows, k = a.k, batches = a.batches;
-  const bool three_d = a.three_d;
-  DeviceBuffer da(a.codes.data(), a.codes.size()), db(b.codes.data(), b.codes.size());
-  const auto& as = layouts.swizzle_a ? a.swizzled : a.compact;
-  const auto& bs = layouts.swizzle_b ? b.swizzled : b.compact;
-  DeviceBuffer das(as.data(), as.size()), dbs(bs.data(), bs.size());
-  GemmOperand ga = a.view(da.p, das.p, layouts.swizzle_a, Device::CUDA),
-              gb = b.view(db.p, dbs.p, layouts.swizzle_b, Device::CUDA);
+// Runs one GEMM on the device (operands `ga`, `gb` in device memory) and checks every element of
+// D against the oracle over `host_a`, `host_b` (the same operands in host memory, with their
+// amaxes); `exact` asks for equal bits, else the fp32 accumulation bound plus `abs_slack`.
+void check_operands(const std::string& name, const GemmOperand& host_a, const GemmOperand& host_b,
+                    GemmOperand ga, GemmOperand gb, const Epilogue& e, bool exact, std::mt19937_64& rng,
+                    double abs_slack = 1e-30) {
+  const OperandReader ra(host_a), rb(host_b);  // they keep references to the operands
+  const int64_t m = ra.rows(), n = rb.rows(), k = ra.k(), batches = ra.batches();
+  const bool three_d = host_a.data.ndim() == 3;
   std::optional<DeviceBuffer> amax_a, amax_b;
   if (e.amax_on_device) {
-    if (a.amax) amax_a.emplace(&*a.amax, sizeof(float));
-    if (b.amax) amax_b.emplace(&*b.amax, sizeof(float));
+    if (host_a.amax) amax_a.emplace(&*host_a.amax, sizeof(float));
+    if (host_b.amax) amax_b.emplace(&*host_b.amax, sizeof(float));
     ga.amax.reset();
     gb.amax.reset();
   }
@@ -206,7 +206,8 @@ void check_gemm(const std::string& name, const HostOperand& a, const HostOperand
     problem.bias = TensorView{dbias->p, e.bias_dtype, {n}, {}, Device::CUDA};
   }
   const TensorView d{dd.p, e.out, shape, d_strides, Device::CUDA};
-  const size_t workspace_bytes = e.workspace ? cuda::gemm_workspace_bytes(m, n, k, batches, g_path) : 0;
+  const size_t workspace_bytes =
+      e.workspace ? cuda::gemm_workspace_bytes(m, n, k, batches, g_path, host_a.scheme) : 0;
   if (e.workspace && workspace_bytes == 0)
     fail(name + ": expected a workspace (a split K, or the expanded path)");
   DeviceBuffer workspace(workspace_bytes);
@@ -223,14 +224,12 @@ void check_gemm(const std::string& name, const HostOperand& a, const HostOperand
   CK(cudaMemcpy(got.data(), dd.p, got.size(), cudaMemcpyDeviceToHost));
 
   // The oracle: float64 sums of the exact operands, then core/gemm.cpp's fp32 epilogue.
-  const GemmOperand host_a = a.view(a.codes.data(), a.compact.data(), false, Device::CPU);
-  const GemmOperand host_b = b.view(b.codes.data(), b.compact.data(), false, Device::CPU);
-  const OperandReader ra(host_a), rb(host_b);  // they keep references to the operands
+  const std::optional<float> a_amax = host_a.amax, b_amax = host_b.amax;
   float alpha = e.alpha;
-  if (a.amax && b.amax) {
-    alpha = ((alpha * *a.amax) * *b.amax) * (1.0f / 7225344.0f);
-  } else if (a.amax || b.amax) {
-    alpha = (alpha * (a.amax ? *a.amax : *b.amax)) * (1.0f / 2688.0f);
+  if (a_amax && b_amax) {
+    alpha = ((alpha * *a_amax) * *b_amax) * (1.0f / 7225344.0f);
+  } else if (a_amax || b_amax) {
+    alpha = (alpha * (a_amax ? *a_amax : *b_amax)) * (1.0f / 2688.0f);
   }
   std::vector<float> av(static_cast<size_t>(m * k)), bv(static_cast<size_t>(n * k));
   int64_t bad = 0;
@@ -260,12 +259,14 @@ void check_gemm(const std::string& name, const HostOperand& a, const HostOperand
         bool ok;
         if (exact) {
           ok = std::memcmp(&want, &have, 4) == 0 || (std::isnan(want) && std::isnan(have));
+        } else if (std::isnan(want)) {
+          ok = std::isnan(have);
         } else {
           const double bound = std::fabs(alpha) * (static_cast<double>(k) + 2) * std::ldexp(abs_sum, -23) +
                                std::fabs(want) * (e.out == DType::F32    ? 0x1p-22
                                                   : e.out == DType::BF16 ? 0x1p-7
                                                                          : 0x1p-10) +
-                               1e-30;
+                               abs_slack;
           ok = std::fabs(static_cast<double>(have) - want) <= bound;
         }
         if (!ok) {
@@ -298,6 +299,19 @@ void check_gemm(const std::string& name, const HostOperand& a, const HostOperand
   if (bad) fail(name + ": " + std::to_string(bad) + " elements differ, first " + first);
 }
 
+// check_operands for two NVFP4 HostOperands (copied to the device in `layouts`).
+void check_gemm(const std::string& name, const HostOperand& a, const HostOperand& b, Layouts layouts,
+                const Epilogue& e, bool exact, std::mt19937_64& rng) {
+  DeviceBuffer da(a.codes.data(), a.codes.size()), db(b.codes.data(), b.codes.size());
+  const auto& as = layouts.swizzle_a ? a.swizzled : a.compact;
+  const auto& bs = layouts.swizzle_b ? b.swizzled : b.compact;
+  DeviceBuffer das(as.data(), as.size()), dbs(bs.data(), bs.size());
+  check_operands(name, a.view(a.codes.data(), a.compact.data(), false, Device::CPU),
+                 b.view(b.codes.data(), b.compact.data(), false, Device::CPU),
+                 a.view(da.p, das.p, layouts.swizzle_a, Device::CUDA),
+                 b.view(db.p, dbs.p, layouts.swizzle_b, Device::CUDA), e, exact, rng);
+}
+
 void check_gemm(const std::string& name, const HostOperand& a, const HostOperand& b, bool swizzle,
                 const Epilogue& e, bool exact, std::mt19937_64& rng) {
   check_gemm(name, a, b, Layouts{swizzle, swizzle}, e, exact, rng);
@@ -328,6 +342,81 @@ HostOperand from_quantized(const QuantizedTensor& q, Usage usage) {
   }
   op.make_swizzled();
   op.amax = g.amax;
+  return op;
+}
+
+// `host` (contiguous data and scales in host memory) copied to the device; `keep` owns the copies.
+GemmOperand on_device(const GemmOperand& host, std::vector<std::unique_ptr<DeviceBuffer>>& keep) {
+  GemmOperand d = host;
+  keep.push_back(std::make_unique<DeviceBuffer>(host.data.data, static_cast<size_t>(host.data.numel())));
+  d.data.data = keep.back()->p;
+  d.data.device = Device::CUDA;
+  keep.push_back(std::make_unique<DeviceBuffer>(host.scales.data, static_cast<size_t>(host.scales.numel())));
+  d.scales.data = keep.back()->p;
+  d.scales.device = Device::CUDA;
+  return d;
+}
+
+// check_operands for host operands, copied to the device.
+void check_host_operands(const std::string& name, const GemmOperand& a, const GemmOperand& b,
+                         const Epilogue& e, std::mt19937_64& rng, double abs_slack = 1e-30) {
+  std::vector<std::unique_ptr<DeviceBuffer>> keep;
+  check_operands(name, a, b, on_device(a, keep), on_device(b, keep), e, false, rng, abs_slack);
+}
+
+// An MX operand [rows, K(, L)] built by hand: random finite codes of `scheme` and compact scales
+// drawn from `scale_codes`, K-major or stored transposed ([K, rows], as MX columnwise outputs are).
+struct ManualMx {
+  Scheme scheme = Scheme::MXFP8_E4M3;
+  bool transposed = false;
+  int64_t rows = 0, k = 0, batches = 1;
+  std::vector<uint8_t> codes, scales;
+
+  int64_t stored_rows() const { return transposed ? k : rows; }
+  int64_t row_bytes() const {
+    const int64_t cols = transposed ? rows : k;
+    return element_format(scheme) == Format::E2M1 ? cols / 2 : cols;
+  }
+  GemmOperand view() const {
+    GemmOperand op;
+    op.quantized = true;
+    op.scheme = scheme;
+    op.stored_transposed = transposed;
+    const int64_t sr = stored_rows(), rb = row_bytes();
+    const int64_t scale_rows = transposed ? k / 32 : rows, scale_cols = transposed ? rows : k / 32;
+    const auto shape3 = [this](int64_t r, int64_t c) {
+      return batches > 1 ? std::vector<int64_t>{r, c, batches} : std::vector<int64_t>{r, c};
+    };
+    const auto strides3 = [this](int64_t r, int64_t c) {
+      return batches > 1 ? std::vector<int64_t>{c, 1, r * c} : std::vector<int64_t>{c, 1};
+    };
+    op.data = TensorView{const_cast<uint8_t*>(codes.data()), DType::U8, shape3(sr, rb), strides3(sr, rb),
+                         Device::CPU};
+    op.scales = TensorView{const_cast<uint8_t*>(scales.data()), DType::U8, shape3(scale_rows, scale_cols),
+                           strides3(scale_rows, scale_cols), Device::CPU};
+    return op;
+  }
+};
+
+ManualMx manual_mx(Scheme scheme, bool transposed, int64_t rows, int64_t k, int64_t batches,
+                   const std::vector<uint8_t>& scale_codes, std::mt19937_64& rng) {
+  ManualMx op;
+  op.scheme = scheme;
+  op.transposed = transposed;
+  op.rows = rows;
+  op.k = k;
+  op.batches = batches;
+  const Format format = element_format(scheme);
+  const bool packed = format == Format::E2M1;
+  const uint8_t mask = static_cast<uint8_t>((1u << format_info(format).bits) - 1);
+  op.codes.resize(static_cast<size_t>(batches * op.stored_rows() * op.row_bytes()));
+  for (auto& c : op.codes) {
+    do {  // finite codes only (a NaN code would poison whole rows of D)
+      c = packed ? static_cast<uint8_t>(rng()) : static_cast<uint8_t>(rng() & mask);
+    } while (!packed && !std::isfinite(decode(format, c)));
+  }
+  op.scales.resize(static_cast<size_t>(batches * rows * (k / 32)));
+  for (auto& s : op.scales) s = scale_codes[rng() % scale_codes.size()];
   return op;
 }
 
@@ -380,6 +469,131 @@ int time_one_shape(int64_t m, int64_t n, int64_t k, cuda::GemmPath path) {
   std::printf("%s %lld x %lld x %lld: %.1f us, %.0f TFLOP/s\n", path_name(path), static_cast<long long>(m),
               static_cast<long long>(n), static_cast<long long>(k), us, 2.0 * m * n * k / us / 1e6);
   return 0;
+}
+
+// The MX GEMM (the expanded path only): every element format, the three Linear GEMMs' operands
+// (rowwise and the transposed columnwise outputs) from quantize(), compact and swizzled scales,
+// E4M3 x E5M2 (the HYBRID recipe's dgrad), batches, the epilogue, odd stored rows (the copy's tail
+// and byte loads), blocks of values below bf16's range (the exact fallback, on both of its routes),
+// NaN scales, and bytes that are no FP6 code.
+void run_mx_checks(std::mt19937_64& rng) {
+  const Scheme schemes[] = {Scheme::MXFP8_E4M3, Scheme::MXFP8_E5M2, Scheme::MXFP6_E2M3, Scheme::MXFP6_E3M2,
+                            Scheme::MXFP4};
+  const int64_t tokens = 256, in = 512, out = 384;
+  const auto x = gaussian(tokens * in, rng, 1.0f), w = gaussian(out * in, rng, 0.02f),
+             dy = gaussian(tokens * out, rng, 1e-3f);
+  const auto view = [](const std::vector<float>& v, int64_t r, int64_t c) {
+    return TensorView::from_buffer(const_cast<float*>(v.data()), v.size() * 4, DType::F32, {r, c});
+  };
+  for (Scheme scheme : schemes) {
+    for (bool swizzle : {false, true}) {
+      QuantizeOptions o;
+      o.scheme = scheme;
+      o.rowwise = true;
+      o.columnwise = true;
+      o.scale_layout = swizzle ? ScaleLayout::Swizzled : ScaleLayout::Compact;
+      const QuantizedTensor qx = quantize(view(x, tokens, in), o), qw = quantize(view(w, out, in), o),
+                            qdy = quantize(view(dy, tokens, out), o);
+      const std::string tag = std::string(scheme_name(scheme)) + (swizzle ? " swizzled" : " compact");
+      Epilogue e;
+      e.out = DType::BF16;
+      const auto [fa, fb] = te_gemm_operands(qw, qx, "TN");
+      check_host_operands("MX fprop TN " + tag, fa, fb, e, rng);
+      const auto [da, db] = te_gemm_operands(qw, qdy, "NN");
+      check_host_operands("MX dgrad NN " + tag, da, db, e, rng);
+      const auto [wa, wb] = te_gemm_operands(qx, qdy, "NT");
+      e.out = DType::F32;
+      check_host_operands("MX wgrad NT " + tag, wa, wb, e, rng);
+    }
+  }
+  {  // HYBRID: dy in E5M2, W in E4M3; with C, bias and a strided f16 D (the epilogue kernel)
+    QuantizeOptions o;
+    o.scheme = Scheme::MXFP8_E4M3;
+    o.rowwise = true;
+    o.columnwise = true;
+    const QuantizedTensor qw = quantize(view(w, out, in), o);
+    o.scheme = Scheme::MXFP8_E5M2;
+    const QuantizedTensor qdy = quantize(view(dy, tokens, out), o);
+    const auto [da, db] = te_gemm_operands(qw, qdy, "NN");
+    Epilogue e;
+    e.out = DType::F16;
+    e.alpha = 0.75f;
+    e.beta = -1.0f;
+    e.with_c = true;
+    e.with_bias = true;
+    e.d_row_pad = 3;
+    e.workspace = true;
+    check_host_operands("MX dgrad E5M2 x E4M3, C bias strided f16, caller's workspace", da, db, e, rng);
+  }
+  std::vector<uint8_t> normal_scales;  // 2^-7 .. 2^2
+  for (int c = 120; c <= 129; ++c) normal_scales.push_back(static_cast<uint8_t>(c));
+  // Batched, both orientations; 40 stored values per row (a 16-value tail) and FP4 rows of 20
+  // bytes (no vector loads).
+  for (Scheme scheme : {Scheme::MXFP8_E4M3, Scheme::MXFP4}) {
+    const ManualMx a = manual_mx(scheme, false, 72, 128, 3, normal_scales, rng);
+    const ManualMx b = manual_mx(scheme, true, 40, 128, 3, normal_scales, rng);
+    Epilogue e;
+    check_host_operands(
+        std::string("MX batched, B transposed with 40 rows ") + std::string(scheme_name(scheme)), a.view(),
+        b.view(), e, rng);
+    const ManualMx at = manual_mx(scheme, true, 40, 96, 1, normal_scales, rng);
+    const ManualMx bk = manual_mx(scheme, false, 24, 96, 1, normal_scales, rng);
+    e.with_bias = true;
+    check_host_operands(std::string("MX A transposed with 40 rows, bias ") + std::string(scheme_name(scheme)),
+                        at.view(), bk.view(), e, rng);
+  }
+  // Values below bf16's range: A's blocks all of scales 2^-127 .. 2^-125 (E4M3) or below 2^-118
+  // (E5M2), so that each row's sums are tiny too and a rounded copy would miss the bound; the
+  // slack is fp32's smallest step per term.
+  for (Scheme scheme : {Scheme::MXFP8_E4M3, Scheme::MXFP8_E5M2}) {
+    const std::vector<uint8_t> tiny =
+        scheme == Scheme::MXFP8_E4M3 ? std::vector<uint8_t>{0, 1, 2} : std::vector<uint8_t>{0, 3, 6, 9};
+    const ManualMx a = manual_mx(scheme, false, 70, 256, 1, tiny, rng);
+    const ManualMx b = manual_mx(scheme, true, 90, 256, 1, normal_scales, rng);
+    const double slack = 256 * 0x1p-149;
+    Epilogue direct;  // f32 contiguous D, no C: cuBLAS writes D, the fallback rewrites it
+    check_host_operands(std::string("MX tiny blocks, direct route ") + std::string(scheme_name(scheme)),
+                        a.view(), b.view(), direct, rng, slack);
+    Epilogue epilogue;  // with a bias: the fallback writes the fp32 product
+    epilogue.with_bias = true;
+    epilogue.bias_dtype = DType::F32;
+    check_host_operands(std::string("MX tiny blocks, epilogue route ") + std::string(scheme_name(scheme)),
+                        a.view(), b.view(), epilogue, rng, slack);
+  }
+  // NaN scales (0xFF): NaN rows, also with alpha = 0 (0 * NaN is NaN).
+  {
+    ManualMx a = manual_mx(Scheme::MXFP8_E4M3, false, 64, 128, 1, normal_scales, rng);
+    a.scales[5] = 0xFF;  // row 1, block 1
+    const ManualMx b = manual_mx(Scheme::MXFP8_E4M3, false, 48, 128, 1, normal_scales, rng);
+    Epilogue e;
+    check_host_operands("MX NaN scale", a.view(), b.view(), e, rng);
+    e.alpha = 0.0f;
+    check_host_operands("MX NaN scale, alpha 0", a.view(), b.view(), e, rng);
+  }
+  // A byte that is no FP6 code reads as NaN (the CPU GEMM throws; a kernel cannot).
+  {
+    ManualMx a = manual_mx(Scheme::MXFP6_E2M3, false, 32, 64, 1, normal_scales, rng);
+    a.codes[2 * 64 + 7] = 0xC1;  // row 2
+    const ManualMx b = manual_mx(Scheme::MXFP6_E2M3, false, 16, 64, 1, normal_scales, rng);
+    std::vector<std::unique_ptr<DeviceBuffer>> keep;
+    DeviceBuffer dd(32 * 16 * 4);
+    ++g_checks;
+    try {
+      cuda::gemm(on_device(a.view(), keep), on_device(b.view(), keep), {},
+                 TensorView{dd.p, DType::F32, {32, 16}, {}, Device::CUDA}, nullptr, nullptr, nullptr, nullptr,
+                 0, g_path);
+      CK(cudaDeviceSynchronize());
+      std::vector<float> got(32 * 16);
+      CK(cudaMemcpy(got.data(), dd.p, got.size() * 4, cudaMemcpyDeviceToHost));
+      int wrong = 0;
+      for (int i = 0; i < 32; ++i)
+        for (int j = 0; j < 16; ++j) wrong += std::isnan(got[i * 16 + j]) != (i == 2);
+      if (wrong)
+        fail("FP6 byte that is no code: " + std::to_string(wrong) + " elements not NaN in row 2 only");
+    } catch (const Error& err) {
+      fail(std::string("FP6 byte that is no code: threw ") + err.what());
+    }
+  }
 }
 
 void run_checks(bool quick) {
@@ -519,6 +733,14 @@ void run_checks(bool quick) {
                  false, rng);
     }
   }
+  if (g_path == cuda::GemmPath::Expanded) {
+    run_mx_checks(rng);
+    // NVFP4 whose K is not a multiple of 64 (the fused kernel's K tile): the expanded path only.
+    const HostOperand a = random_operand(96, 80, 1, gpumode_scales, rng);
+    const HostOperand b = random_operand(136, 80, 1, gpumode_scales, rng);
+    check_gemm("NVFP4 K = 80", a, b, false, Epilogue{}, true, rng);
+    check_gemm("NVFP4 K = 80 swizzled", a, b, true, Epilogue{}, true, rng);
+  }
   // Bad arguments.
   {
     const HostOperand a = random_operand(32, 128, 1, gpumode_scales, rng);
@@ -536,20 +758,40 @@ void run_checks(bool quick) {
     k80.data.strides = {40, 1};
     k80.scales.shape = {32, 5};
     k80.scales.strides = {5, 1};
-    expect_error("K not a multiple of 64", [&] { run(k80, k80, {}, d); });
-    GemmOperand mx = ok;
+    GemmOperand mx = ok;  // MXFP8 [32, 64]: 2 scales per row
     mx.scheme = Scheme::MXFP8_E4M3;
-    expect_error("MX operand", [&] { run(mx, ok, {}, d); });
-    expect_error("dense operand", [&] { run(GemmOperand::from_dense(d), ok, {}, d); });
-    GemmOperand host = a.view(a.codes.data(), a.compact.data(), false, Device::CPU);
-    expect_error("host operand", [&] { run(host, ok, {}, d); });
+    mx.data.shape = {32, 64};
+    mx.scales.shape = {32, 2};
+    mx.scales.strides = {2, 1};
     GemmOperand unaligned = ok;
     unaligned.data.data = static_cast<uint8_t*>(da.p) + 4;
     unaligned.data.shape = {31, 64};
     unaligned.scales.shape = {31, 8};
-    expect_error("unaligned codes", [&] {
-      run(unaligned, unaligned, {}, TensorView{dd.p, DType::F32, {31, 31}, {}, Device::CUDA});
-    });
+    const TensorView d31{dd.p, DType::F32, {31, 31}, {}, Device::CUDA};
+    if (g_path == cuda::GemmPath::Fused) {
+      expect_error("K not a multiple of 64 (fused)", [&] { run(k80, k80, {}, d); });
+      expect_error("MX operands (fused)", [&] { run(mx, mx, {}, d); });
+      expect_error("unaligned codes (fused)", [&] { run(unaligned, unaligned, {}, d31); });
+    } else {  // the expanded path takes these (their results are checked elsewhere)
+      run(k80, k80, {}, d);
+      run(mx, mx, {}, d);
+      run(unaligned, unaligned, {}, d31);
+      CK(cudaDeviceSynchronize());
+    }
+    expect_error("NVFP4 x MX", [&] { run(ok, mx, {}, d); });
+    GemmOperand mx_amax = mx;
+    mx_amax.amax = 1.0f;
+    expect_error("MX operand with an amax", [&] { run(mx_amax, mx, {}, d); });
+    GemmOperand nvfp4_transposed = ok;
+    nvfp4_transposed.stored_transposed = true;
+    expect_error("NVFP4 stored transposed", [&] { run(nvfp4_transposed, ok, {}, d); });
+    GemmOperand mx_k40 = mx;  // K = 40: not a multiple of MX's block
+    mx_k40.data.shape = {32, 40};
+    mx_k40.data.strides = {40, 1};
+    expect_error("MX K not a multiple of 32", [&] { run(mx_k40, mx_k40, {}, d); });
+    expect_error("dense operand", [&] { run(GemmOperand::from_dense(d), ok, {}, d); });
+    GemmOperand host = a.view(a.codes.data(), a.compact.data(), false, Device::CPU);
+    expect_error("host operand", [&] { run(host, ok, {}, d); });
     GemmOperand bad_scales = ok;
     bad_scales.scales.shape = {32, 4};
     expect_error("compact scales of the wrong shape", [&] { run(bad_scales, ok, {}, d); });

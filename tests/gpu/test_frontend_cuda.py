@@ -145,10 +145,12 @@ def test_gemm_on_cuda_errors():
         mst.gemm(mst.quantize(x, "mxfp8_e4m3"), torch.ones(4, 128))
 
 
-@pytest.mark.parametrize("scheme, k", [("mxfp8_e4m3", 128), ("mxfp4", 96), ("nvfp4", 80), ("dense", 64)])
-def test_gemm_on_cuda_emulates_what_the_kernel_does_not_take(scheme, k):
-    # MX, dense and NVFP4 with K % 64 != 0 are dequantized exactly and summed in float64 by torch:
-    # within the fp32 accumulation bound of the CPU GEMM (relative to the outputs' size here).
+@pytest.mark.parametrize("scheme, k", [("mxfp8_e4m3", 128), ("mxfp8_e5m2", 64), ("mxfp6_e2m3", 64),
+                                       ("mxfp6_e3m2", 96), ("mxfp4", 96), ("nvfp4", 80), ("dense", 64)])
+def test_gemm_on_cuda_takes_every_scheme_and_k(scheme, k):
+    # MX and NVFP4 with K % 64 != 0 run the library's expanded path; a dense pair is dequantized
+    # exactly and summed in float64 by torch: both within the fp32 accumulation bound of the CPU
+    # GEMM (relative to the outputs' size here).
     g = torch.Generator().manual_seed(7)
     x = torch.randn(96, k, generator=g).to(torch.bfloat16)
     w = (torch.randn(64, k, generator=g) * 0.05).to(torch.bfloat16)
@@ -164,6 +166,27 @@ def test_gemm_on_cuda_emulates_what_the_kernel_does_not_take(scheme, k):
         assert got.is_cuda and got.dtype == out_dtype
         ulp = 2.0**-23 if out_dtype == torch.float32 else 2.0**-7  # one rounding of the output apart
         assert ((got.cpu().double() - want.double()).abs() <= 1e-5 * want.abs().max() + ulp * want.abs().double()).all()
+
+
+@pytest.mark.parametrize("scheme_dy, scheme_x", [("mxfp8_e4m3", "mxfp8_e4m3"), ("mxfp8_e5m2", "mxfp8_e4m3"),
+                                                 ("mxfp4", "mxfp4")])
+def test_gemm_on_cuda_mx_columnwise_operands(scheme_dy, scheme_x):
+    # wgrad dW = dy^T x from MX columnwise outputs (stored untransposed, blocks down the columns)
+    # and dgrad dx = dy W from W's columnwise output, E5M2 beside E4M3 as the HYBRID recipe has it.
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(256, 192, generator=g).to(torch.bfloat16).cuda()
+    w = (torch.randn(160, 192, generator=g) * 0.05).to(torch.bfloat16).cuda()
+    dy = torch.randn(256, 160, generator=g).to(torch.bfloat16).cuda()
+    qx = mst.quantize(x, scheme_x, columnwise=True, swizzle=True)
+    qw = mst.quantize(w, scheme_x, columnwise=True)
+    qdy = mst.quantize(dy, scheme_dy, columnwise=True)
+    for a, b, ua, ub in ((qdy, qx, "columnwise", "columnwise"), (qdy, qw, "rowwise", "columnwise")):
+        got = mst.gemm(a, b, a_usage=ua, b_usage=ub, out_dtype=torch.bfloat16)
+        want = mst.gemm(_to_cpu(a), _to_cpu(b), a_usage=ua, b_usage=ub, out_dtype=torch.bfloat16)
+        assert got.is_cuda and got.shape == want.shape
+        _assert_near(got.cpu(), want, f"{scheme_dy} x {scheme_x} {ua} x {ub}", 2.0**-7)
+    with pytest.raises(ms.Error, match="different block sizes"):
+        mst.gemm(qx, mst.quantize(x, "nvfp4"))
 
 
 @pytest.mark.parametrize("path", ["fused", "expanded"])
@@ -215,8 +238,8 @@ def test_gemm_on_cuda_refuses_epilogue_tensors_elsewhere():
 
 
 # The quantized Linear on CUDA tensors (linear_composed.py): the CPU layer's quantized operands,
-# bytes and seeds alike, so the outputs differ only by the order of the fp32 sums (the NVFP4
-# kernel) or by float64 sums (the emulation for MX recipes and K not a multiple of 64).
+# bytes and seeds alike, so the outputs differ only by the order of the fp32 sums (the library's GEMM,
+# for every recipe).
 LINEAR_RECIPES = {
     "nvfp4": lambda: NVFP4BlockScaling(),
     "nvfp4_1d_no_rht": lambda: NVFP4BlockScaling(disable_rht=True, disable_2d_quantization=True),
@@ -243,8 +266,9 @@ def _assert_near(got, want, what, ulp):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-# (64, 96, 128): fprop emulated (K = 96); (512, 256, 512): the GEMMs with both sides >= 512 take
-# the expanded path (fprop and dgrad; wgrad's A is dy^T [512, 512] too).
+# (64, 96, 128): NVFP4's fprop on the expanded path (K = 96); (512, 512, 512): the NVFP4 GEMMs
+# with both sides >= 512 take the expanded path (fprop and dgrad; wgrad's A is dy^T [512, 512]
+# too). MX recipes always do.
 @pytest.mark.parametrize("m, k, n", [(128, 256, 192), (64, 96, 128), (512, 512, 512)])
 @pytest.mark.parametrize("recipe_name", sorted(LINEAR_RECIPES))
 def test_linear_on_cuda_matches_the_cpu_linear(recipe_name, m, k, n, dtype):

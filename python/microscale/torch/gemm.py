@@ -1,7 +1,7 @@
 """microscale.gemm for torch tensors: on the CPU, operands from this package's QuantizedTensor or
-dense tensors; on CUDA, the Hopper kernel for two NVFP4 QuantizedTensors whose K is a multiple of
-64, and an emulation for every other pair (dequantized exactly, multiplied in float64 by torch).
-The result is a tensor of any float dtype."""
+dense tensors; on CUDA, the library's Hopper GEMM for two QuantizedTensors of one block size
+(NVFP4 x NVFP4, MX x MX), and an emulation for a dense operand (dequantized exactly, multiplied in
+float64 by torch). The result is a tensor of any float dtype."""
 
 import torch
 
@@ -41,23 +41,28 @@ def _device_of(x):
 
 
 def _cuda_parts(x, usage):
-    """(data, scales, amax slice or None, swizzle) of one NVFP4 operand on CUDA."""
+    """(data, scales, amax slice or None) of one QuantizedTensor operand on CUDA."""
     _require_usage(x, usage)
     # The usage's device amax (a view: no copy to the host); None: the scales carry everything.
     if usage == "rowwise":
-        return x.rowwise_data, x.rowwise_scale, None if x.amax is None else x.amax[0:1], x.options.swizzle
-    return x.columnwise_data, x.columnwise_scale, None if x.amax is None else x.amax[1:2], x.options.swizzle
+        return x.rowwise_data, x.rowwise_scale, None if x.amax is None else x.amax[0:1]
+    return x.columnwise_data, x.columnwise_scale, None if x.amax is None else x.amax[1:2]
 
 
-def _kernel_runs(a, b, a_usage, b_usage):
-    """Whether the Hopper kernel takes this pair: two NVFP4 QuantizedTensors whose K (the codes'
-    row length, two per byte) is a multiple of 64."""
-    if not all(isinstance(x, QuantizedTensor) and x.options.scheme == "nvfp4" for x in (a, b)):
-        return False
-    _require_usage(a, a_usage)
-    _require_usage(b, b_usage)
-    a_data = a.rowwise_data if a_usage == "rowwise" else a.columnwise_data
-    return a_data.shape[1] * 2 % 64 == 0
+def _library_runs(a, b):
+    """Whether the library's CUDA GEMM takes this pair: two QuantizedTensors (it refuses, as the
+    CPU GEMM does, a pair of two block sizes: NVFP4 with MX)."""
+    return all(isinstance(x, QuantizedTensor) for x in (a, b))
+
+
+def _logical_rows_k(x, usage):
+    """An operand's logical [rows, K]: rowwise reads the flattened input [M, K] as it is;
+    columnwise reads its transpose (NVFP4 stores X^T, MX keeps X's layout with blocks down the
+    columns)."""
+    rows = 1
+    for d in x.shape[:-1]:
+        rows *= d
+    return (rows, x.shape[-1]) if usage == "rowwise" else (x.shape[-1], rows)
 
 
 def _emulated_operand(x, usage):
@@ -105,23 +110,28 @@ def _gemm_emulated(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
 
 
 def _gemm_cuda(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
-    a_data, a_scales, a_amax, a_swizzle = _cuda_parts(a, a_usage)
-    b_data, b_scales, b_amax, b_swizzle = _cuda_parts(b, b_usage)
+    a_data, a_scales, a_amax = _cuda_parts(a, a_usage)
+    b_data, b_scales, b_amax = _cuda_parts(b, b_usage)
     # The library sees pointers, not devices: everything must be on the operands' device.
     for name, t in (("B", b_data), ("c", c), ("bias", bias)):
         if t is not None and t.device != a_data.device:
             raise _C.Error(f"microscale.torch.gemm: {name} is on {t.device}, A on {a_data.device}")
-    m, n, k = a_data.shape[0], b_data.shape[0], a_data.shape[1] * 2
-    batches = a_data.shape[2] if a_data.dim() == 3 else 1
-    d = torch.empty((m, n) + tuple(a_data.shape[2:]), dtype=out_dtype, device=a_data.device)
+    (m, k), (n, kb) = _logical_rows_k(a, a_usage), _logical_rows_k(b, b_usage)
+    if k != kb:
+        raise _C.Error(f"microscale.torch.gemm: A is [{m}, {k}] and B is [{n}, {kb}]: their K differ")
+    scheme_a, scheme_b = a.options.scheme, b.options.scheme
+    d = torch.empty((m, n), dtype=out_dtype, device=a_data.device)
     with torch.cuda.device(a_data.device):  # the library launches on the current device
-        # A split K's partial sums go to a workspace from PyTorch's allocator (fast to reuse).
-        workspace_bytes = _C.gemm_workspace_bytes(m, n, k, batches) if min(m, n, k, batches) > 0 else 0
+        # The expanded path's copies (or a split K's partial sums) go to a workspace from
+        # PyTorch's allocator (fast to reuse).
+        workspace_bytes = _C.gemm_workspace_bytes(m, n, k, 1, "auto", scheme_a) if min(m, n, k) > 0 else 0
         workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=a_data.device) if workspace_bytes else None
-        _C.gemm_cuda(_capsule(a_data), _capsule(a_scales), _capsule(a_amax), a_swizzle, _capsule(b_data),
-                     _capsule(b_scales), _capsule(b_amax), b_swizzle, alpha, beta,
+        _C.gemm_cuda(_capsule(a_data), _capsule(a_scales), _capsule(a_amax), a.options.swizzle, _capsule(b_data),
+                     _capsule(b_scales), _capsule(b_amax), b.options.swizzle, alpha, beta,
                      _capsule(None if c is None else c.detach()), _capsule(None if bias is None else bias.detach()),
-                     _capsule(d), _stream(a_data.device), _capsule(workspace))
+                     _capsule(d), _stream(a_data.device), _capsule(workspace), "auto",
+                     scheme_a, a_usage == "columnwise" and scheme_a != "nvfp4",
+                     scheme_b, b_usage == "columnwise" and scheme_b != "nvfp4")
     return d
 
 
@@ -129,17 +139,18 @@ def gemm(a, b, *, a_usage="rowwise", b_usage="rowwise", alpha=1.0, beta=0.0, c=N
          out_dtype=torch.float32):
     """D = alpha * A B^T (+ beta C) (+ bias): a and b each a QuantizedTensor of this module (its
     a_usage / b_usage output) or a float tensor (dense). Returns a tensor of out_dtype (float32,
-    bfloat16, float16) on the operands' device. On CUDA, two NVFP4 operands whose K is a multiple
-    of 64 run the Hopper kernel on the current stream; any other pair (MX, dense, other K; 2-D) is
-    emulated: dequantized exactly and multiplied in float64 by torch, then rounded once. C and
-    bias must be on the operands' device. Not a torch.library op (not traced by torch.compile)."""
+    bfloat16, float16) on the operands' device. On CUDA, two QuantizedTensors of one block size
+    (NVFP4 x NVFP4, MX x MX) run the library's Hopper GEMM on the current stream; a pair with a
+    dense operand (2-D) is emulated: dequantized exactly and multiplied in float64 by torch, then
+    rounded once. C and bias must be on the operands' device. Not a torch.library op (not traced by
+    torch.compile)."""
     if out_dtype not in _DTYPE_NAMES:
         raise _C.Error(f"microscale.torch.gemm: out_dtype must be float32, bfloat16 or float16, not {out_dtype}")
     da, db = _device_of(a), _device_of(b)
     if (da is not None and da.type == "cuda") or (db is not None and db.type == "cuda"):
         if not _C.cuda_built():
             raise _C.Error("microscale.torch.gemm: this build has no CUDA backend")
-        if _kernel_runs(a, b, a_usage, b_usage):
+        if _library_runs(a, b):
             return _gemm_cuda(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype)
         return _gemm_emulated(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype)
     d = _C.gemm(_gemm_operand(a, a_usage), _gemm_operand(b, b_usage), alpha, beta,

@@ -1,10 +1,9 @@
 """The quantized Linear's forward and backward on CUDA tensors, composed from this package's ops:
-quantize (the Hopper kernels: the CPU path's bytes) and gemm (the NVFP4 kernel, or the exact
-emulation where it does not run). The three GEMMs and their operands are the C++ linear_forward /
+quantize (the Hopper kernels: the CPU path's bytes) and gemm (the library's Hopper GEMM for every
+recipe: NVFP4 and MX). The three GEMMs and their operands are the C++ linear_forward /
 linear_backward's (docs/training.md), so a CUDA layer quantizes x, W and dy to the same bytes as a
-CPU layer with the same seed. Where the NVFP4 kernel runs, its outputs differ from the CPU's only
-by the order of the fp32 sums; the emulation (MX recipes, K not a multiple of 64) sums in float64
-and applies NVFP4's global scale per element, within the fp32 accumulation bound of the CPU's.
+CPU layer with the same seed, and its outputs differ from the CPU's only by the order of the fp32
+sums (within the fp32 accumulation bound).
 
     fprop  y  = x.rowwise  W.rowwise^T        [M, K] x [N, K] -> [M, N]
     dgrad  dx = dy.rowwise (W.columnwise)^T   [M, N] x [K, N] -> [M, K]   (NVFP4 W.columnwise is W^T)
