@@ -10,8 +10,8 @@
 
 Outside an enabled autocast scope a Linear runs in high precision, as TransformerEngine's modules
 do outside theirs. With microscale's CUDA backend, the Linear, quantize / dequantize and gemm also
-take CUDA tensors (the Hopper kernels: the same bytes; gemm emulates exactly what its NVFP4
-kernel does not take).
+take CUDA tensors (the Hopper kernels: the same bytes; gemm runs the library's GEMM for NVFP4 and
+MX pairs and emulates exactly a pair with a dense operand).
 """
 
 from .autocast import autocast, autocast_enabled, current_recipe
