@@ -38,8 +38,9 @@ __device__ __forceinline__ void store_result(const GemmDeviceParams& p, int64_t 
   store_value(p.d.data, p.d.dtype, row * p.d.strides[0] + col * p.d.strides[1] + l * p.d.strides[2], v);
 }
 
-// alpha with the global scales folded in, in core/gemm.cpp's order.
-__device__ __forceinline__ float effective_alpha(const GemmDeviceParams& p) {
+// alpha with the global scales folded in, in core/gemm.cpp's order. On the host only where no amax
+// is a device pointer.
+__host__ __device__ __forceinline__ float effective_alpha(const GemmDeviceParams& p) {
   const bool a_global = p.a.has_amax, b_global = p.b.has_amax;
   const float amax_a = p.a.amax ? *p.a.amax : p.a.amax_value;
   const float amax_b = p.b.amax ? *p.b.amax : p.b.amax_value;

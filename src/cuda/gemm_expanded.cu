@@ -251,7 +251,11 @@ void launch_expanded_gemm(const GemmDeviceParams& problem, cudaStream_t stream, 
   if (std::max({problem.m, problem.n, problem.k}) > INT_MAX / problem.batches)
     throw Error("cuda::gemm: the expanded path takes M * L, N * L and K * L below 2^31");
   const ExpandedLayout layout = layout_of(problem.m, problem.n, problem.k, problem.batches);
-  const bool direct = cublas_writes_d(problem);
+  // alpha' on the host where no amax is on the device (MX; NVFP4 amaxes given by value): cuBLAS
+  // then takes it by value, and a zero alpha' goes through the epilogue kernel (NaN blocks).
+  const bool alpha_on_host = problem.a.amax == nullptr && problem.b.amax == nullptr;
+  const float host_alpha = alpha_on_host ? effective_alpha(problem) : 0.0f;
+  const bool direct = cublas_writes_d(problem) && !(alpha_on_host && host_alpha == 0.0f);
   const StreamWorkspace scratch(direct ? layout.product : layout.total, workspace, workspace_bytes, stream);
   auto* a16 = reinterpret_cast<uint16_t*>(scratch.data() + layout.a);
   auto* b16 = reinterpret_cast<uint16_t*>(scratch.data() + layout.b);
@@ -284,18 +288,23 @@ void launch_expanded_gemm(const GemmDeviceParams& problem, cudaStream_t stream, 
                      static_cast<int>(problem.batches), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  "cublasGemmStridedBatchedEx");
   };
-  if (direct) {
-    // Note: D = alpha' * sum with alpha' from the device; an NVFP4 amax of 0 makes alpha' 0, which
+  const float one = 1.0f, zero = 0.0f;
+  if (direct && alpha_on_host) {
+    check_cublas(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
+    multiply(&host_alpha, &zero, problem.d.data, cublas_type(problem.d.dtype));
+  } else if (direct) {
+    // Note: D = alpha' * sum with alpha' from the device; a device amax of 0 makes alpha' 0, which
     // may let cuBLAS skip the product, so NaN codes' blocks give 0 here where the epilogue kernel
     // gives NaN.
     write_alpha_beta<<<1, 1, 0, stream>>>(problem, alpha_beta);
     MICROSCALE_CUDA_CHECK(cudaGetLastError());
     check_cublas(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_DEVICE), "cublasSetPointerMode");
     multiply(alpha_beta, alpha_beta + 1, problem.d.data, cublas_type(problem.d.dtype));
+  }
+  if (direct) {
     if (fallback) launch_exact_fallback(problem, inexact, true, stream);
     return;
   }
-  const float one = 1.0f, zero = 0.0f;
   check_cublas(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
   multiply(&one, &zero, product, CUDA_R_32F);
   GemmDeviceParams p = problem;

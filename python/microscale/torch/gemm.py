@@ -6,7 +6,7 @@ float64 by torch). The result is a tensor of any float dtype."""
 import torch
 
 from .. import _C
-from .ops import _DTYPE_NAMES, QuantizedTensor, _capsule, _stream, dequantize
+from .ops import _DTYPE_NAMES, QuantizedTensor, _capsule, _on_device, _stream, dequantize
 
 
 def _require_usage(x, usage):
@@ -121,7 +121,7 @@ def _gemm_cuda(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
         raise _C.Error(f"microscale.torch.gemm: A is [{m}, {k}] and B is [{n}, {kb}]: their K differ")
     scheme_a, scheme_b = a.options.scheme, b.options.scheme
     d = torch.empty((m, n), dtype=out_dtype, device=a_data.device)
-    with torch.cuda.device(a_data.device):  # the library launches on the current device
+    with _on_device(a_data.device):
         # The expanded path's copies (or a split K's partial sums) go to a workspace from
         # PyTorch's allocator (fast to reuse).
         workspace_bytes = _C.gemm_workspace_bytes(m, n, k, 1, "auto", scheme_a) if min(m, n, k) > 0 else 0

@@ -2,6 +2,7 @@
 them): CPU tensors run the library's fast CPU path, CUDA tensors its Hopper kernels (builds with
 the CUDA backend) on the current stream, into tensors of PyTorch's allocator. Same bytes on both."""
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import List, Optional
@@ -67,9 +68,29 @@ def _capsule(t):
     return None if t is None else to_dlpack(t)
 
 
+def _device_index(device):
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+# torch's query of a device's current raw stream (what the code torch.compile generates calls):
+# well under a microsecond, where torch.cuda.current_stream builds a Stream object (~5 us on a
+# CUDA host, several times per Linear step).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _stream(device):
     """The current CUDA stream of `device` as an integer (cudaStream_t): the kernels run there."""
+    if _raw_stream is not None:
+        return _raw_stream(_device_index(device))
     return torch.cuda.current_stream(device).cuda_stream
+
+
+def _on_device(device):
+    """A context in which `device` is the current CUDA device (the library launches there); no
+    device switch, and none of its ~5 us, when it already is."""
+    if _device_index(device) == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
 
 
 def _empty_u8(device):
@@ -114,9 +135,10 @@ def quantize_parts(x, options):
         shapes = _C.quantized_shapes(list(x.shape), options)
         outs = [torch.empty(shapes[n], dtype=torch.uint8, device=x.device) if shapes[n] else _empty_u8(x.device)
                 for n in _PARTS]
-        amax = torch.zeros(2, dtype=torch.float32, device=x.device)
+        # NVFP4: the kernels write both amaxes (given or measured); MX has none (zeros returned).
+        amax = (torch.empty if scheme == "nvfp4" else torch.zeros)(2, dtype=torch.float32, device=x.device)
         given = [_capsule(o) if shapes[n] else None for o, n in zip(outs, _PARTS)]
-        with torch.cuda.device(x.device):  # the library launches on the current device
+        with _on_device(x.device):
             _C.quantize_cuda(_capsule(x), options, *given, _capsule(amax) if scheme == "nvfp4" else None,
                              _stream(x.device))
         return outs + [amax]
@@ -204,7 +226,7 @@ def _dequantize_op(
         rows = math.prod(shape[:-1])
         transposed = scheme == "nvfp4" and usage == "columnwise"
         out = torch.empty([shape[-1], rows] if transposed else [rows, shape[-1]], dtype=dtype, device=device)
-        with torch.cuda.device(device):  # the library launches on the current device
+        with _on_device(device):
             _C.dequantize_cuda(
                 rowwise_data if rowwise else None, rowwise_scale if rowwise else None,
                 columnwise_data if columnwise else None, columnwise_scale if columnwise else None,
