@@ -51,13 +51,17 @@ void swizzle_scales(const TensorView& compact, const TensorView& swizzled, void*
 ///   multiple of 64 only. Best where M or N is small.
 /// - Expanded: the operands' blocks are written out once as exact bf16 values (codes times block
 ///   scales; the NVFP4 global scales stay in alpha), and cuBLAS multiplies them with fp32
-///   accumulation. cuBLAS writes D itself (alpha' from the device) when there is no C or bias and
-///   D is contiguous bf16 or f32; otherwise it writes an fp32 [L, M, N] and the epilogue kernel
-///   applies alpha', C and the bias (src/cuda/gemm_expanded.cu). MXFP8 values below bf16's range
+///   accumulation. cuBLAS writes D itself (alpha' by value, or from the device when an amax is
+///   there) when there is no C or bias and D is contiguous bf16 or f32; otherwise it writes an
+///   fp32 [L, M, N] and the epilogue kernel applies alpha', C and the bias
+///   (src/cuda/gemm_expanded.cu). One exception to the CPU's numerics there: when alpha' comes
+///   from the device and is 0 (an amax of 0 on the device), cuBLAS may skip the product, so a
+///   block with a NaN scale gives 0, not NaN (quantize never makes both: an amax of 0 means a
+///   tensor of zeros). MXFP8 values below bf16's range
 ///   (blocks of values below ~2^-115) are caught on the device, and a slow exact kernel then
 ///   recomputes the result (src/cuda/gemm_fallback.cu). Needs workspace for the copies and M, N,
 ///   K times L below 2^31; takes every pair; fastest for large shapes.
-/// - Auto: the fused kernel where it takes the pair and M or N is below 512
+/// - Auto: the fused kernel where it takes the pair (layouts included) and M or N is below 512
 ///   (prefer_expanded_gemm in src/cuda/gemm_split.hpp) or the expanded path's sizes would not
 ///   hold, else the expanded path.
 enum class GemmPath { Auto, Fused, Expanded };
@@ -90,9 +94,19 @@ void gemm(const GemmOperand& a, const GemmOperand& b, const GemmProblem& problem
 
 /// @brief Bytes of workspace cuda::gemm uses for D [M, N(, L)] = A [M, K] B [N, K]^T of operands
 /// of `scheme` (A's) on the current device along `path` (0: none): enough for any layout, C,
-/// bias and D (the expanded path uses less when cuBLAS writes D itself).
+/// bias and D (the expanded path uses less when cuBLAS writes D itself). Pass the scheme for MX
+/// operands: under Auto the NVFP4 default may answer for the fused path, whose workspace is
+/// smaller (the call would then take memory from the stream-ordered pool).
 size_t gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batches = 1,
                             GemmPath path = GemmPath::Auto, Scheme scheme = Scheme::NVFP4);
+
+/// @brief out[j] = the sum over the rows of x [rows, cols] (f32/bf16/f16 on the device, leading
+/// dims folded into rows, any positive strides) of column j, in float64, rounded once to fp32
+/// (out: a contiguous f32 [cols] on the device): the Linear's bias gradient, as core/linear.cpp
+/// computes it, without a float64 copy of x. Deterministic (fixed chunks of rows, added in
+/// order); within one fp32 ulp of the CPU's row-by-row float64 sum. Scratch from the
+/// stream-ordered pool.
+void column_sums(const TensorView& x, const TensorView& out, void* stream);
 
 /// @brief Visible CUDA devices (0 without a driver or device).
 int device_count();

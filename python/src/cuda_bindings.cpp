@@ -150,6 +150,17 @@ void bind_cuda(nb::module_& m) {
       "stream-ordered pool's); path: 'auto', 'fused' or 'expanded' (cuda::GemmPath).");
 
   m.def(
+      "column_sums_cuda",
+      [](const AnyArray& x, nb::ndarray<> out, uintptr_t stream) {
+        cuda::column_sums(view_of(x, "column_sums input"), device_view(out, "column_sums output"),
+                          as_stream(stream));
+      },
+      nb::arg("x"), nb::arg("out"), nb::arg("stream"),
+      "out[j] = the float64 sum over the rows of the CUDA array x [rows, cols] of column j, rounded to fp32, "
+      "into "
+      "the caller's contiguous float32 CUDA array out [cols], on `stream` (the Linear's bias gradient).");
+
+  m.def(
       "gemm_workspace_bytes",
       [](int64_t m, int64_t n, int64_t k, int64_t batches, const std::string& path,
          const std::string& scheme) {

@@ -97,17 +97,16 @@ GemmDeviceOperand device_operand(const GemmOperand& op, const float* device_amax
 }
 
 // What the fused kernel needs beyond device_operand: 16-byte aligned rows of codes (its cp.async
-// copies), compact scale rows on 4-byte boundaries or 16-byte aligned swizzled images.
-void require_fused_layout(const GemmDeviceOperand& op, const char* name) {
-  const std::string who = std::string("operand ") + name + " (fused path)";
-  require(op.row_bytes % 16 == 0 && op.batch_bytes % 16 == 0 && aligned(op.data, 16),
-          who + ": rows of codes must start 16-byte aligned");
-  if (op.swizzled) {
-    require(aligned(op.scales, 16), who + ": swizzled scales must be 16-byte aligned");
-  } else {
-    require(op.scale_row_bytes % 4 == 0 && op.scale_batch_bytes % 4 == 0 && aligned(op.scales, 4),
-            who + ": compact scale rows must start on 4-byte boundaries");
-  }
+// copies), compact scale rows on 4-byte boundaries or 16-byte aligned swizzled images. Empty when
+// `op` has them, else the reason.
+std::string fused_layout_problem(const GemmDeviceOperand& op) {
+  if (op.row_bytes % 16 != 0 || op.batch_bytes % 16 != 0 || !aligned(op.data, 16))
+    return "rows of codes must start 16-byte aligned";
+  if (op.swizzled && !aligned(op.scales, 16)) return "swizzled scales must be 16-byte aligned";
+  if (!op.swizzled &&
+      (op.scale_row_bytes % 4 != 0 || op.scale_batch_bytes % 4 != 0 || !aligned(op.scales, 4)))
+    return "compact scale rows must start on 4-byte boundaries";
+  return {};
 }
 
 // A 2-D or 3-D epilogue tensor [M, N(, L)] on the device.
@@ -148,16 +147,18 @@ void require_c_apart_from_d(const TensorView& c, const TensorView& d) {
 }
 
 // Whether `path` runs the expanded path for an operand pair of `scheme`. The fused kernel takes
-// NVFP4 pairs whose K is a multiple of its K tile; Auto picks it by shape (gemm_split.hpp) and
-// where the expanded path's int sizes (M, N and K times L below 2^31) would not hold.
-bool expanded(GemmPath path, Scheme scheme, int64_t m, int64_t n, int64_t k, int64_t batches) {
+// NVFP4 pairs whose K is a multiple of its K tile (and whose layouts it can read: `fused_layouts`);
+// Auto picks it by shape (gemm_split.hpp) and where the expanded path's int sizes (M, N and K
+// times L below 2^31) would not hold.
+bool expanded(GemmPath path, Scheme scheme, int64_t m, int64_t n, int64_t k, int64_t batches,
+              bool fused_layouts = true) {
   const bool fused_takes = scheme == Scheme::NVFP4 && k % kNvfp4GemmK == 0;
   if (path == GemmPath::Fused) {
     require(fused_takes, "the fused path takes NVFP4 pairs whose K is a multiple of " +
                              std::to_string(kNvfp4GemmK) + " (GemmPath::Expanded or Auto take the rest)");
     return false;
   }
-  if (path == GemmPath::Expanded || !fused_takes) return true;
+  if (path == GemmPath::Expanded || !fused_takes || !fused_layouts) return true;
   return prefer_expanded_gemm(m, n) && std::max({m, n, k}) <= INT_MAX / batches;
 }
 
@@ -205,11 +206,12 @@ void gemm(const GemmOperand& a, const GemmOperand& b, const GemmProblem& problem
   p.batches = la;
   p.alpha = problem.alpha;
   p.beta = problem.beta;
-  if (expanded(path, a.scheme, m, n, ka, la)) {
+  const std::string a_layout = fused_layout_problem(p.a), b_layout = fused_layout_problem(p.b);
+  if (expanded(path, a.scheme, m, n, ka, la, a_layout.empty() && b_layout.empty())) {
     launch_expanded_gemm(p, static_cast<cudaStream_t>(stream), workspace, workspace_bytes);
   } else {
-    require_fused_layout(p.a, "A");
-    require_fused_layout(p.b, "B");
+    require(a_layout.empty(), "operand A (fused path): " + a_layout);
+    require(b_layout.empty(), "operand B (fused path): " + b_layout);
     launch_nvfp4_gemm(p, static_cast<cudaStream_t>(stream), workspace, workspace_bytes);
   }
 }

@@ -11,15 +11,16 @@
 // Exactness: a code's value times its block scale is what the CPU GEMM multiplies (exact in fp32).
 // bf16 has fp32's exponent range and 8 significant bits; such a product has at most 4 (MX: E4M3,
 // E2M3) or 6 (NVFP4: E2M1 x E4M3) and is a bf16 value unless it falls below bf16's smallest
-// subnormal step, 2^-133: never for NVFP4 (>= 2^-10) or MXFP6/MXFP4 (steps 2^-3..2^-1 times scales
+// subnormal step, 2^-133: never for NVFP4 (>= 2^-10) or MXFP6/MXFP4 (steps 2^-4..2^-1 times scales
 // >= 2^-127); for MXFP8, in blocks whose scale is below 2^-124 (E4M3) or 2^-117 (E5M2), i.e. of
 // values below ~2^-115. The copy kernel flags such a value, and the fallback (gemm_fallback.cu)
 // then recomputes the result from the codes. The NVFP4 global scales stay in alpha', as on the
 // fused path. cuBLAS multiplies bf16 exactly and accumulates in fp32 (CUBLAS_COMPUTE_32F,
-// reduced-precision reductions disallowed): exact blocks, fp32 sums in some order, the CPU GEMM's
-// numerics. Why this path for NVFP4 too: the fused kernel converts each tile once per output tile
-// it serves and is bound by that conversion (docs/perf.md); here each block is converted once, in
-// a pass at memory speed, and the tensor cores run cuBLAS's tuned kernels.
+// reduced-precision reductions disallowed): exact blocks and fp32 accumulation in the tensor
+// cores' order, within the fp32 accumulation bound of the CPU GEMM's result. Why this path for NVFP4 too: the
+// fused kernel converts each tile once per output tile it serves and is bound by that conversion
+// (docs/perf.md); here each block is converted once, in a pass at memory speed, and the tensor cores run
+// cuBLAS's tuned kernels.
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -248,7 +249,8 @@ size_t expanded_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t ba
 void launch_expanded_gemm(const GemmDeviceParams& problem, cudaStream_t stream, void* workspace,
                           size_t workspace_bytes) {
   // cuBLAS's int sizes, and the copies' grids of one block per stored row and batch.
-  if (std::max({problem.m, problem.n, problem.k}) > INT_MAX / problem.batches)
+  // (Rounded up to 16: the copies' leading dimensions.)
+  if (round_up16(std::max({problem.m, problem.n, problem.k})) > INT_MAX / problem.batches)
     throw Error("cuda::gemm: the expanded path takes M * L, N * L and K * L below 2^31");
   const ExpandedLayout layout = layout_of(problem.m, problem.n, problem.k, problem.batches);
   // alpha' on the host where no amax is on the device (MX; NVFP4 amaxes given by value): cuBLAS

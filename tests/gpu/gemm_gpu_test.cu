@@ -44,7 +44,9 @@ int g_failures = 0, g_checks = 0;
 // Every check runs on both paths of cuda::gemm (GemmPath): the fused kernel and the expanded one.
 cuda::GemmPath g_path = cuda::GemmPath::Fused;
 
-const char* path_name(cuda::GemmPath path) { return path == cuda::GemmPath::Expanded ? "expanded" : "fused"; }
+const char* path_name(cuda::GemmPath path) {
+  return path == cuda::GemmPath::Expanded ? "expanded" : path == cuda::GemmPath::Auto ? "auto" : "fused";
+}
 
 void fail(const std::string& what) {
   ++g_failures;
@@ -364,59 +366,90 @@ void check_host_operands(const std::string& name, const GemmOperand& a, const Ge
   check_operands(name, a, b, on_device(a, keep), on_device(b, keep), e, false, rng, abs_slack);
 }
 
-// An MX operand [rows, K(, L)] built by hand: random finite codes of `scheme` and compact scales
-// drawn from `scale_codes`, K-major or stored transposed ([K, rows], as MX columnwise outputs are).
+// An MX operand [rows, K(, L)] built by hand: random finite codes of `scheme` and scales drawn
+// from `scale_codes`, K-major or stored transposed ([K, rows], as MX columnwise outputs are);
+// `pad` bytes after each stored row of codes (a row step that is no multiple of 16: the copy's
+// byte loads), compact scales or their swizzled images.
 struct ManualMx {
   Scheme scheme = Scheme::MXFP8_E4M3;
   bool transposed = false;
-  int64_t rows = 0, k = 0, batches = 1;
-  std::vector<uint8_t> codes, scales;
+  int64_t rows = 0, k = 0, batches = 1, pad = 0;
+  bool swizzle = false;
+  std::vector<uint8_t> codes, scales, swizzled;  // scales: compact, [L][K/32][rows] when transposed
 
   int64_t stored_rows() const { return transposed ? k : rows; }
   int64_t row_bytes() const {
     const int64_t cols = transposed ? rows : k;
     return element_format(scheme) == Format::E2M1 ? cols / 2 : cols;
   }
+  int64_t row_step() const { return row_bytes() + pad; }
   GemmOperand view() const {
     GemmOperand op;
     op.quantized = true;
     op.scheme = scheme;
     op.stored_transposed = transposed;
-    const int64_t sr = stored_rows(), rb = row_bytes();
+    const int64_t sr = stored_rows(), step = row_step();
     const int64_t scale_rows = transposed ? k / 32 : rows, scale_cols = transposed ? rows : k / 32;
     const auto shape3 = [this](int64_t r, int64_t c) {
       return batches > 1 ? std::vector<int64_t>{r, c, batches} : std::vector<int64_t>{r, c};
     };
-    const auto strides3 = [this](int64_t r, int64_t c) {
-      return batches > 1 ? std::vector<int64_t>{c, 1, r * c} : std::vector<int64_t>{c, 1};
+    const auto strides3 = [this](int64_t r, int64_t row_stride) {
+      return batches > 1 ? std::vector<int64_t>{row_stride, 1, r * row_stride}
+                         : std::vector<int64_t>{row_stride, 1};
     };
-    op.data = TensorView{const_cast<uint8_t*>(codes.data()), DType::U8, shape3(sr, rb), strides3(sr, rb),
-                         Device::CPU};
-    op.scales = TensorView{const_cast<uint8_t*>(scales.data()), DType::U8, shape3(scale_rows, scale_cols),
-                           strides3(scale_rows, scale_cols), Device::CPU};
+    op.data = TensorView{const_cast<uint8_t*>(codes.data()), DType::U8, shape3(sr, row_bytes()),
+                         strides3(sr, step), Device::CPU};
+    if (swizzle) {
+      op.scales = TensorView{const_cast<uint8_t*>(swizzled.data()),
+                             DType::U8,
+                             {static_cast<int64_t>(swizzled.size())},
+                             {},
+                             Device::CPU};
+      op.scale_layout = ScaleLayout::Swizzled;
+    } else {
+      op.scales = TensorView{const_cast<uint8_t*>(scales.data()), DType::U8, shape3(scale_rows, scale_cols),
+                             strides3(scale_rows, scale_cols), Device::CPU};
+    }
     return op;
   }
 };
 
 ManualMx manual_mx(Scheme scheme, bool transposed, int64_t rows, int64_t k, int64_t batches,
-                   const std::vector<uint8_t>& scale_codes, std::mt19937_64& rng) {
+                   const std::vector<uint8_t>& scale_codes, std::mt19937_64& rng, int64_t pad = 0,
+                   bool swizzle = false) {
   ManualMx op;
   op.scheme = scheme;
   op.transposed = transposed;
   op.rows = rows;
   op.k = k;
   op.batches = batches;
+  op.pad = pad;
+  op.swizzle = swizzle;
   const Format format = element_format(scheme);
   const bool packed = format == Format::E2M1;
   const uint8_t mask = static_cast<uint8_t>((1u << format_info(format).bits) - 1);
-  op.codes.resize(static_cast<size_t>(batches * op.stored_rows() * op.row_bytes()));
+  op.codes.resize(static_cast<size_t>(batches * op.stored_rows() * op.row_step()));
   for (auto& c : op.codes) {
     do {  // finite codes only (a NaN code would poison whole rows of D)
       c = packed ? static_cast<uint8_t>(rng()) : static_cast<uint8_t>(rng() & mask);
     } while (!packed && !std::isfinite(decode(format, c)));
   }
-  op.scales.resize(static_cast<size_t>(batches * rows * (k / 32)));
+  const int64_t blocks = k / 32;
+  op.scales.resize(static_cast<size_t>(batches * rows * blocks));
   for (auto& s : op.scales) s = scale_codes[rng() % scale_codes.size()];
+  if (swizzle) {  // one image per batch of the logical [rows, K/32]
+    for (int64_t l = 0; l < batches; ++l) {
+      std::vector<uint8_t> logical(static_cast<size_t>(rows * blocks));
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t b = 0; b < blocks; ++b)
+          logical[static_cast<size_t>(r * blocks + b)] = op.scales[static_cast<size_t>(
+              l * rows * blocks + (transposed ? b * rows + r : r * blocks + b))];
+      const Tensor image =
+          swizzle_scales(TensorView::from_buffer(logical.data(), logical.size(), DType::U8, {rows, blocks}));
+      const auto* p = static_cast<const uint8_t*>(image.data());
+      op.swizzled.insert(op.swizzled.end(), p, p + image.numel());
+    }
+  }
   return op;
 }
 
@@ -542,6 +575,14 @@ void run_mx_checks(std::mt19937_64& rng) {
     check_host_operands(std::string("MX A transposed with 40 rows, bias ") + std::string(scheme_name(scheme)),
                         at.view(), bk.view(), e, rng);
   }
+  // Rows of codes whose byte step is no multiple of 16 (the copy's byte loads), every format but
+  // the two above, both orientations, swizzled scales, batches.
+  for (Scheme scheme : {Scheme::MXFP8_E5M2, Scheme::MXFP6_E2M3, Scheme::MXFP6_E3M2}) {
+    const ManualMx a = manual_mx(scheme, false, 56, 96, 2, normal_scales, rng, 3, true);
+    const ManualMx b = manual_mx(scheme, true, 48, 96, 2, normal_scales, rng, 5, true);
+    check_host_operands(std::string("MX byte loads, batched, swizzled ") + std::string(scheme_name(scheme)),
+                        a.view(), b.view(), Epilogue{}, rng);
+  }
   // Values below bf16's range: A's blocks all of scales 2^-127 .. 2^-125 (E4M3) or below 2^-118
   // (E5M2), so that each row's sums are tiny too and a rounded copy would miss the bound; the
   // slack is fp32's smallest step per term.
@@ -559,6 +600,15 @@ void run_mx_checks(std::mt19937_64& rng) {
     epilogue.bias_dtype = DType::F32;
     check_host_operands(std::string("MX tiny blocks, epilogue route ") + std::string(scheme_name(scheme)),
                         a.view(), b.view(), epilogue, rng, slack);
+  }
+  // The fallback with the tiny blocks in B, a transposed operand, batches and swizzled scales.
+  {
+    const ManualMx a = manual_mx(Scheme::MXFP8_E4M3, false, 40, 128, 2, normal_scales, rng, 0, true);
+    const ManualMx b = manual_mx(Scheme::MXFP8_E4M3, true, 36, 128, 2, {0, 1, 2}, rng, 0, true);
+    Epilogue e;
+    e.out = DType::BF16;
+    check_host_operands("MX tiny blocks in a transposed B, batched, swizzled", a.view(), b.view(), e, rng,
+                        128 * 0x1p-149);
   }
   // NaN scales (0xFF): NaN rows, also with alpha = 0 (0 * NaN is NaN).
   {
@@ -772,11 +822,22 @@ void run_checks(bool quick) {
       expect_error("K not a multiple of 64 (fused)", [&] { run(k80, k80, {}, d); });
       expect_error("MX operands (fused)", [&] { run(mx, mx, {}, d); });
       expect_error("unaligned codes (fused)", [&] { run(unaligned, unaligned, {}, d31); });
-    } else {  // the expanded path takes these (their results are checked elsewhere)
+    } else {  // the expanded path takes these: K = 80 and MX are checked elsewhere
       run(k80, k80, {}, d);
       run(mx, mx, {}, d);
-      run(unaligned, unaligned, {}, d31);
       CK(cudaDeviceSynchronize());
+      // Unaligned NVFP4 codes (byte loads), on the expanded path and under Auto (which must not
+      // pick the fused kernel for them), against the oracle.
+      GemmOperand host_unaligned = a.view(a.codes.data(), a.compact.data(), false, Device::CPU);
+      host_unaligned.data.data = const_cast<uint8_t*>(a.codes.data()) + 4;
+      host_unaligned.data.shape = {31, 64};
+      host_unaligned.scales.shape = {31, 8};
+      check_operands("unaligned NVFP4 codes", host_unaligned, host_unaligned, unaligned, unaligned,
+                     Epilogue{}, false, rng);
+      g_path = cuda::GemmPath::Auto;
+      check_operands("unaligned NVFP4 codes, Auto", host_unaligned, host_unaligned, unaligned, unaligned,
+                     Epilogue{}, false, rng);
+      g_path = cuda::GemmPath::Expanded;
     }
     expect_error("NVFP4 x MX", [&] { run(ok, mx, {}, d); });
     GemmOperand mx_amax = mx;

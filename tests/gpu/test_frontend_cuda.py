@@ -237,6 +237,26 @@ def test_gemm_on_cuda_refuses_epilogue_tensors_elsewhere():
         mst.gemm(q, q, c=torch.zeros(128, 128))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows, cols", [(1, 1), (33, 300), (5000, 257)])
+def test_column_sums_on_cuda(dtype, rows, cols):
+    # The bias gradient's kernel: float64 sums rounded once to fp32, within one fp32 ulp of torch's
+    # float64 sum (another order); a transposed view too (any strides).
+    g = torch.Generator().manual_seed(rows + cols)
+    x = (torch.randn(rows, cols, generator=g) * 100).to(dtype)
+    for view in (x, x.t().contiguous().t()):
+        out = torch.empty(cols, dtype=torch.float32, device="cuda")
+        ms._C.column_sums_cuda(view.cuda(), out, torch.cuda.current_stream().cuda_stream)
+        want = x.double().sum(0)
+        err = (out.cpu().double() - want).abs()
+        order = x.double().abs().sum(0) * rows * 2.0**-52  # float64 sums in two orders
+        assert bool((err <= want.abs() * 2.0**-23 + order).all())
+    with pytest.raises(ms.Error):
+        ms._C.column_sums_cuda(x.cuda(), torch.empty(cols, device="cuda", dtype=torch.float16), 0)
+    with pytest.raises(ms.Error, match="columns"):
+        ms._C.column_sums_cuda(x.cuda(), torch.empty(cols + 1, device="cuda"), 0)
+
+
 # The quantized Linear on CUDA tensors (linear_composed.py): the CPU layer's quantized operands,
 # bytes and seeds alike, so the outputs differ only by the order of the fp32 sums (the library's GEMM,
 # for every recipe).
