@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/operand_access.hpp"
+#include "core/view_extent.hpp"
 #include "device_buffer.hpp"
 #include "microscale/cuda.hpp"
 #include "microscale/error.hpp"
@@ -347,15 +348,16 @@ HostOperand from_quantized(const QuantizedTensor& q, Usage usage) {
   return op;
 }
 
-// `host` (contiguous data and scales in host memory) copied to the device; `keep` owns the copies.
+// `host` (data and scales in host memory, positive strides) copied to the device, every byte up to
+// each view's last element (padding between rows included); `keep` owns the copies.
 GemmOperand on_device(const GemmOperand& host, std::vector<std::unique_ptr<DeviceBuffer>>& keep) {
   GemmOperand d = host;
-  keep.push_back(std::make_unique<DeviceBuffer>(host.data.data, static_cast<size_t>(host.data.numel())));
-  d.data.data = keep.back()->p;
-  d.data.device = Device::CUDA;
-  keep.push_back(std::make_unique<DeviceBuffer>(host.scales.data, static_cast<size_t>(host.scales.numel())));
-  d.scales.data = keep.back()->p;
-  d.scales.device = Device::CUDA;
+  for (TensorView* v : {&d.data, &d.scales}) {
+    const size_t bytes = static_cast<size_t>(*last_element_offset(*v) + 1);  // u8: elements are bytes
+    keep.push_back(std::make_unique<DeviceBuffer>(v->data, bytes));
+    v->data = keep.back()->p;
+    v->device = Device::CUDA;
+  }
   return d;
 }
 
