@@ -54,12 +54,7 @@ void column_sums(const TensorView& x, const TensorView& out, void* stream_handle
   if (out.numel() != m.cols)
     throw Error("column_sums: the output has " + std::to_string(out.numel()) + " elements, the input " +
                 std::to_string(m.cols) + " columns");
-  DeviceMatrix d{};
-  d.data = m.data;
-  d.rows = m.rows;
-  d.cols = m.cols;
-  d.row_stride = m.row_stride;
-  d.col_stride = m.col_stride;
+  const DeviceMatrix d = device_matrix(m);
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   // Chunks of at least 32 rows; at most kMaxChunks of them (and at most 65535: gridDim.y).
   const int64_t rows_per_chunk = std::max<int64_t>(32, (m.rows + kMaxChunks - 1) / kMaxChunks);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/input_matrix.hpp"
 #include "core/scale_math.hpp"
 #include "microscale/half.hpp"
 #include "microscale/tensor.hpp"
@@ -21,6 +22,20 @@ struct DeviceMatrix {
   int64_t row_stride, col_stride;  // elements
   bool vector_ok;                  // contiguous rows, 16-byte aligned base and row pitch
 };
+
+/// A checked InputMatrix (core/input_matrix.hpp) as the kernels read it.
+inline DeviceMatrix device_matrix(const InputMatrix& x) {
+  DeviceMatrix d{};
+  d.data = x.data;
+  d.rows = x.rows;
+  d.cols = x.cols;
+  d.row_stride = x.row_stride;
+  d.col_stride = x.col_stride;
+  const int64_t bytes = static_cast<int64_t>(dtype_size(x.dtype));
+  d.vector_ok = x.col_stride == 1 && (reinterpret_cast<uintptr_t>(x.data) % 16) == 0 &&
+                (x.row_stride * bytes) % 16 == 0;
+  return d;
+}
 
 template <typename T>
 struct Elem;

@@ -25,19 +25,6 @@ uint8_t* checked_output(const TensorView& t, const std::vector<int64_t>& shape, 
   return static_cast<uint8_t*>(t.data);
 }
 
-DeviceMatrix device_matrix(const InputMatrix& x) {
-  DeviceMatrix d{};
-  d.data = x.data;
-  d.rows = x.rows;
-  d.cols = x.cols;
-  d.row_stride = x.row_stride;
-  d.col_stride = x.col_stride;
-  const int64_t bytes = static_cast<int64_t>(dtype_size(x.dtype));
-  d.vector_ok = x.col_stride == 1 && (reinterpret_cast<uintptr_t>(x.data) % 16) == 0 &&
-                (x.row_stride * bytes) % 16 == 0;
-  return d;
-}
-
 // Zero the swizzled padding the kernels do not visit (rows past the tensor up to a multiple of 128).
 void clear_padding(const TensorView& scale, int64_t rows, int64_t cols, cudaStream_t stream) {
   if (swizzled_rows(rows) == rows && swizzled_cols(cols) == cols) return;
