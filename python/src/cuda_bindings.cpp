@@ -157,8 +157,8 @@ void bind_cuda(nb::module_& m) {
       },
       nb::arg("x"), nb::arg("out"), nb::arg("stream"),
       "out[j] = the float64 sum over the rows of the CUDA array x [rows, cols] of column j, rounded to fp32, "
-      "into "
-      "the caller's contiguous float32 CUDA array out [cols], on `stream` (the Linear's bias gradient).");
+      "into the caller's contiguous float32 CUDA array out [cols], on `stream` (the Linear's bias "
+      "gradient).");
 
   m.def(
       "gemm_workspace_bytes",

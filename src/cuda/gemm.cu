@@ -27,8 +27,6 @@ void require(bool ok, const std::string& message) {
   if (!ok) throw Error("cuda::gemm: " + message);
 }
 
-bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
 // Checks a block-scaled operand [rows, K(, L)] on the device (what both paths read); returns
 // it with its rows, K and batches.
 GemmDeviceOperand device_operand(const GemmOperand& op, const float* device_amax, const char* name,

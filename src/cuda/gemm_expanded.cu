@@ -17,10 +17,10 @@
 // then recomputes the result from the codes. The NVFP4 global scales stay in alpha', as on the
 // fused path. cuBLAS multiplies bf16 exactly and accumulates in fp32 (CUBLAS_COMPUTE_32F,
 // reduced-precision reductions disallowed): exact blocks and fp32 accumulation in the tensor
-// cores' order, within the fp32 accumulation bound of the CPU GEMM's result. Why this path for NVFP4 too: the
-// fused kernel converts each tile once per output tile it serves and is bound by that conversion
-// (docs/perf.md); here each block is converted once, in a pass at memory speed, and the tensor cores run
-// cuBLAS's tuned kernels.
+// cores' order, within the fp32 accumulation bound of the CPU GEMM's result. Why this path for
+// NVFP4 too: the fused kernel converts each tile once per output tile it serves and is bound by
+// that conversion (docs/perf.md); here each block is converted once, in a pass at memory speed,
+// and the tensor cores run cuBLAS's tuned kernels.
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -180,8 +180,6 @@ __global__ void expand_operand(const __grid_constant__ ExpandParams p) {
   }
   if (kMayRound && inexact && p.inexact) *p.inexact = 1;  // every writer writes 1
 }
-
-bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 template <Scheme S>
 void launch_expand_as(const ExpandParams& p, int64_t batches, cudaStream_t stream) {

@@ -8,6 +8,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/element_codec.hpp"
 #include "cuda/common.cuh"
@@ -16,39 +17,20 @@
 namespace microscale::cuda {
 
 /// The element codec of a scheme, as a compile-time choice (the copy kernel is instantiated per
-/// scheme, so that each decodes with straight-line code).
+/// scheme, so that each decodes with straight-line code). NVFP4 and MXFP4: E2M1.
 template <Scheme S>
-struct SchemeElements;
-template <>
-struct SchemeElements<Scheme::NVFP4> {
-  using Codec = E2M1Codec;
-};
-template <>
-struct SchemeElements<Scheme::MXFP8_E4M3> {
-  using Codec = E4M3Codec;
-};
-template <>
-struct SchemeElements<Scheme::MXFP8_E5M2> {
-  using Codec = E5M2Codec;
-};
-template <>
-struct SchemeElements<Scheme::MXFP6_E2M3> {
-  using Codec = E2M3Codec;
-};
-template <>
-struct SchemeElements<Scheme::MXFP6_E3M2> {
-  using Codec = E3M2Codec;
-};
-template <>
-struct SchemeElements<Scheme::MXFP4> {
-  using Codec = E2M1Codec;
-};
+using SchemeCodec = std::conditional_t<
+    S == Scheme::MXFP8_E4M3, E4M3Codec,
+    std::conditional_t<
+        S == Scheme::MXFP8_E5M2, E5M2Codec,
+        std::conditional_t<S == Scheme::MXFP6_E2M3, E2M3Codec,
+                           std::conditional_t<S == Scheme::MXFP6_E3M2, E3M2Codec, E2M1Codec>>>>;
 
 /// The value of element code `code` (a nibble for FP4, a byte otherwise). A byte that is no code of
 /// a 6-bit format (high bits set) reads as NaN, where the CPU GEMM throws (a kernel cannot).
 template <Scheme S>
 __device__ __forceinline__ float element_value(uint32_t code) {
-  using Codec = typename SchemeElements<S>::Codec;
+  using Codec = SchemeCodec<S>;
   if constexpr (Codec::kWidth == 6) {
     if (code > 0x3Fu) return bits_to_float(0x7FC00000u);
   }

@@ -55,6 +55,9 @@ struct GemmDeviceParams {
   float* workspace = nullptr;
 };
 
+/// Whether `p` is a multiple of `bytes` (the operand and epilogue checks of both paths).
+inline bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
 /// The epilogue over fp32 sums already in p.workspace ([splits, L, M, N], true sums, not scaled):
 /// each element's slices added in split order, then alpha' (+ beta C) (+ bias) into D.
 void launch_gemm_epilogue(const GemmDeviceParams& p, cudaStream_t stream);
