@@ -5,7 +5,7 @@
 # from .gpu/golden) and the GEMM test (vs a float64 oracle), compute-sanitizer memcheck and
 # racecheck on quick runs of both, the benchmark and the torch.compile baseline, the Python
 # frontend's CUDA tests (a CMake build of the extension), the GEMM benchmark beside cuBLAS and
-# the Linear benchmark beside torch's BF16 Linear;
+# the Linear benchmark beside torch's BF16 Linear and the host time per call beside torch.mm's;
 # logs and JSON go to RESULTS_DIR, a short table is printed last. SKIP_QUANTIZE=1 leaves out the
 # quantize test, its sanitizer runs and the quantize benchmarks (for GEMM work), SKIP_PYTHON=1 the
 # Python steps. (CMake also
@@ -124,6 +124,9 @@ elif cmake -S "$ROOT" -B "$PYBUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMICROS
   echo "== Linear benchmark beside torch's BF16 Linear (bench/linear_cuda_bench.py)"
   PYTHONPATH="$PYBUILD/python" timeout 300 python3 bench/linear_cuda_bench.py "$OUTDIR/linear_bench.json" \
     > "$OUTDIR/linear_bench.log" 2>&1 || summary "linear bench: FAILED rc=$?"
+  echo "== host time per call beside torch.mm (bench/host_cost_cuda_bench.py)"
+  PYTHONPATH="$PYBUILD/python" timeout 120 python3 bench/host_cost_cuda_bench.py \
+    > "$OUTDIR/host_cost.log" 2>&1 || summary "host cost bench: FAILED rc=$?"
 else
   tail -20 "$OUTDIR/python_build.log"
   summary "python frontend (CUDA): build FAILED"
@@ -140,3 +143,4 @@ if [ $QUANTIZE = 1 ]; then
 fi
 cat "$OUTDIR/gemm_bench.log" 2>/dev/null
 cat "$OUTDIR/linear_bench.log" 2>/dev/null
+cat "$OUTDIR/host_cost.log" 2>/dev/null

@@ -335,3 +335,42 @@ def test_linear_on_cuda_errors():
             layer(torch.randn(16, 64))
         with pytest.raises(ms.Error, match="divisible by 16"):
             layer(torch.randn(8, 64, device="cuda", requires_grad=True))  # NVFP4 X^T needs M % 16 == 0
+
+
+def test_gemm_op_on_cuda_passes_opcheck_and_compiles_in_one_graph():
+    from microscale.torch.gemm import _gemm_op, _op_operand
+
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(256, 512, generator=g).to(torch.bfloat16).cuda()
+    w = torch.randn(384, 512, generator=g).to(torch.bfloat16).cuda()
+    bias = torch.randn(384, generator=g).cuda()
+    for scheme in ("nvfp4", "mxfp8_e4m3"):
+        qx, qw = mst.quantize(x, scheme), mst.quantize(w, scheme)
+        torch.library.opcheck(_gemm_op, (*_op_operand(qx), *_op_operand(qw), "rowwise", "rowwise", 1.0, 0.0, None,
+                                         bias, torch.bfloat16))
+
+        def forward(t, weight, b, s=scheme):
+            return torch.relu(mst.gemm(mst.quantize(t, s), mst.quantize(weight, s), bias=b, out_dtype=torch.bfloat16))
+
+        want = forward(x, w, bias)
+        for backend in ("aot_eager", "inductor"):
+            assert torch.equal(torch.compile(forward, backend=backend, fullgraph=True)(x, w, bias), want), (scheme,
+                                                                                                           backend)
+
+
+def test_linear_on_cuda_inside_torch_compile():
+    torch.manual_seed(13)
+    model = torch.nn.Sequential(mst.Linear(256, 256), torch.nn.ReLU(), mst.Linear(256, 128)).cuda()
+    x = torch.randn(128, 256, device="cuda", requires_grad=True)
+
+    def step(module):
+        x.grad = None
+        model.zero_grad()
+        with mst.autocast(recipe=MXFP8BlockScaling()):
+            y = module(x)
+        y.square().sum().backward()
+        return y.detach(), x.grad.clone(), model[0].weight.grad.clone()
+
+    want = step(model)
+    got = step(torch.compile(model))
+    assert all(torch.equal(a, b) for a, b in zip(got, want))

@@ -111,3 +111,47 @@ def test_gemm_errors():
         ms.gemm(torch_q, torch_q)
     with pytest.raises(ms.Error, match="QuantizedTensor or tensors"):
         mst.gemm(a, torch_q)
+
+
+def _gemm_cases():
+    """(a, b, keyword arguments) for mst.gemm: quantized pairs in both usages, mixed dense x
+    quantized with an epilogue, a batched dense operand."""
+    g = torch.Generator().manual_seed(11)
+    x, w = torch.randn(64, 128, generator=g), torch.randn(64, 128, generator=g)
+    dy = torch.randn(64, 64, generator=g)
+    qx = mst.quantize(x.to(torch.bfloat16), "nvfp4", columnwise=True, rht=True)
+    qdy = mst.quantize(dy.to(torch.bfloat16), "nvfp4", columnwise=True, rht=True)
+    qw = mst.quantize(w, "nvfp4", tile="16x16", columnwise=True, swizzle=True)
+    mw = mst.quantize(w, "mxfp8_e4m3", columnwise=True)
+    return [
+        (qx, qw, dict(out_dtype=torch.bfloat16)),
+        (qdy, qx, dict(a_usage="columnwise", b_usage="columnwise", alpha=0.5)),
+        (mst.quantize(dy, "mxfp8_e5m2", columnwise=True), mw, dict(b_usage="columnwise")),
+        (x, mw, dict(beta=2.0, c=torch.randn(64, 64, generator=g), bias=torch.randn(64, generator=g),
+                     out_dtype=torch.float16)),
+        (x.reshape(64, 128, 1), mw, {}),
+    ]
+
+
+def test_gemm_op_passes_opcheck():
+    from microscale.torch.gemm import _gemm_op, _op_operand
+
+    for a, b, kw in _gemm_cases():
+        torch.library.opcheck(_gemm_op, (*_op_operand(a), *_op_operand(b), kw.get("a_usage", "rowwise"),
+                                         kw.get("b_usage", "rowwise"), kw.get("alpha", 1.0), kw.get("beta", 0.0),
+                                         kw.get("c"), kw.get("bias"), kw.get("out_dtype", torch.float32)))
+
+
+def test_torch_compile_traces_gemm_in_one_graph():
+    for a, b, kw in _gemm_cases():
+        compiled = torch.compile(lambda p, q: mst.gemm(p, q, **kw) * 2, backend="aot_eager", fullgraph=True)
+        want = mst.gemm(a, b, **kw) * 2
+        got = compiled(a, b)
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    # quantize and gemm in one graph, with the inductor
+    x, w = torch.randn(32, 64), torch.randn(16, 64)
+
+    def forward(t, weight):
+        return torch.relu(mst.gemm(mst.quantize(t, "mxfp8_e4m3"), mst.quantize(weight, "mxfp8_e4m3")))
+
+    assert torch.equal(torch.compile(forward, fullgraph=True)(x, w), forward(x, w))

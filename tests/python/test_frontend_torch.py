@@ -239,3 +239,50 @@ def test_linear_bf16_activations_and_errors():
             layer(torch.randn(8, 64))  # NVFP4's columnwise blocks need M % 16 == 0
         with torch.no_grad():
             assert layer(torch.randn(16, 64)).shape == (16, 32)  # inference keeps no context
+
+
+def test_quantize_and_dequantize_ops_pass_opcheck():
+    # torch.library's own checks of the registrations: schema, fake tensors against the real
+    # outputs, AOT dispatch with dynamic shapes.
+    from microscale.torch.ops import _dequantize_op, _quantize_op
+
+    x = torch.randn(32, 64, dtype=torch.bfloat16)
+    torch.library.opcheck(_quantize_op, (x, "nvfp4", True, True, "rceil", "1x16", True, None, 0, None, None, False))
+    torch.library.opcheck(_quantize_op, (x, "mxfp8_e4m3", True, True, "floor", "1x16", False, None, 0, None, None,
+                                         True))
+    q = mst.quantize(x, "nvfp4", columnwise=True)
+    o = q.options
+    torch.library.opcheck(_dequantize_op, (q.rowwise_data, q.rowwise_scale, q.columnwise_data, q.columnwise_scale,
+                                           q.amax, list(q.shape), o.scheme, o.rowwise, o.columnwise, o.scale_mode,
+                                           o.tile, o.rht, o.swizzle, "columnwise", torch.bfloat16))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_linear_inside_torch_compile(backend):
+    # The layer runs eagerly inside a compiled model (a graph break on each side, as
+    # TransformerEngine's modules): the same outputs and gradients as eager, under a scope entered
+    # inside or outside the compiled code, and each call follows the scope it runs in.
+    torch.manual_seed(9)
+    model = torch.nn.Sequential(mst.Linear(64, 64), torch.nn.ReLU(), mst.Linear(64, 32))
+    compiled_model = torch.compile(model, backend=backend)
+    x = torch.randn(32, 64, requires_grad=True)
+
+    def step(module, t):
+        with mst.autocast(recipe=MXFP8BlockScaling()):
+            return module(t)
+
+    def run(fn):
+        x.grad = None
+        model.zero_grad()
+        y = fn(x)
+        y.square().sum().backward()
+        return y.detach(), x.grad.clone(), model[0].weight.grad.clone()
+
+    want = run(lambda t: step(model, t))
+    compiled_step = torch.compile(lambda t: step(model, t), backend=backend)
+    for got in (run(compiled_step), run(lambda t: step(compiled_model, t))):
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    with torch.no_grad():
+        high = compiled_model(x)  # outside any scope: high precision, as eager
+        assert torch.equal(high, model(x)) and not torch.equal(high, want[0])
+        assert torch.equal(step(compiled_model, x), want[0])

@@ -1,12 +1,17 @@
 """microscale.gemm for torch tensors: on the CPU, operands from this package's QuantizedTensor or
 dense tensors; on CUDA, the library's Hopper GEMM for two QuantizedTensors of one block size
 (NVFP4 x NVFP4, MX x MX), and an emulation for a dense operand (dequantized exactly, multiplied in
-float64 by torch). The result is a tensor of any float dtype."""
+float64 by torch). The result is a tensor of any float dtype. Under torch.compile the call is the
+torch.library op microscale::gemm (traced through its fake implementation); eager calls run its
+body without the op's dispatch."""
+
+from typing import List, Optional
 
 import torch
 
 from .. import _C
-from .ops import _DTYPE_NAMES, QuantizedTensor, _capsule, _on_device, _stream, dequantize
+from .ops import (_DTYPE_NAMES, QuantizedTensor, QuantizeSpec, _capsule, _on_device, _stream, dequantize,
+                  quantized_tensor)
 
 
 def _require_usage(x, usage):
@@ -135,17 +140,8 @@ def _gemm_cuda(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
     return d
 
 
-def gemm(a, b, *, a_usage="rowwise", b_usage="rowwise", alpha=1.0, beta=0.0, c=None, bias=None,
-         out_dtype=torch.float32):
-    """D = alpha * A B^T (+ beta C) (+ bias): a and b each a QuantizedTensor of this module (its
-    a_usage / b_usage output) or a float tensor (dense). Returns a tensor of out_dtype (float32,
-    bfloat16, float16) on the operands' device. On CUDA, two QuantizedTensors of one block size
-    (NVFP4 x NVFP4, MX x MX) run the library's Hopper GEMM on the current stream; a pair with a
-    dense operand (2-D) is emulated: dequantized exactly and multiplied in float64 by torch, then
-    rounded once. C and bias must be on the operands' device. Not a torch.library op (not traced by
-    torch.compile)."""
-    if out_dtype not in _DTYPE_NAMES:
-        raise _C.Error(f"microscale.torch.gemm: out_dtype must be float32, bfloat16 or float16, not {out_dtype}")
+def _run_gemm(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
+    """The GEMM's body: the op's and eager gemm's."""
     da, db = _device_of(a), _device_of(b)
     if (da is not None and da.type == "cuda") or (db is not None and db.type == "cuda"):
         if not _C.cuda_built():
@@ -156,3 +152,99 @@ def gemm(a, b, *, a_usage="rowwise", b_usage="rowwise", alpha=1.0, beta=0.0, c=N
     d = _C.gemm(_gemm_operand(a, a_usage), _gemm_operand(b, b_usage), alpha, beta,
                 None if c is None else c.detach(), None if bias is None else bias.detach(), _DTYPE_NAMES[out_dtype])
     return torch.from_dlpack(d)
+
+
+# An operand crosses the op's schema as its tensors, its input shape and its QuantizeSpec's fields;
+# a dense operand as [tensor], its shape and the scheme "" (then the other fields are unused).
+_OPERAND_PARTS = ("rowwise_data", "rowwise_scale", "columnwise_data", "columnwise_scale", "amax")
+
+
+def _op_operand(x):
+    """(tensors, shape, scheme, [rowwise, columnwise, rht, swizzle], scale_mode, tile) of one operand."""
+    if isinstance(x, torch.Tensor):
+        return [x.detach()], list(x.shape), "", [False] * 4, "", ""
+    if not isinstance(x, QuantizedTensor):
+        raise _C.Error(f"microscale.torch.gemm: operands are microscale.torch.QuantizedTensor or tensors, not "
+                       f"{type(x).__name__}")
+    like = x.rowwise_data if x.rowwise_data is not None else x.columnwise_data
+    # Parts not asked for cross as empty tensors (the schema has no optional list entries).
+    tensors = [getattr(x, n) if getattr(x, n) is not None else like.new_empty(0) for n in _OPERAND_PARTS]
+    o = x.options
+    return tensors, list(x.shape), o.scheme, [o.rowwise, o.columnwise, o.rht, o.swizzle], o.scale_mode, o.tile
+
+
+def _operand_from_op(tensors, shape, scheme, flags, scale_mode, tile):
+    """_op_operand's inverse: the dense tensor, or a QuantizedTensor over the same tensors."""
+    if scheme == "":
+        return tensors[0]
+    rowwise, columnwise, rht, swizzle = flags
+    return quantized_tensor(tensors, tuple(shape), QuantizeSpec(scheme, rowwise, columnwise, scale_mode, tile, rht,
+                                                                swizzle))
+
+
+@torch.library.custom_op("microscale::gemm", mutates_args=())
+def _gemm_op(
+    a_tensors: List[torch.Tensor],
+    a_shape: List[int],
+    a_scheme: str,
+    a_flags: List[bool],
+    a_scale_mode: str,
+    a_tile: str,
+    b_tensors: List[torch.Tensor],
+    b_shape: List[int],
+    b_scheme: str,
+    b_flags: List[bool],
+    b_scale_mode: str,
+    b_tile: str,
+    a_usage: str,
+    b_usage: str,
+    alpha: float,
+    beta: float,
+    c: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    a = _operand_from_op(a_tensors, a_shape, a_scheme, a_flags, a_scale_mode, a_tile)
+    b = _operand_from_op(b_tensors, b_shape, b_scheme, b_flags, b_scale_mode, b_tile)
+    return _run_gemm(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype)
+
+
+def _rows_and_batches(tensors, shape, scheme, usage):
+    """An operand's logical row count and batch count (a dense [rows, K, L] operand has L; a
+    QuantizedTensor of this module is 2-D after flattening)."""
+    if scheme == "":
+        return shape[0], (shape[2] if len(shape) == 3 else None)
+    rows = 1
+    for d in shape[:-1]:
+        rows *= d
+    return (rows if usage == "rowwise" else shape[-1]), None
+
+
+@_gemm_op.register_fake
+def _(a_tensors, a_shape, a_scheme, a_flags, a_scale_mode, a_tile, b_tensors, b_shape, b_scheme, b_flags,
+      b_scale_mode, b_tile, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
+    m, la = _rows_and_batches(a_tensors, a_shape, a_scheme, a_usage)
+    n, lb = _rows_and_batches(b_tensors, b_shape, b_scheme, b_usage)
+    batches = la if la is not None else lb
+    return a_tensors[0].new_empty([m, n] + ([batches] if batches is not None else []), dtype=out_dtype)
+
+
+def gemm(a, b, *, a_usage="rowwise", b_usage="rowwise", alpha=1.0, beta=0.0, c=None, bias=None,
+         out_dtype=torch.float32):
+    """D = alpha * A B^T (+ beta C) (+ bias): a and b each a QuantizedTensor of this module (its
+    a_usage / b_usage output) or a float tensor (dense). Returns a tensor of out_dtype (float32,
+    bfloat16, float16) on the operands' device. On CUDA, two QuantizedTensors of one block size
+    (NVFP4 x NVFP4, MX x MX) run the library's Hopper GEMM on the current stream; a pair with a
+    dense operand (2-D) is emulated: dequantized exactly and multiplied in float64 by torch, then
+    rounded once. C and bias must be on the operands' device. Under torch.compile it is the
+    torch.library op microscale::gemm (fullgraph=True traces it); the result carries no gradient."""
+    if out_dtype not in _DTYPE_NAMES:
+        raise _C.Error(f"microscale.torch.gemm: out_dtype must be float32, bfloat16 or float16, not {out_dtype}")
+    c = None if c is None else c.detach()
+    bias = None if bias is None else bias.detach()
+    if torch.compiler.is_compiling():
+        # The op, which dynamo records; eagerly its dispatch would cost ~40-85 us of host time per
+        # call on a CUDA host (perf.md) for nothing.
+        return _gemm_op(*_op_operand(a), *_op_operand(b), a_usage, b_usage, float(alpha), float(beta), c, bias,
+                        out_dtype)
+    return _run_gemm(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype)

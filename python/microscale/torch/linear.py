@@ -102,6 +102,12 @@ class Linear(torch.nn.Module):
             self.weight_quantizations += 1
         return self._cached_weight
 
+    # torch.compile runs the layer eagerly (a graph break on each side), as TransformerEngine's
+    # modules do (its no_torch_dynamo): the recipe comes from thread-local autocast state and the
+    # weight cache from Python attributes, neither of which dynamo can guard, and the recipe and
+    # the CPU path's context are C++ objects it cannot trace (tracing them failed with a
+    # RecursionError). The model's other modules are still compiled.
+    @torch.compiler.disable
     def forward(self, x, is_first_microbatch=None):
         """``is_first_microbatch`` (TransformerEngine's argument): None finds out from the weight's
         version counter and storage whether to quantize it again; True quantizes it (say so after

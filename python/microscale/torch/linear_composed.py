@@ -14,7 +14,7 @@ import torch
 
 from .. import _C
 from .gemm import gemm
-from .ops import QuantizeSpec, _capsule, _on_device, _options, _stream, quantize_parts, quantized_tensor
+from .ops import _capsule, _on_device, _stream, quantize
 
 
 def quantize_for(x, options, *, columnwise=None, sr_seed=None):
@@ -23,13 +23,9 @@ def quantize_for(x, options, *, columnwise=None, sr_seed=None):
     on bf16 (as in TransformerEngine and the CPU layer): under it, f32 / f16 is rounded to bf16 first."""
     if options.rht and x.dtype != torch.bfloat16:
         x = x.to(torch.bfloat16)
-    spec = QuantizeSpec(options.scheme, options.rowwise, options.columnwise if columnwise is None else columnwise,
-                        options.scale_mode, options.tile, options.rht, options.swizzle)
-    # The quantize op's body without its dispatch (a few hundred microseconds of host time per
-    # call, which bound the layer's steps at 4096^3): inside an autograd function nothing traces.
-    call = _options(spec.scheme, spec.rowwise, spec.columnwise, spec.scale_mode, spec.tile, spec.rht, sr_seed, 0,
-                    None, None, spec.swizzle, torch.get_num_threads())
-    return quantized_tensor(quantize_parts(x.detach(), call), tuple(x.shape), spec)
+    return quantize(x, options.scheme, rowwise=options.rowwise,
+                    columnwise=options.columnwise if columnwise is None else columnwise, scale_mode=options.scale_mode,
+                    tile=options.tile, rht=options.rht, sr_seed=sr_seed, swizzle=options.swizzle)
 
 
 # Both Linear functions' error for a backward without a forward's context.

@@ -1,6 +1,8 @@
 """quantize / dequantize on torch tensors, registered with torch.library (so torch.compile traces
 them): CPU tensors run the library's fast CPU path, CUDA tensors its Hopper kernels (builds with
-the CUDA backend) on the current stream, into tensors of PyTorch's allocator. Same bytes on both."""
+the CUDA backend) on the current stream, into tensors of PyTorch's allocator. Same bytes on both.
+Eager calls run the ops' bodies without the dispatch, which costs ~40-85 us of host time per call
+on a CUDA host (perf.md); under torch.compile the calls are the ops, which dynamo records."""
 
 import contextlib
 import math
@@ -159,8 +161,12 @@ def quantize(x, scheme="nvfp4", *, rowwise=True, columnwise=False, scale_mode="r
     Returns a QuantizedTensor of uint8 tensors on x's device (CPU, or CUDA with the CUDA backend)."""
     # Quantization has no gradient (the Linear's autograd function carries them): detached, the
     # float amax output does not claim one either.
-    parts = _quantize_op(x.detach(), scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
-                         amax_columnwise, swizzle)
+    args = (scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise, amax_columnwise,
+            swizzle)
+    if torch.compiler.is_compiling():
+        parts = _quantize_op(x.detach(), *args)
+    else:
+        parts = quantize_parts(x.detach(), _options(*args, torch.get_num_threads()))
     return quantized_tensor(parts, tuple(x.shape), QuantizeSpec(scheme, rowwise, columnwise, scale_mode, tile, rht,
                                                                 swizzle))
 
@@ -204,6 +210,13 @@ def _dequantize_op(
     usage: str,
     dtype: torch.dtype,
 ) -> torch.Tensor:
+    return _dequantize_parts(rowwise_data, rowwise_scale, columnwise_data, columnwise_scale, amax, shape, scheme,
+                             rowwise, columnwise, scale_mode, tile, rht, swizzle, usage, dtype)
+
+
+def _dequantize_parts(rowwise_data, rowwise_scale, columnwise_data, columnwise_scale, amax, shape, scheme, rowwise,
+                      columnwise, scale_mode, tile, rht, swizzle, usage, dtype):
+    """The dequantize op's body."""
     options = _options(scheme, rowwise, columnwise, scale_mode, tile, rht, None, 0, None, None, swizzle)
     if dtype not in _DTYPE_NAMES:
         raise _C.Error(f"microscale.torch.dequantize: dtype must be float32, bfloat16 or float16, not {dtype}")
@@ -254,7 +267,8 @@ def dequantize(q, usage="rowwise", dtype=torch.float32):
     like = q.rowwise_data if o.rowwise else q.columnwise_data
     empty = _empty_u8(like.device)
     amax = q.amax if q.amax is not None else torch.zeros(2, dtype=torch.float32, device=like.device)
-    return _dequantize_op(
+    run = _dequantize_op if torch.compiler.is_compiling() else _dequantize_parts
+    return run(
         q.rowwise_data if o.rowwise else empty, q.rowwise_scale if o.rowwise else empty,
         q.columnwise_data if o.columnwise else empty, q.columnwise_scale if o.columnwise else empty,
         amax, list(q.shape), o.scheme, o.rowwise, o.columnwise, o.scale_mode, o.tile, o.rht, o.swizzle, usage,
