@@ -16,6 +16,9 @@ cost):
                the emulation torchao runs on Hopper, here with microscale's (untuned) CUDA dequantize
   MXFP8        microscale's call for the MXFP8 E4M3 operands (the expanded path: MX has no fused kernel)
   MX deq+BF16  the same emulation for the MXFP8 operands
+  + bias       a Linear's fprop: microscale's NVFP4 call with a bf16 bias (cuBLAS writes the fp32
+               product, microscale's epilogue kernel adds the bias and rounds once) beside
+               torch.addmm of the bf16 tensors (cuBLAS's own bias epilogue)
 
 Prints a table (microseconds, TFLOP/s, ratios to microscale) and writes JSON.
 Usage: python3 bench/gemm_cuda_bench.py [OUT.json] (needs torch with CUDA and microscale built with it)
@@ -105,6 +108,17 @@ def main():
             return call
 
         ours = along("auto")
+        bias = torch.randn(n, device=dev, dtype=torch.bfloat16)
+        bias_workspace_bytes = _C.gemm_workspace_bytes(m, n, k, 1, "auto")
+        bias_workspace = torch.empty(bias_workspace_bytes, dtype=torch.uint8, device=dev) if bias_workspace_bytes else None
+
+        def ours_bias():
+            _C.gemm_cuda(qa.rowwise_data, qa.rowwise_scale, qa.amax[0:1], False, qb.rowwise_data, qb.rowwise_scale,
+                         qb.amax[0:1], False, 1.0, 0.0, None, bias, d, torch.cuda.current_stream().cuda_stream,
+                         bias_workspace, "auto")
+
+        def bf16_bias():
+            torch.addmm(bias, a, b.t(), out=d)
         mx_workspace = torch.empty(_C.gemm_workspace_bytes(m, n, k, 1, "auto", "mxfp8_e4m3"), dtype=torch.uint8,
                                    device=dev)
 
@@ -147,10 +161,11 @@ def main():
         t = {"microscale": per_call_us(ours, calls), "fused": per_call_us(along("fused"), calls),
              "expanded": per_call_us(along("expanded"), calls), "cuBLAS BF16": per_call_us(bf16, calls),
              "cuBLAS FP8": per_call_us(fp8, calls), "deq+BF16": per_call_us(dequant_bf16, calls),
-             "MXFP8": per_call_us(mxfp8, calls), "MX deq+BF16": per_call_us(mx_dequant_bf16, calls)}
+             "MXFP8": per_call_us(mxfp8, calls), "MX deq+BF16": per_call_us(mx_dequant_bf16, calls),
+             "microscale + bias": per_call_us(ours_bias, calls), "BF16 + bias": per_call_us(bf16_bias, calls)}
         rows.append({"m": m, "n": n, "k": k, "us": t, "tflops": {key: flops / v / 1e6 for key, v in t.items()},
                      "rel_err_vs_fp32_of_dequantized": rel})
-        del a, b, qa, qb, xa, xb, d, fa, fb, mx_workspace
+        del a, b, qa, qb, xa, xb, d, fa, fb, mx_workspace, bias, bias_workspace
         torch.cuda.empty_cache()
 
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}")
@@ -174,6 +189,12 @@ def main():
         us = r["us"]
         print(f"{r['m']:>6} x {r['n']:>5} x {r['k']:>5} | MXFP8 {us['MXFP8']:8.1f} us {r['tflops']['MXFP8']:5.0f} TF | "
               f"cuBLAS BF16 {us['cuBLAS BF16'] / us['MXFP8']:4.2f}x | MX deq+BF16 {us['MX deq+BF16'] / us['MXFP8']:4.2f}x")
+    print("With a bias (a Linear's fprop; ratio = torch.addmm's time / microscale's, above 1 = microscale faster):")
+    for r in rows:
+        us = r["us"]
+        print(f"{r['m']:>6} x {r['n']:>5} x {r['k']:>5} | NVFP4 + bias {us['microscale + bias']:8.1f} us "
+              f"(the bias costs {us['microscale + bias'] - us['microscale']:6.1f} us) | BF16 + bias "
+              f"{us['BF16 + bias']:8.1f} us, {us['BF16 + bias'] / us['microscale + bias']:4.2f}x")
     if out_path:
         with open(out_path, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
