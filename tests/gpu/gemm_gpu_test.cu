@@ -705,8 +705,28 @@ void run_checks(bool quick) {
       e.d_row_pad = 0;
       check_gemm("epilogue in place " + std::string(dtype_name(out)), a, b, false, e, true, rng);
     }
+    // The bias alone into a contiguous D (a Linear's fprop): the epilogue kernel's four-column
+    // form where N % 4 == 0 (260), the general one where not (262), each dtype.
+    for (DType out : dtypes) {
+      for (int64_t n : {260, 262}) {
+        const HostOperand bn = random_operand(n, 512, 1, gpumode_scales, rng);
+        Epilogue e;
+        e.out = out;
+        e.alpha = 0.375f;
+        e.with_bias = true;
+        e.bias_dtype = out == DType::F32 ? DType::BF16 : out;
+        check_gemm("epilogue bias alone N=" + std::to_string(n) + " " + std::string(dtype_name(out)), a, bn,
+                   true, e, true, rng);
+      }
+    }
     const HostOperand a3 = random_operand(64, 128, 3, gpumode_scales, rng);
     const HostOperand b3 = random_operand(72, 128, 3, gpumode_scales, rng);
+    {
+      Epilogue e;
+      e.with_bias = true;
+      e.out = DType::BF16;
+      check_gemm("epilogue batched bias alone bf16", a3, b3, false, e, true, rng);
+    }
     Epilogue e;
     e.with_c = true;
     e.beta = 2.0f;
@@ -718,6 +738,12 @@ void run_checks(bool quick) {
     const HostOperand b4 = random_operand(200, 2048, 2, gpumode_scales, rng);
     e.workspace = true;
     check_gemm("split K, batched, C bias strided, caller's workspace", a4, b4, false, e, true, rng);
+    {
+      Epilogue bias_alone;
+      bias_alone.with_bias = true;
+      bias_alone.out = DType::BF16;
+      check_gemm("split K, batched, bias alone bf16", a4, b4, true, bias_alone, true, rng);
+    }
     e.workspace = false;
     e.in_place = true;
     e.d_row_pad = 0;
