@@ -38,11 +38,13 @@ struct LinearSaved {
   Tensor weight_f32;       ///< HighPrecision: W as f32 [N, K]
   std::vector<int64_t> input_shape;
   DType input_dtype = DType::F32;  ///< x's: the dtype of a returned weight gradient
+  bool weight_grad = true;         ///< whether the forward kept what wgrad reads
   int64_t m = 0, k = 0, n = 0;
 };
 
 struct LinearBackwardOptions {
   bool compute_grad_input = true;
+  bool compute_grad_weight = true;  ///< false: no wgrad GEMM (a frozen weight); main_grad untouched
   bool compute_grad_bias = true;
   std::optional<TensorView> main_grad;     ///< f32 [N, K]: dW is accumulated here (+=)
   StochasticRounding stochastic_rounding;  ///< seed/offset for the gradient's SR (NVFP4)
@@ -56,10 +58,12 @@ struct LinearGrads {
 
 /// @brief y = x W^T (+ bias) under `recipe`; fills `saved` when given (training).
 /// `cached_weight`, when given, is W already quantized with the recipe's weight options (both
-/// usages), e.g. reused across micro-batches.
+/// usages), e.g. reused across micro-batches. `weight_grad` false (a frozen weight): what only
+/// wgrad reads, x's columnwise output (the f32 x for HighPrecision), is neither made nor saved,
+/// and backward must not ask for dW.
 Tensor linear_forward(const TensorView& x, const TensorView& weight, const std::optional<TensorView>& bias,
                       const Recipe& recipe, LinearSaved* saved = nullptr,
-                      const QuantizedTensor* cached_weight = nullptr);
+                      const QuantizedTensor* cached_weight = nullptr, bool weight_grad = true);
 
 /// @brief dgrad, wgrad and bgrad of linear_forward from dy [..., N].
 LinearGrads linear_backward(const TensorView& grad_output, const LinearSaved& saved,

@@ -100,7 +100,7 @@ void bind_training(nb::module_& m) {
   m.def(
       "linear_forward",
       [](const AnyArray& x, const AnyArray& weight, std::optional<AnyArray> bias, const Recipe& recipe,
-         bool training, const QuantizedTensor* cached_weight) {
+         bool training, const QuantizedTensor* cached_weight, bool weight_grad) {
         const TensorView xv = cpu_view(x, "linear input"), wv = cpu_view(weight, "linear weight");
         std::optional<TensorView> bv;
         if (bias) bv = cpu_view(*bias, "linear bias");
@@ -109,21 +109,24 @@ void bind_training(nb::module_& m) {
         Tensor y;
         {
           nb::gil_scoped_release released;
-          y = microscale::linear_forward(xv, wv, bv, recipe, saved ? &*saved : nullptr, cached_weight);
+          y = microscale::linear_forward(xv, wv, bv, recipe, saved ? &*saved : nullptr, cached_weight,
+                                         weight_grad);
         }
         return std::make_pair(to_array(std::move(y)), std::move(saved));
       },
       nb::arg("x"), nb::arg("weight"), nb::arg("bias").none(), nb::arg("recipe"), nb::arg("training") = true,
-      nb::arg("cached_weight").none() = nb::none(),
-      "y = x W^T (+ b) under the recipe; returns (y, context for linear_backward or None).");
+      nb::arg("cached_weight").none() = nb::none(), nb::arg("weight_grad") = true,
+      "y = x W^T (+ b) under the recipe; returns (y, context for linear_backward or None). weight_grad=False "
+      "(a frozen weight) keeps nothing for dW.");
 
   m.def(
       "linear_backward",
       [](const AnyArray& grad_output, const LinearSaved& saved, bool compute_grad_input,
-         bool compute_grad_bias, std::optional<nb::ndarray<>> main_grad, uint64_t sr_seed,
-         uint64_t sr_offset) {
+         bool compute_grad_bias, std::optional<nb::ndarray<>> main_grad, uint64_t sr_seed, uint64_t sr_offset,
+         bool compute_grad_weight) {
         LinearBackwardOptions o;
         o.compute_grad_input = compute_grad_input;
+        o.compute_grad_weight = compute_grad_weight;
         o.compute_grad_bias = compute_grad_bias;
         o.stochastic_rounding = StochasticRounding{sr_seed, sr_offset};
         if (main_grad) {
@@ -143,8 +146,9 @@ void bind_training(nb::module_& m) {
       },
       nb::arg("grad_output"), nb::arg("context"), nb::arg("compute_grad_input") = true,
       nb::arg("compute_grad_bias") = true, nb::arg("main_grad").none() = nb::none(), nb::arg("sr_seed") = 0,
-      nb::arg("sr_offset") = 0,
-      "(dx, dW, db) of linear_forward; with main_grad (float32 [N, K]) dW is added there and None returned.");
+      nb::arg("sr_offset") = 0, nb::arg("compute_grad_weight") = true,
+      "(dx, dW, db) of linear_forward (None for what was not asked for); with main_grad (float32 [N, K]) dW "
+      "is added there and None returned.");
 }
 
 }  // namespace microscale::python

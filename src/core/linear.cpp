@@ -91,7 +91,8 @@ QuantizedTensor quantize_operand(const TensorView& v, const QuantizeOptions& o, 
 }  // namespace
 
 Tensor linear_forward(const TensorView& x, const TensorView& weight, const std::optional<TensorView>& bias,
-                      const Recipe& recipe, LinearSaved* saved, const QuantizedTensor* cached_weight) {
+                      const Recipe& recipe, LinearSaved* saved, const QuantizedTensor* cached_weight,
+                      bool weight_grad) {
   const IeeeSubnormals ieee;  // whatever FTZ/DAZ the caller set (fp_environment.hpp)
   const InputMatrix xm = make_input_matrix(x);
   const InputMatrix wm = make_input_matrix(weight);
@@ -110,12 +111,12 @@ Tensor linear_forward(const TensorView& x, const TensorView& weight, const std::
     Tensor xf = to_f32_matrix(x), wf = to_f32_matrix(weight);
     y = gemm(GemmOperand::from_dense(xf.view()), GemmOperand::from_dense(wf.view()), problem);
     if (saved) {
-      saved->input_f32 = xf;
+      if (weight_grad) saved->input_f32 = xf;
       saved->weight_f32 = wf;
     }
   } else {
     QuantizeOptions xo = *quantize_options(recipe, TensorRole::Input);
-    xo.columnwise = saved != nullptr;  // X^T only feeds wgrad
+    xo.columnwise = saved != nullptr && weight_grad;  // X^T only feeds wgrad
     Tensor x_bf16;
     const QuantizedTensor xq = quantize_operand(rht_ready(x, m, k, xo, x_bf16), xo, "x");
     const QuantizeOptions wo = *quantize_options(recipe, TensorRole::Weight);
@@ -141,6 +142,7 @@ Tensor linear_forward(const TensorView& x, const TensorView& weight, const std::
   if (saved) {
     saved->recipe = recipe;
     saved->input_dtype = x.dtype;
+    saved->weight_grad = weight_grad;
     saved->input_shape = x.shape;
     saved->m = m;
     saved->k = k;
@@ -159,6 +161,11 @@ LinearGrads linear_backward(const TensorView& grad_output, const LinearSaved& sa
   if (dym.rows != saved.m || dym.cols != saved.n) {
     throw Error("grad_output " + shape_string(grad_output.shape) + " does not match the forward output [" +
                 std::to_string(saved.m) + ", " + std::to_string(saved.n) + "]");
+  }
+  if (options.compute_grad_weight && !saved.weight_grad) {
+    throw Error(
+        "linear_backward: the weight gradient was asked for, but the forward ran with weight_grad = false "
+        "and kept no x for it");
   }
   if (options.main_grad) {
     const TensorView& g = *options.main_grad;
@@ -184,15 +191,21 @@ LinearGrads linear_backward(const TensorView& grad_output, const LinearSaved& sa
       grads.grad_input = gemm(GemmOperand::from_dense(dy.view()),
                               GemmOperand::from_dense(transposed(saved.weight_f32)), dgrad_problem);
     }
-    const GemmOperand a = GemmOperand::from_dense(transposed(dy)),
-                      b = GemmOperand::from_dense(transposed(saved.input_f32));
-    if (options.main_grad) {
-      gemm_into(a, b, wgrad_problem, *options.main_grad);
-    } else {
-      grads.grad_weight = gemm(a, b, wgrad_problem);
+    if (options.compute_grad_weight) {
+      const GemmOperand a = GemmOperand::from_dense(transposed(dy)),
+                        b = GemmOperand::from_dense(transposed(saved.input_f32));
+      if (options.main_grad) {
+        gemm_into(a, b, wgrad_problem, *options.main_grad);
+      } else {
+        grads.grad_weight = gemm(a, b, wgrad_problem);
+      }
     }
-  } else {
-    const QuantizeOptions go = *quantize_options(recipe, TensorRole::GradOutput, options.stochastic_rounding);
+  } else if (options.compute_grad_input || options.compute_grad_weight) {
+    // dy's rowwise output feeds dgrad, its columnwise output wgrad: each only when asked for (one
+    // direction's bytes do not depend on whether the other is made, stochastic rounding included).
+    QuantizeOptions go = *quantize_options(recipe, TensorRole::GradOutput, options.stochastic_rounding);
+    go.rowwise = options.compute_grad_input;
+    go.columnwise = options.compute_grad_weight;
     Tensor dy_bf16;
     const QuantizedTensor dyq =
         quantize_operand(rht_ready(grad_output, saved.m, saved.n, go, dy_bf16), go, "grad_output");
@@ -200,11 +213,13 @@ LinearGrads linear_backward(const TensorView& grad_output, const LinearSaved& sa
       const auto [first, second] = te_gemm_operands(saved.weight, dyq, "NN");  // dx = dy W
       grads.grad_input = gemm(first, second, dgrad_problem);
     }
-    const auto [first, second] = te_gemm_operands(saved.input, dyq, "NT");  // dW = dy^T x
-    if (options.main_grad) {
-      gemm_into(first, second, wgrad_problem, *options.main_grad);
-    } else {
-      grads.grad_weight = gemm(first, second, wgrad_problem);
+    if (options.compute_grad_weight) {
+      const auto [first, second] = te_gemm_operands(saved.input, dyq, "NT");  // dW = dy^T x
+      if (options.main_grad) {
+        gemm_into(first, second, wgrad_problem, *options.main_grad);
+      } else {
+        grads.grad_weight = gemm(first, second, wgrad_problem);
+      }
     }
   }
   if (grads.grad_input.defined()) grads.grad_input = grads.grad_input.reshaped(saved.input_shape);

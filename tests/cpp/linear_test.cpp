@@ -290,6 +290,45 @@ TEST(Linear, MainGradAccumulatesAndBiasGrad) {
   }
 }
 
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.defined() && b.defined() && a.nbytes() == b.nbytes() &&
+         std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+TEST(Linear, AFrozenWeightSkipsWgradAndLeavesDxAsItWas) {
+  const Tensor x = random_tensor(DType::F32, {32, 64}, Fill::Normal, 31);
+  const Tensor w = random_tensor(DType::F32, {96, 64}, Fill::Normal, 32);
+  const Tensor dy = random_tensor(DType::F32, {32, 96}, Fill::Normal, 33);
+  const Recipe recipes[] = {NVFP4BlockScaling{}, MXFP8BlockScaling{}, HighPrecision{}};
+  for (const Recipe& recipe : recipes) {
+    SCOPED_TRACE(recipe_name(recipe));
+    const LinearRun full = run_linear(recipe, x, w, dy);
+    // Frozen: the forward keeps no x for wgrad, the backward makes dx alone, with the same bytes
+    // (dy's rowwise output, stochastic rounding included, does not depend on its columnwise one).
+    LinearSaved saved;
+    const Tensor y = linear_forward(x.view(), w.view(), std::nullopt, recipe, &saved, nullptr, false);
+    EXPECT_TRUE(same_bytes(y, full.y));
+    EXPECT_FALSE(saved.input.has(Usage::Columnwise));
+    EXPECT_FALSE(saved.input_f32.defined());
+    LinearBackwardOptions o;
+    o.stochastic_rounding = StochasticRounding{5, 0};           // run_linear's
+    EXPECT_THROW(linear_backward(dy.view(), saved, o), Error);  // dW asked for, nothing kept for it
+    o.compute_grad_weight = false;
+    const LinearGrads frozen = linear_backward(dy.view(), saved, o);
+    EXPECT_TRUE(same_bytes(frozen.grad_input, full.dx));
+    EXPECT_FALSE(frozen.grad_weight.defined());
+    // The other way round: dW alone (an input that needs no gradient) equals the full run's.
+    LinearSaved saved_all;
+    linear_forward(x.view(), w.view(), std::nullopt, recipe, &saved_all);
+    LinearBackwardOptions only_dw;
+    only_dw.stochastic_rounding = StochasticRounding{5, 0};
+    only_dw.compute_grad_input = false;
+    const LinearGrads dw = linear_backward(dy.view(), saved_all, only_dw);
+    EXPECT_FALSE(dw.grad_input.defined());
+    EXPECT_TRUE(same_bytes(dw.grad_weight, full.dw));
+  }
+}
+
 TEST(Linear, WeightQuantizationIsCachedUntilTheWeightChanges) {
   Linear layer(64, 32, true, 7);
   const Tensor x = random_tensor(DType::BF16, {32, 64}, Fill::Normal, 31);

@@ -374,3 +374,37 @@ def test_linear_on_cuda_inside_torch_compile():
     want = step(model)
     got = step(torch.compile(model))
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("recipe_name", ["nvfp4", "mxfp8"])
+@pytest.mark.parametrize("m", [64, 512])  # NVFP4's wgrad on the fused path, then on the expanded one
+def test_linear_on_cuda_frozen_weight_and_fused_wgrad_accumulation(recipe_name, m):
+    recipe = LINEAR_RECIPES[recipe_name]()
+
+    def step(layer, x, dy):  # (dx, weight.grad) of one micro-batch
+        layer.weight.grad = None
+        x = x.detach().clone().requires_grad_()
+        with mst.autocast(recipe=recipe):
+            y = layer(x)
+        torch.manual_seed(6)  # the gradient's stochastic rounding draws its seed here
+        y.backward(dy)
+        return x.grad, layer.weight.grad
+
+    torch.manual_seed(3)
+    layer = mst.Linear(256, 512, device="cuda")
+    g = torch.Generator().manual_seed(4)
+    xs = [torch.randn(m, 256, generator=g).cuda() for _ in range(2)]
+    dy = torch.randn(m, 512, generator=g).cuda()
+    want = [step(layer, x, dy) for x in xs]
+    fused = mst.Linear(256, 512, device="cuda", fuse_wgrad_accumulation=True)
+    fused.load_state_dict(layer.state_dict())
+    fused.weight.main_grad = torch.zeros(512, 256, device="cuda")
+    for x in xs:
+        assert step(fused, x, dy)[1] is None
+    # D = dW + main_grad in fp32, in place: the sum of the returned dWs, but for the order of the
+    # kernels' fp32 sums (cuBLAS's product with and without C may come from different kernels).
+    _assert_near(fused.weight.main_grad, want[0][1] + want[1][1], "main_grad", 2.0**-23)
+    fused.weight.requires_grad_(False)  # frozen: no wgrad, main_grad untouched, dx as before
+    before = fused.weight.main_grad.clone()
+    dx, dw = step(fused, xs[0], dy)
+    assert dw is None and torch.equal(dx, want[0][0]) and torch.equal(fused.weight.main_grad, before)

@@ -155,3 +155,17 @@ def test_torch_compile_traces_gemm_in_one_graph():
         return torch.relu(mst.gemm(mst.quantize(t, "mxfp8_e4m3"), mst.quantize(weight, "mxfp8_e4m3")))
 
     assert torch.equal(torch.compile(forward, fullgraph=True)(x, w), forward(x, w))
+
+
+def test_gemm_into_out_and_in_place_accumulation():
+    for a, b, kw in _gemm_cases()[:3]:
+        want = mst.gemm(a, b, **kw)
+        out = torch.empty_like(want)
+        assert mst.gemm(a, b, out=out, **kw) is out and torch.equal(out, want)
+    a, b, _ = _gemm_cases()[1]  # wgrad: dW += into an fp32 main_grad, C and D one tensor
+    main_grad = torch.randn(64, 128)
+    want = mst.gemm(a, b, a_usage="columnwise", b_usage="columnwise", beta=1.0, c=main_grad)
+    mst.gemm(a, b, a_usage="columnwise", b_usage="columnwise", beta=1.0, c=main_grad, out=main_grad)
+    assert torch.equal(main_grad, want)
+    with pytest.raises(ms.Error, match="out is"):
+        mst.gemm(a, b, a_usage="columnwise", b_usage="columnwise", out=torch.empty(64, 128, dtype=torch.bfloat16))

@@ -28,7 +28,7 @@ def run_layer(function, cached_weight, recipe, x, weight, bias, dy, seed):
     x = x.detach().requires_grad_()
     weight = weight.detach().requires_grad_()
     bias = bias.detach().requires_grad_()
-    y = function.apply(x, weight, bias, recipe, cached_weight, True)
+    y = function.apply(x, weight, bias, recipe, cached_weight, True, False)
     torch.manual_seed(seed)  # the stochastic rounding's seed comes from torch's generator
     y.backward(dy)
     return y.detach(), x.grad, weight.grad, bias.grad
@@ -67,7 +67,7 @@ def test_composed_linear_skips_what_no_one_asked_for_and_runs_once(monkeypatch):
     calls = []
     real_gemm = linear_composed.gemm
     monkeypatch.setattr(linear_composed, "gemm", lambda *a, **k: calls.append(k) or real_gemm(*a, **k))
-    y = ComposedLinearFunction.apply(x, weight, None, recipe, wq, True)
+    y = ComposedLinearFunction.apply(x, weight, None, recipe, wq, True, False)
     (dx,) = torch.autograd.grad(y.sum(), x, retain_graph=True)
     assert dx.shape == x.shape
     assert len(calls) == 2  # fprop and dgrad
@@ -75,7 +75,7 @@ def test_composed_linear_skips_what_no_one_asked_for_and_runs_once(monkeypatch):
     with pytest.raises(RuntimeError, match="kept no context"):
         torch.autograd.grad(y.sum(), x)
     with pytest.raises(ms.Error, match="K = 32"):
-        ComposedLinearFunction.apply(torch.randn(32, 32), weight, None, recipe, wq, False)
+        ComposedLinearFunction.apply(torch.randn(32, 32), weight, None, recipe, wq, False, False)
 
 
 def quantized(scheme, rows, cols, seed):
@@ -114,3 +114,72 @@ def test_emulated_gemm_exact_where_the_sums_are_and_its_errors():
         _gemm_emulated(q, torch.ones(2, 16), "rowwise", "rowwise", 1.0, 0.0, None, None, torch.float32)
     with pytest.raises(ms.Error, match="must be 2-D"):
         _gemm_emulated(q, torch.ones(2, 2, 16), "rowwise", "rowwise", 1.0, 0.0, None, None, torch.float32)
+
+
+def _layer_inputs(seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(64, 96, generator=g)
+    weight = torch.randn(64, 96, generator=g) * 0.1
+    bias = torch.randn(64, generator=g)
+    dy = torch.randn(64, 64, generator=g)
+    return x, weight, bias, dy
+
+
+@pytest.mark.parametrize("function", [_LinearFunction, ComposedLinearFunction], ids=["cpp", "composed"])
+@pytest.mark.parametrize("recipe_name", ["nvfp4", "mxfp8"])
+def test_a_frozen_weight_gets_no_gradient_and_the_same_dx(function, recipe_name):
+    recipe = RECIPES[recipe_name]()
+    x, weight, bias, dy = _layer_inputs(5)
+    options = ms._C.quantize_options(recipe, "weight")
+    cached = ms._C.quantize(weight, options, False) if function is _LinearFunction else quantize_for(weight, options)
+    want = run_layer(function, cached, recipe, x, weight, bias, dy, 9)
+    xg, bg = x.clone().requires_grad_(), bias.clone().requires_grad_()
+    y = function.apply(xg, weight.clone(), bg, recipe, cached, True, False)  # the weight does not require grad
+    torch.manual_seed(9)
+    y.backward(dy)
+    assert torch.equal(y.detach(), want[0]) and torch.equal(xg.grad, want[1]) and torch.equal(bg.grad, want[3])
+
+
+@pytest.mark.parametrize("function", [_LinearFunction, ComposedLinearFunction], ids=["cpp", "composed"])
+def test_fuse_wgrad_accumulation_adds_into_main_grad(function):
+    """Two micro-batches into weight.main_grad: the sum of the two returned dWs (fp32, from zero:
+    each addition rounds as the unfused sum does), TransformerEngine's placeholder as weight.grad."""
+    recipe = RECIPES["nvfp4"]()
+    x, weight, bias, dy = _layer_inputs(6)
+    options = ms._C.quantize_options(recipe, "weight")
+    cached = ms._C.quantize(weight, options, False) if function is _LinearFunction else quantize_for(weight, options)
+    dws = [run_layer(function, cached, recipe, x * s, weight, bias, dy, 9 + s)[2] for s in (1, 2)]
+    w = weight.clone().requires_grad_()
+    w.main_grad = torch.zeros_like(weight)
+    for s in (1, 2):
+        y = function.apply(x * s, w, None, recipe, cached, True, True)
+        torch.manual_seed(9 + s)
+        y.backward(dy)
+    assert torch.equal(w.main_grad, dws[0] + dws[1]) and w.grad is None
+    # Megatron-LM's attributes: the flag is set and weight.grad is a placeholder (zeros if asked).
+    w.grad_added_to_main_grad, w.zero_out_wgrad = False, True
+    function.apply(x, w, None, recipe, cached, True, True).backward(dy)
+    assert w.grad_added_to_main_grad and torch.equal(w.grad, torch.zeros_like(weight))
+    for main_grad, match in ((None, "does not have"), (torch.zeros(64, 96, dtype=torch.bfloat16), "must be float32")):
+        w2 = weight.clone().requires_grad_()
+        if main_grad is not None:
+            w2.main_grad = main_grad
+        with pytest.raises(ms.Error, match=match):
+            function.apply(x, w2, None, recipe, cached, True, True).backward(dy)
+
+
+def test_linear_module_frozen_and_fused():
+    torch.manual_seed(4)
+    layer = mst.Linear(96, 64, fuse_wgrad_accumulation=True)
+    assert "fuse_wgrad_accumulation=True" in repr(layer)
+    layer.weight.main_grad = torch.zeros(64, 96)
+    x = torch.randn(32, 96)
+    with mst.autocast(recipe=MXFP8BlockScaling()):
+        layer(x).sum().backward()
+    assert layer.weight.grad is None and bool(layer.weight.main_grad.abs().sum() > 0)
+    layer.weight.requires_grad_(False)
+    before = layer.weight.main_grad.clone()
+    xg = x.clone().requires_grad_()
+    with mst.autocast(recipe=MXFP8BlockScaling()):
+        layer(xg).sum().backward()
+    assert xg.grad is not None and torch.equal(layer.weight.main_grad, before)

@@ -114,7 +114,7 @@ def _gemm_emulated(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
     return d.float().to(out_dtype)
 
 
-def _gemm_cuda(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
+def _gemm_cuda(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype, out=None):
     a_data, a_scales, a_amax = _cuda_parts(a, a_usage)
     b_data, b_scales, b_amax = _cuda_parts(b, b_usage)
     # The library sees pointers, not devices: everything must be on the operands' device.
@@ -125,7 +125,9 @@ def _gemm_cuda(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
     if k != kb:
         raise _C.Error(f"microscale.torch.gemm: A is [{m}, {k}] and B is [{n}, {kb}]: their K differ")
     scheme_a, scheme_b = a.options.scheme, b.options.scheme
-    d = torch.empty((m, n), dtype=out_dtype, device=a_data.device)
+    if out is not None:  # written in place by the kernels (it may be c itself)
+        _require_out(out, (m, n), out_dtype, a_data.device)
+    d = out if out is not None else torch.empty((m, n), dtype=out_dtype, device=a_data.device)
     with _on_device(a_data.device):
         # The expanded path's copies (or a split K's partial sums) go to a workspace from
         # PyTorch's allocator (fast to reuse).
@@ -140,6 +142,12 @@ def _gemm_cuda(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
     return d
 
 
+def _require_out(out, shape, dtype, device):
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != device:
+        raise _C.Error(f"microscale.torch.gemm: out is {out.dtype} {list(out.shape)} on {out.device}; the result is "
+                       f"{dtype} {list(shape)} on {device}")
+
+
 def _run_gemm(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
     """The GEMM's body: the op's and eager gemm's."""
     da, db = _device_of(a), _device_of(b)
@@ -152,6 +160,18 @@ def _run_gemm(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
     d = _C.gemm(_gemm_operand(a, a_usage), _gemm_operand(b, b_usage), alpha, beta,
                 None if c is None else c.detach(), None if bias is None else bias.detach(), _DTYPE_NAMES[out_dtype])
     return torch.from_dlpack(d)
+
+
+def _run_gemm_into(out, a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
+    """The body of gemm(..., out=out): on CUDA the library writes D into out itself (out may be c:
+    D = alpha A B^T + beta D in place); elsewhere the result is computed, then copied into out."""
+    da, db = _device_of(a), _device_of(b)
+    on_cuda = (da is not None and da.type == "cuda") or (db is not None and db.type == "cuda")
+    if on_cuda and _C.cuda_built() and _library_runs(a, b):
+        return _gemm_cuda(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype, out)
+    d = _run_gemm(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype)
+    _require_out(out, d.shape, d.dtype, d.device)
+    return out.copy_(d)
 
 
 # An operand crosses the op's schema as its tensors, its input shape and its QuantizeSpec's fields;
@@ -230,13 +250,15 @@ def _(a_tensors, a_shape, a_scheme, a_flags, a_scale_mode, a_tile, b_tensors, b_
 
 
 def gemm(a, b, *, a_usage="rowwise", b_usage="rowwise", alpha=1.0, beta=0.0, c=None, bias=None,
-         out_dtype=torch.float32):
+         out_dtype=torch.float32, out=None):
     """D = alpha * A B^T (+ beta C) (+ bias): a and b each a QuantizedTensor of this module (its
     a_usage / b_usage output) or a float tensor (dense). Returns a tensor of out_dtype (float32,
     bfloat16, float16) on the operands' device. On CUDA, two QuantizedTensors of one block size
     (NVFP4 x NVFP4, MX x MX) run the library's Hopper GEMM on the current stream; a pair with a
     dense operand (2-D) is emulated: dequantized exactly and multiplied in float64 by torch, then
-    rounded once. C and bias must be on the operands' device. Under torch.compile it is the
+    rounded once. C and bias must be on the operands' device. ``out`` (of the result's shape,
+    out_dtype and device) receives D and is returned; it may be ``c`` itself, for D += A B^T with
+    beta=1 (a weight gradient accumulated into an fp32 main_grad). Under torch.compile it is the
     torch.library op microscale::gemm (fullgraph=True traces it); the result carries no gradient."""
     if out_dtype not in _DTYPE_NAMES:
         raise _C.Error(f"microscale.torch.gemm: out_dtype must be float32, bfloat16 or float16, not {out_dtype}")
@@ -245,6 +267,12 @@ def gemm(a, b, *, a_usage="rowwise", b_usage="rowwise", alpha=1.0, beta=0.0, c=N
     if torch.compiler.is_compiling():
         # The op, which dynamo records; eagerly its dispatch would cost ~40-85 us of host time per
         # call on a CUDA host (perf.md) for nothing.
-        return _gemm_op(*_op_operand(a), *_op_operand(b), a_usage, b_usage, float(alpha), float(beta), c, bias,
-                        out_dtype)
+        d = _gemm_op(*_op_operand(a), *_op_operand(b), a_usage, b_usage, float(alpha), float(beta), c, bias,
+                     out_dtype)
+        if out is None:
+            return d
+        _require_out(out, d.shape, d.dtype, d.device)
+        return out.copy_(d)
+    if out is not None:
+        return _run_gemm_into(out, a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype)
     return _run_gemm(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype)

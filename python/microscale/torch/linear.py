@@ -9,7 +9,9 @@ draws its seed from torch's default generator, so torch.manual_seed makes a run 
 
 The weight's quantization is cached until the weight changes (its version counter or storage),
 so micro-batches between optimizer steps quantize it once; forward's is_first_microbatch
-(TransformerEngine's argument) forces or skips the check.
+(TransformerEngine's argument) forces or skips the check. A frozen weight (requires_grad False)
+skips the wgrad GEMM and what only it needs (x's and dy's columnwise quantizations). With
+fuse_wgrad_accumulation (TransformerEngine's argument) dW is added into weight.main_grad.
 """
 
 import math
@@ -19,7 +21,7 @@ import torch
 from .. import _C
 from ..recipe import HighPrecision, NVFP4BlockScaling
 from .autocast import autocast_enabled, current_recipe
-from .linear_composed import NO_CONTEXT, ComposedLinearFunction, quantize_for
+from .linear_composed import NO_CONTEXT, ComposedLinearFunction, main_grad_of, quantize_for, wgrad_result
 
 
 def _tensor(array):
@@ -28,12 +30,14 @@ def _tensor(array):
 
 class _LinearFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, recipe, cached_weight, training):
+    def forward(ctx, x, weight, bias, recipe, cached_weight, training, fuse_wgrad_accumulation):
         # contiguous: the library folds x to [M, K] in place only where its strides allow
         y, context = _C.linear_forward(x.detach().contiguous(), weight.detach(),
-                                       None if bias is None else bias.detach(), recipe, training, cached_weight)
+                                       None if bias is None else bias.detach(), recipe, training, cached_weight,
+                                       weight_grad=weight.requires_grad)
         ctx.context = context
         ctx.draws_seed = isinstance(recipe, NVFP4BlockScaling) and not recipe.disable_stochastic_rounding
+        ctx.weight = weight if fuse_wgrad_accumulation else None  # its main_grad, read in backward
         ctx.weight_dtype = weight.dtype
         ctx.bias_dtype = None if bias is None else bias.dtype
         return _tensor(y)
@@ -45,28 +49,39 @@ class _LinearFunction(torch.autograd.Function):
             raise RuntimeError(NO_CONTEXT)
         # Only stochastic rounding draws from torch's generator (other recipes leave its stream alone).
         sr_seed = int(torch.randint(0, 2**62, (1,)).item()) if ctx.draws_seed else 0
+        main_grad = main_grad_of(ctx.weight) if ctx.weight is not None and ctx.needs_input_grad[1] else None
         dx, dw, db = _C.linear_backward(
             grad_output.detach().contiguous(), ctx.context,
             compute_grad_input=ctx.needs_input_grad[0],
+            compute_grad_weight=ctx.needs_input_grad[1],
             compute_grad_bias=ctx.bias_dtype is not None and ctx.needs_input_grad[2],
-            sr_seed=sr_seed)
+            main_grad=main_grad, sr_seed=sr_seed)
         # Frees the saved quantized operands, as autograd frees saved tensors (so a second backward,
         # even with retain_graph=True, is the error above).
         ctx.context = None
         grad_input = _tensor(dx) if ctx.needs_input_grad[0] else None
-        grad_weight = _tensor(dw).to(ctx.weight_dtype) if ctx.needs_input_grad[1] else None
+        grad_weight = None
+        if ctx.needs_input_grad[1]:
+            grad_weight = wgrad_result(ctx.weight) if main_grad is not None else _tensor(dw).to(ctx.weight_dtype)
         grad_bias = _tensor(db).to(ctx.bias_dtype) if ctx.bias_dtype is not None and ctx.needs_input_grad[2] else None
-        return grad_input, grad_weight, grad_bias, None, None, None
+        return grad_input, grad_weight, grad_bias, None, None, None, None
 
 
 class Linear(torch.nn.Module):
     """y = x W^T + b, quantized under microscale.torch.autocast (x float32, bfloat16 or float16
     [..., in_features], on the CPU or, with the CUDA backend, on the parameters' CUDA device).
     Parameters shaped and initialised as torch.nn.Linear's: weight [out_features, in_features],
-    bias [out_features], of params_dtype (default: torch's default dtype)."""
+    bias [out_features], of params_dtype (default: torch's default dtype).
 
-    def __init__(self, in_features, out_features, bias=True, *, params_dtype=None, device=None):
+    fuse_wgrad_accumulation (TransformerEngine's argument, for Megatron-style training): the
+    weight gradient is added in fp32 into ``weight.main_grad`` (float32 [out_features,
+    in_features] on the weight's device, which the caller allocates) instead of being returned;
+    weight.grad then gets TransformerEngine's placeholder (see docs/python.md)."""
+
+    def __init__(self, in_features, out_features, bias=True, *, params_dtype=None, device=None,
+                 fuse_wgrad_accumulation=False):
         super().__init__()
+        self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
         if params_dtype is None:  # as TransformerEngine's modules
             params_dtype = torch.get_default_dtype()
         self.in_features = in_features
@@ -126,7 +141,8 @@ class Linear(torch.nn.Module):
             x.requires_grad or self.weight.requires_grad or (self.bias is not None and self.bias.requires_grad))
         cached = self._quantized_weight(recipe, is_first_microbatch)
         function = ComposedLinearFunction if devices == {"cuda"} else _LinearFunction
-        return function.apply(x, self.weight, self.bias, recipe, cached, training)
+        return function.apply(x, self.weight, self.bias, recipe, cached, training, self.fuse_wgrad_accumulation)
 
     def extra_repr(self):
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        fused = ", fuse_wgrad_accumulation=True" if self.fuse_wgrad_accumulation else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}{fused}"

@@ -17,13 +17,14 @@ from .gemm import gemm
 from .ops import _capsule, _on_device, _stream, quantize
 
 
-def quantize_for(x, options, *, columnwise=None, sr_seed=None):
+def quantize_for(x, options, *, rowwise=None, columnwise=None, sr_seed=None):
     """quantize() of a [rows, cols] CUDA tensor under a recipe's options (_C.quantize_options);
-    `columnwise` overrides the options' (forward skips X^T when not training). The RHT is defined
-    on bf16 (as in TransformerEngine and the CPU layer): under it, f32 / f16 is rounded to bf16 first."""
+    `rowwise` / `columnwise` override the options' (forward skips X^T when not training). The RHT is
+    defined on bf16 (as in TransformerEngine and the CPU layer): under it, f32 / f16 is rounded to
+    bf16 first."""
     if options.rht and x.dtype != torch.bfloat16:
         x = x.to(torch.bfloat16)
-    return quantize(x, options.scheme, rowwise=options.rowwise,
+    return quantize(x, options.scheme, rowwise=options.rowwise if rowwise is None else rowwise,
                     columnwise=options.columnwise if columnwise is None else columnwise, scale_mode=options.scale_mode,
                     tile=options.tile, rht=options.rht, sr_seed=sr_seed, swizzle=options.swizzle)
 
@@ -31,6 +32,31 @@ def quantize_for(x, options, *, columnwise=None, sr_seed=None):
 # Both Linear functions' error for a backward without a forward's context.
 NO_CONTEXT = ("microscale.torch.Linear: backward through a forward that kept no context (a second backward, or a "
               "forward without inputs that need grad)")
+
+
+def main_grad_of(weight):
+    """weight.main_grad, checked: float32, the weight's shape and device (the caller allocates it,
+    as Megatron-LM's DDP does for TransformerEngine's fuse_wgrad_accumulation)."""
+    main_grad = getattr(weight, "main_grad", None)
+    if main_grad is None:
+        raise _C.Error("microscale.torch.Linear: fuse_wgrad_accumulation adds dW into weight.main_grad, which this "
+                       "weight does not have (allocate a float32 tensor of the weight's shape)")
+    if main_grad.dtype != torch.float32 or main_grad.shape != weight.shape or main_grad.device != weight.device:
+        raise _C.Error(f"microscale.torch.Linear: weight.main_grad is {main_grad.dtype} {list(main_grad.shape)} on "
+                       f"{main_grad.device}; it must be float32 {list(weight.shape)} on {weight.device}")
+    return main_grad
+
+
+def wgrad_result(weight):
+    """What backward returns for a weight whose gradient went into main_grad, as TransformerEngine
+    does: a weight with the attribute grad_added_to_main_grad (Megatron-LM's) gets it set and a
+    placeholder gradient of its shape (zeros when weight.zero_out_wgrad is set, else
+    uninitialised); any other weight gets None."""
+    if not hasattr(weight, "grad_added_to_main_grad"):
+        return None
+    weight.grad_added_to_main_grad = True
+    make = torch.zeros if getattr(weight, "zero_out_wgrad", False) else torch.empty
+    return make(weight.shape, dtype=weight.dtype, device=weight.device)
 
 
 def _require_same_device(name, t, device):
@@ -55,7 +81,7 @@ class ComposedLinearFunction(torch.autograd.Function):
     quantized under the recipe's weight options (both usages; the Linear's cache)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, recipe, weight_q, training):
+    def forward(ctx, x, weight, bias, recipe, weight_q, training, fuse_wgrad_accumulation):
         for name, t in (("weight", weight), ("bias", bias)):
             _require_same_device(name, t, x.device)
         k, n = weight.shape[1], weight.shape[0]
@@ -69,6 +95,7 @@ class ComposedLinearFunction(torch.autograd.Function):
         ctx.recipe = recipe
         ctx.saved = (x_q, weight_q) if training else None
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
+        ctx.weight = weight if fuse_wgrad_accumulation else None  # its main_grad, read in backward
         ctx.weight_dtype = weight.dtype
         ctx.bias_dtype = None if bias is None else bias.dtype
         return y.reshape(*x.shape[:-1], n)
@@ -84,14 +111,23 @@ class ComposedLinearFunction(torch.autograd.Function):
         options = _C.quantize_options(ctx.recipe, "grad_output")
         # Stochastic rounding (NVFP4) draws its seed from torch's default generator, as the CPU layer does.
         sr_seed = int(torch.randint(0, 2**62, (1,)).item()) if options.sr_seed is not None else None
-        dy_q = quantize_for(dy, options, sr_seed=sr_seed)
+        want_dx, want_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1] and x_q.columnwise_data is not None
         grad_input = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[0]:  # dx in dy's dtype (TE's dgrad output)
+        if want_dx or want_dw:
+            # dy's rowwise output feeds dgrad, its columnwise output wgrad: each only when needed (one
+            # direction's bytes do not depend on the other's, stochastic rounding included).
+            dy_q = quantize_for(dy, options, rowwise=want_dx, columnwise=want_dw, sr_seed=sr_seed)
+        if want_dx:  # dx in dy's dtype (TE's dgrad output)
             grad_input = gemm(dy_q, weight_q, b_usage="columnwise", out_dtype=grad_output.dtype).reshape(ctx.x_shape)
-        if ctx.needs_input_grad[1] and x_q.columnwise_data is not None:  # dW in x's dtype, then the weight's
+        if want_dw and ctx.weight is not None:  # dW += into main_grad in fp32 (the CPU layer's rule)
+            main_grad = main_grad_of(ctx.weight)
+            gemm(dy_q, x_q, a_usage="columnwise", b_usage="columnwise", beta=1.0, c=main_grad,
+                 out_dtype=torch.float32, out=main_grad)
+            grad_weight = wgrad_result(ctx.weight)
+        elif want_dw:  # dW in x's dtype, then the weight's
             grad_weight = gemm(dy_q, x_q, a_usage="columnwise", b_usage="columnwise",
                                out_dtype=ctx.x_dtype).to(ctx.weight_dtype)
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             # The unquantized dy's column sums: in float64, rounded to fp32, then to dy's dtype (the CPU's rule).
             grad_bias = _column_sums(dy).to(grad_output.dtype).to(ctx.bias_dtype)
-        return grad_input, grad_weight, grad_bias, None, None, None
+        return grad_input, grad_weight, grad_bias, None, None, None, None
