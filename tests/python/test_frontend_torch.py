@@ -286,3 +286,34 @@ def test_linear_inside_torch_compile(backend):
         high = compiled_model(x)  # outside any scope: high precision, as eager
         assert torch.equal(high, model(x)) and not torch.equal(high, want[0])
         assert torch.equal(step(compiled_model, x), want[0])
+
+
+def test_convert_linears_swaps_in_place_over_the_same_parameters():
+    torch.manual_seed(10)
+
+    class Subclass(torch.nn.Linear):  # left alone: its forward may do more than a Linear's
+        pass
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False), Subclass(32, 32)),
+                                torch.nn.Linear(32, 32))
+    params = list(model.parameters())
+    x = torch.randn(32, 64)
+    plain = model(x)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)  # built before the swap: still updates the layers
+    assert mst.convert_linears(model, lambda m, fqn: fqn != "3") is model
+    assert [type(model[i]) for i in (0, 3)] == [mst.Linear, torch.nn.Linear]
+    assert type(model[2][0]) is mst.Linear and type(model[2][1]) is Subclass
+    assert all(a is b for a, b in zip(model.parameters(), params)) and model[2][0].bias is None
+    assert torch.equal(model(x), plain)  # outside autocast: what the model computed before
+    reference = mst.Linear(64, 64)
+    reference.load_state_dict(model[0].state_dict())
+    with mst.autocast(recipe=MXFP8BlockScaling()):
+        assert torch.equal(model[0](x), reference(x))
+        model(x).sum().backward()
+    before = model[0].weight.detach().clone()
+    opt.step()
+    assert not torch.equal(model[0].weight, before)
+    assert mst.convert_linears(torch.nn.Linear(8, 8)).__class__ is mst.Linear  # the module itself
+    fused = mst.convert_linears(torch.nn.Sequential(torch.nn.Linear(8, 8)), fuse_wgrad_accumulation=True)
+    assert fused[0].fuse_wgrad_accumulation
