@@ -47,20 +47,9 @@ std::string mb(uint64_t bytes) {
 }
 
 void run_quantize(const QuantizeArgs& a) {
-  ConvertOptions o;
-  o.format = parse_checkpoint_format(a.format);
-  if (!a.convention.empty()) {
-    o.convention = parse_convention(a.convention);
-  } else {  // mxfp4's default depends on the model (default_convention); the others' do not
-    o.convention = o.format == CheckpointFormat::MXFP4
-                       ? default_convention(o.format, Checkpoint::open(a.input))
-                       : Convention::ModelOpt;
-  }
-  check_supported(o.format, o.convention);
-  if (a.scale_mode) {
-    if (o.format == CheckpointFormat::NVFP4) throw Error("--scale-mode applies to the MX formats, not nvfp4");
-    o.mx_scale_mode = parse_scale_mode(*a.scale_mode);
-  }
+  if (a.scale_mode && a.scale_mode->empty())
+    throw Error("--scale-mode needs a value (floor, ceil, even, rceil)");
+  ConvertOptions o = convert_options(a.input, a.format, a.convention, a.scale_mode.value_or(""));
   if (a.no_default_skips) o.rules.skip.clear();
   o.rules.skip.insert(o.rules.skip.end(), a.skip.begin(), a.skip.end());
   o.rules.only = a.only;

@@ -214,6 +214,13 @@ struct ConvertOptions {
   std::function<void(size_t, size_t, const TensorReport&)> progress;
 };
 
+/// @brief ConvertOptions from names, as the CLI and the Python package take them: `format` (nvfp4 |
+/// mxfp8 | mxfp4); `convention`, or empty for the format's default (default_convention: it reads
+/// `input`'s config.json for mxfp4), checked against the format; `scale_mode` for the MX formats
+/// (empty: rceil; an error for nvfp4). The layer rules and the rest stay at their defaults.
+ConvertOptions convert_options(const std::string& input, const std::string& format,
+                               const std::string& convention, const std::string& scale_mode);
+
 /// @brief Converts `input` (file or directory) into the directory `output_dir`: the tensors (one
 /// output shard per input shard, plus model.safetensors.index.json when sharded), config.json with
 /// the convention's quantization_config, hf_quant_config.json for modelopt, and the directory's

@@ -12,8 +12,8 @@ import numpy as np
 from . import _C, recipe
 from ._C import Error, GemmOperand, QuantizedTensor, QuantizeOptions, release_cached_host_memory
 
-__all__ = ["Error", "GemmOperand", "QuantizedTensor", "QuantizeOptions", "dequantize", "gemm", "quantize", "recipe",
-           "release_cached_host_memory"]
+__all__ = ["Error", "GemmOperand", "QuantizedTensor", "QuantizeOptions", "convert_checkpoint", "dequantize", "gemm",
+           "quantize", "recipe", "release_cached_host_memory"]
 
 
 def quantize(
@@ -93,3 +93,23 @@ def gemm(a, b, *, a_usage="rowwise", b_usage="rowwise", alpha=1.0, beta=0.0, c=N
         raise Error(f"microscale.gemm: out_dtype must be 'float32' or 'float16' for numpy, not {out_dtype!r}")
     d = _C.gemm(_gemm_operand(a, a_usage), _gemm_operand(b, b_usage), alpha, beta, c, bias, out_dtype)
     return np.asarray(d)
+
+
+def convert_checkpoint(input, output_dir, *, format, convention=None, skip=(), only=(), default_skips=True,
+                       scale_mode=None, calibration=None, num_threads=0, progress=None):
+    """Converts a safetensors checkpoint (a file, or a model directory with shards and config.json)
+    into ``output_dir`` in a serving convention, as ``microscale quantize`` does (docs/checkpoints.md):
+    ``format`` nvfp4, mxfp8 or mxfp4; ``convention`` modelopt, compressed-tensors or gpt-oss (None:
+    the format's default); ``skip`` / ``only`` name patterns (``*``, ``?``) added to the default
+    skips (embeddings, norms, lm_head, routers...: ``default_skips=False`` drops them) or
+    restricting the quantized layers; ``scale_mode`` for MX (rceil when None); ``calibration`` a
+    safetensors file of input amaxes for NVFP4's input scales; ``progress(done, total, report)``
+    called after each tensor. Returns one dict per input tensor: name, shape, dtype, quantized,
+    kept_because, sqnr_db, max_abs_error, bytes_before, bytes_after. Errors are microscale.Error;
+    a failed conversion removes the files it wrote."""
+    import os
+
+    return _C.convert_checkpoint(os.fspath(input), os.fspath(output_dir), format=format, convention=convention or "",
+                                 skip=list(skip), only=list(only), default_skips=default_skips,
+                                 scale_mode=scale_mode or "", calibration=os.fspath(calibration) if calibration else "",
+                                 num_threads=num_threads, progress=progress)

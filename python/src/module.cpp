@@ -18,5 +18,6 @@ NB_MODULE(_C, m) {
   microscale::python::bind_quantize(m);
   microscale::python::bind_gemm(m);
   microscale::python::bind_training(m);
+  microscale::python::bind_checkpoint(m);
   microscale::python::bind_cuda(m);
 }

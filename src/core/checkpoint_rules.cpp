@@ -61,6 +61,25 @@ void check_supported(CheckpointFormat f, Convention c) {
   }
 }
 
+ConvertOptions convert_options(const std::string& input, const std::string& format,
+                               const std::string& convention, const std::string& scale_mode) {
+  ConvertOptions o;
+  o.format = parse_checkpoint_format(format);
+  if (!convention.empty()) {
+    o.convention = parse_convention(convention);
+  } else {  // mxfp4's default depends on the model; the others' do not (no need to open the input)
+    o.convention = o.format == CheckpointFormat::MXFP4 ? default_convention(o.format, Checkpoint::open(input))
+                                                       : Convention::ModelOpt;
+  }
+  check_supported(o.format, o.convention);
+  if (!scale_mode.empty()) {
+    if (o.format == CheckpointFormat::NVFP4)
+      throw Error("the scale mode applies to the MX formats, not nvfp4");
+    o.mx_scale_mode = parse_scale_mode(scale_mode);
+  }
+  return o;
+}
+
 bool wildcard_match(const std::string& pattern, const std::string& text) {
   // Iterative matcher with backtracking to the last '*'.
   size_t p = 0, t = 0, star = std::string::npos, mark = 0;

@@ -216,7 +216,8 @@ TEST(CliCheckpoint, BadInputIsAMessageAndNonZeroExit) {
       {"quantize " + in + " -o " + out + " --format mxfp8 --convention awq", "unknown convention"},
       {"quantize /nonexistent -o " + out + " --format nvfp4", "neither a file nor a directory"},
       {"quantize " + in + " -o " + in + " --format nvfp4", "must differ"},
-      {"quantize " + in + " -o " + out + " --format nvfp4 --scale-mode floor", "--scale-mode applies"},
+      {"quantize " + in + " -o " + out + " --format nvfp4 --scale-mode floor",
+       "scale mode applies to the MX formats"},
       {"inspect /nonexistent.safetensors", "neither a file nor a directory"},
       {"bench --size 33", "multiples of 32"},
   };

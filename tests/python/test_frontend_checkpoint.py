@@ -1,0 +1,71 @@
+"""microscale.convert_checkpoint: the CLI's `microscale quantize` as a Python function. The same
+bytes as the CLI's conversion, the per-tensor report, the progress callback, and errors."""
+
+import os
+import subprocess
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+import microscale as ms
+
+CLI = os.environ.get("MICROSCALE_CLI", "build/release/microscale")
+
+
+def make_model(path):
+    rng = np.random.default_rng(7)
+    path.mkdir()
+    save_file({"layers.0.mlp.up_proj.weight": (0.05 * rng.standard_normal((128, 256))).astype(ml_dtypes.bfloat16),
+               "layers.0.self_attn.q_proj.weight": (0.05 * rng.standard_normal((64, 256))).astype(np.float32),
+               "layers.0.norm.weight": np.ones(256, np.float32)},
+              str(path / "model.safetensors"))
+    (path / "config.json").write_text('{"model_type": "demo"}')
+    return path
+
+
+@pytest.mark.parametrize("fmt,extra", [("nvfp4", []), ("mxfp8", ["--scale-mode", "floor"]),
+                                       ("mxfp4", ["--convention", "compressed-tensors"])])
+def test_the_same_files_as_the_cli(tmp_path, fmt, extra):
+    model = make_model(tmp_path / "model")
+    cli = subprocess.run([CLI, "quantize", str(model), "-o", str(tmp_path / "cli"), "--format", fmt, "-q",
+                          "--skip", "*q_proj*", *extra], capture_output=True, text=True)
+    assert cli.returncode == 0, cli.stderr
+    kwargs = {"scale_mode": "floor"} if fmt == "mxfp8" else {"convention": "compressed-tensors"} if fmt == "mxfp4" else {}
+    reports = ms.convert_checkpoint(model, tmp_path / "py", format=fmt, skip=["*q_proj*"], **kwargs)
+    for name in sorted(os.listdir(tmp_path / "cli")):
+        assert (tmp_path / "cli" / name).read_bytes() == (tmp_path / "py" / name).read_bytes(), name
+    assert sorted(os.listdir(tmp_path / "cli")) == sorted(os.listdir(tmp_path / "py"))
+    by_name = {r["name"]: r for r in reports}
+    up = by_name["layers.0.mlp.up_proj.weight"]
+    assert up["quantized"] and up["shape"] == [128, 256] and up["sqnr_db"] > 12
+    assert up["bytes_after"] < up["bytes_before"] == 128 * 256 * 2
+    for kept in ("layers.0.norm.weight", "layers.0.self_attn.q_proj.weight"):
+        assert not by_name[kept]["quantized"] and by_name[kept]["kept_because"]
+
+
+def test_progress_and_a_failed_conversion(tmp_path):
+    model = make_model(tmp_path / "model")
+    seen = []
+    ms.convert_checkpoint(model, tmp_path / "out", format="nvfp4", progress=lambda d, t, r: seen.append((d, t, r["name"])))
+    assert [d for d, _, _ in seen] == [1, 2, 3] and all(t == 3 for _, t, _ in seen)
+
+    def stop(done, total, report):
+        raise KeyboardInterrupt("stop")
+
+    with pytest.raises(KeyboardInterrupt):
+        ms.convert_checkpoint(model, tmp_path / "stopped", format="nvfp4", progress=stop)
+    assert not (tmp_path / "stopped").exists() or not os.listdir(tmp_path / "stopped")
+
+
+def test_errors(tmp_path):
+    model = make_model(tmp_path / "model")
+    cases = [(dict(format="nvfp5"), "nvfp5"), (dict(format="nvfp4", scale_mode="floor"), "scale mode applies"),
+             (dict(format="mxfp4", convention="modelopt"), "no mxfp4 layout"),
+             (dict(format="mxfp8", scale_mode="up"), "scale mode")]
+    for kwargs, match in cases:
+        with pytest.raises(ms.Error, match=match):
+            ms.convert_checkpoint(model, tmp_path / "o", **kwargs)
+    with pytest.raises(ms.Error):
+        ms.convert_checkpoint(tmp_path / "missing", tmp_path / "o2", format="nvfp4")
