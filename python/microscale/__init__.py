@@ -109,7 +109,10 @@ def convert_checkpoint(input, output_dir, *, format, convention=None, skip=(), o
     a failed conversion removes the files it wrote."""
     import os
 
+    def patterns(p):  # one pattern given as a string, not its letters
+        return [p] if isinstance(p, str) else list(p)
+
     return _C.convert_checkpoint(os.fspath(input), os.fspath(output_dir), format=format, convention=convention or "",
-                                 skip=list(skip), only=list(only), default_skips=default_skips,
+                                 skip=patterns(skip), only=patterns(only), default_skips=default_skips,
                                  scale_mode=scale_mode or "", calibration=os.fspath(calibration) if calibration else "",
                                  num_threads=num_threads, progress=progress)

@@ -86,8 +86,8 @@ __global__ void gemm_epilogue_quads_kernel(const __grid_constant__ GemmDevicePar
 constexpr int kQuadThreads = 256;
 
 // Whether gemm_epilogue_quads_kernel takes `p`: no C, D's columns contiguous, N and D's row and
-// batch strides multiples of 4, D aligned to four values (the sums are: the workspace's slices
-// start on 256 bytes and N % 4 == 0).
+// batch strides multiples of 4, D aligned to four values; the sums' rows and slices (r * N and
+// s * L * M * N floats from the workspace) start on 16 bytes when the workspace does and N % 4 == 0.
 bool takes_quads(const GemmDeviceParams& p) {
   const int64_t value_bytes = static_cast<int64_t>(dtype_size(p.d.dtype));
   return !p.has_c && p.d.strides[1] == 1 && p.n % 4 == 0 && p.d.strides[0] % 4 == 0 &&

@@ -718,6 +718,17 @@ void run_checks(bool quick) {
         check_gemm("epilogue bias alone N=" + std::to_string(n) + " " + std::string(dtype_name(out)), a, bn,
                    true, e, true, rng);
       }
+      // Padded rows without C: a row stride of N + 4 keeps the four-column form, N + 2 does not.
+      const HostOperand b260 = random_operand(260, 512, 1, gpumode_scales, rng);
+      for (int64_t pad : {4, 2}) {
+        Epilogue e;
+        e.out = out;
+        e.with_bias = true;
+        e.d_row_pad = pad;
+        check_gemm("epilogue bias alone, D rows padded by " + std::to_string(pad) + " " +
+                       std::string(dtype_name(out)),
+                   a, b260, false, e, true, rng);
+      }
     }
     const HostOperand a3 = random_operand(64, 128, 3, gpumode_scales, rng);
     const HostOperand b3 = random_operand(72, 128, 3, gpumode_scales, rng);

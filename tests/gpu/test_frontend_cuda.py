@@ -408,3 +408,10 @@ def test_linear_on_cuda_frozen_weight_and_fused_wgrad_accumulation(recipe_name, 
     before = fused.weight.main_grad.clone()
     dx, dw = step(fused, xs[0], dy)
     assert dw is None and torch.equal(dx, want[0][0]) and torch.equal(fused.weight.main_grad, before)
+    # x without a gradient (a first layer): dy quantized columnwise only, dW as in the full step
+    layer.weight.grad = None
+    with mst.autocast(recipe=recipe):
+        y = layer(xs[0])
+    torch.manual_seed(6)
+    y.backward(dy)
+    assert torch.equal(layer.weight.grad, want[0][1])

@@ -45,6 +45,13 @@ def test_the_same_files_as_the_cli(tmp_path, fmt, extra):
         assert not by_name[kept]["quantized"] and by_name[kept]["kept_because"]
 
 
+def test_a_pattern_given_as_a_string(tmp_path):
+    model = make_model(tmp_path / "model")
+    reports = {r["name"]: r for r in ms.convert_checkpoint(model, tmp_path / "out", format="mxfp8", skip="*q_proj*")}
+    assert reports["layers.0.mlp.up_proj.weight"]["quantized"]
+    assert not reports["layers.0.self_attn.q_proj.weight"]["quantized"]
+
+
 def test_progress_and_a_failed_conversion(tmp_path):
     model = make_model(tmp_path / "model")
     seen = []

@@ -140,6 +140,24 @@ def test_a_frozen_weight_gets_no_gradient_and_the_same_dx(function, recipe_name)
     assert torch.equal(y.detach(), want[0]) and torch.equal(xg.grad, want[1]) and torch.equal(bg.grad, want[3])
 
 
+def test_a_frozen_weight_quantizes_no_x_columnwise(monkeypatch):
+    # dx keeps its bytes either way: what shows the skip is the forward's own call.
+    recipe = RECIPES["nvfp4"]()
+    x, weight, bias, dy = _layer_inputs(7)
+    seen = []
+    real_forward = ms._C.linear_forward
+    monkeypatch.setattr(ms._C, "linear_forward", lambda *a, **k: seen.append(k.get("weight_grad")) or real_forward(*a, **k))
+    real_quantize_for = linear_composed.quantize_for
+    monkeypatch.setattr(linear_composed, "quantize_for",
+                        lambda t, o, **k: seen.append(k.get("columnwise")) or real_quantize_for(t, o, **k))
+    options = ms._C.quantize_options(recipe, "weight")
+    for function, cached in ((_LinearFunction, ms._C.quantize(weight, options, False)),
+                             (ComposedLinearFunction, quantize_for(weight, options))):
+        seen.clear()
+        function.apply(x.clone().requires_grad_(), weight, bias, recipe, cached, True, False)
+        assert seen == [False], function.__name__  # weight_grad=False / columnwise=False for x
+
+
 @pytest.mark.parametrize("function", [_LinearFunction, ComposedLinearFunction], ids=["cpp", "composed"])
 def test_fuse_wgrad_accumulation_adds_into_main_grad(function):
     """Two micro-batches into weight.main_grad: the sum of the two returned dWs (fp32, from zero:

@@ -317,3 +317,6 @@ def test_convert_linears_swaps_in_place_over_the_same_parameters():
     assert mst.convert_linears(torch.nn.Linear(8, 8)).__class__ is mst.Linear  # the module itself
     fused = mst.convert_linears(torch.nn.Sequential(torch.nn.Linear(8, 8)), fuse_wgrad_accumulation=True)
     assert fused[0].fuse_wgrad_accumulation
+    shared = torch.nn.Linear(8, 8)  # tied: one layer at two places stays one layer
+    tied = mst.convert_linears(torch.nn.Sequential(shared, torch.nn.ReLU(), shared))
+    assert tied[0] is tied[2] and type(tied[0]) is mst.Linear

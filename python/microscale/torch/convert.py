@@ -25,12 +25,20 @@ def convert_linears(module, module_filter_fn=None, *, fuse_wgrad_accumulation=Fa
 
     ``module_filter_fn(submodule, fqn) -> bool`` (torchao's argument) picks the layers to swap,
     fqn being the layer's name in the model ("layers.0.mlp.fc1"); subclasses of nn.Linear are
-    left alone (their forward may do more than a Linear's)."""
+    left alone (their forward may do more than a Linear's). A layer found at several places
+    becomes one quantized layer (one weight cache); hooks on the old layers are not carried over."""
+    twins = {}  # id(old layer) -> its twin
 
     def swap(m, fqn):
+        if id(m) in twins:
+            return twins[id(m)]
         if type(m) is torch.nn.Linear and (module_filter_fn is None or module_filter_fn(m, fqn)):
-            return _quantized_twin(m, fuse_wgrad_accumulation)
-        for name, child in list(m.named_children()):
+            twins[id(m)] = _quantized_twin(m, fuse_wgrad_accumulation)
+            return twins[id(m)]
+        # _modules, not named_children(), which names a module found twice only once
+        for name, child in list(m._modules.items()):
+            if child is None:
+                continue
             new = swap(child, f"{fqn}.{name}" if fqn else name)
             if new is not child:
                 setattr(m, name, new)

@@ -76,7 +76,8 @@ class Linear(torch.nn.Module):
     fuse_wgrad_accumulation (TransformerEngine's argument, for Megatron-style training): the
     weight gradient is added in fp32 into ``weight.main_grad`` (float32 [out_features,
     in_features] on the weight's device, which the caller allocates) instead of being returned;
-    weight.grad then gets TransformerEngine's placeholder (see docs/python.md)."""
+    weight.grad stays None, or, for a weight with Megatron-LM's grad_added_to_main_grad attribute,
+    gets TransformerEngine's placeholder (docs/python.md)."""
 
     def __init__(self, in_features, out_features, bias=True, *, params_dtype=None, device=None,
                  fuse_wgrad_accumulation=False):

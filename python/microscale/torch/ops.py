@@ -121,9 +121,9 @@ def _quantize_op(
 
 
 def quantize_parts(x, options):
-    """The quantize op's body, without the op's dispatch (the Linear calls it from inside its
-    autograd function, where nothing traces): [rowwise_data, rowwise_scale, columnwise_data,
-    columnwise_scale, amax], empty tensors for the parts not asked for."""
+    """The quantize op's body, without the op's dispatch (what eager quantize() calls):
+    [rowwise_data, rowwise_scale, columnwise_data, columnwise_scale, amax], empty tensors for the
+    parts not asked for."""
     scheme = options.scheme
     if x.device.type == "cpu":
         q = _C.quantize(x, options, False)
