@@ -13,7 +13,7 @@ from . import _C, recipe
 from ._C import Error, GemmOperand, QuantizedTensor, QuantizeOptions, release_cached_host_memory
 
 __all__ = ["Error", "GemmOperand", "QuantizedTensor", "QuantizeOptions", "convert_checkpoint", "dequantize", "gemm",
-           "quantize", "recipe", "release_cached_host_memory"]
+           "quantize", "read_quantized_weights", "recipe", "release_cached_host_memory"]
 
 
 def quantize(
@@ -116,3 +116,13 @@ def convert_checkpoint(input, output_dir, *, format, convention=None, skip=(), o
                                  skip=patterns(skip), only=patterns(only), default_skips=default_skips,
                                  scale_mode=scale_mode or "", calibration=os.fspath(calibration) if calibration else "",
                                  num_threads=num_threads, progress=progress)
+
+
+def read_quantized_weights(path):
+    """The quantized weights of a checkpoint (a file, or a model directory) in any convention
+    microscale reads (modelopt, compressed-tensors, gpt-oss; ours or another tool's), dequantized
+    as ``microscale inspect`` does: a dict from each original weight's name to a float32 numpy
+    array of its original shape. Tensors that are not quantized weights are left out."""
+    import os
+
+    return {w["name"]: np.asarray(w["values"]) for w in _C.read_quantized_weights(os.fspath(path))}

@@ -1,5 +1,6 @@
-// Checkpoint conversion for Python: the CLI's `microscale quantize` as a function
-// (microscale/checkpoint.hpp's convert_checkpoint), returning its per-tensor report.
+// Checkpoints for Python: the CLI's `microscale quantize` as a function (microscale/checkpoint.hpp's
+// convert_checkpoint, returning its per-tensor report), and the quantized weights of a checkpoint
+// in any supported convention, dequantized (read_quantized_weights, what `inspect` reads).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/function.h>
 #include <nanobind/stl/string.h>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "array_bridge.hpp"
 #include "bindings.hpp"
 #include "microscale/checkpoint.hpp"
 
@@ -57,9 +59,31 @@ nb::list convert(const std::string& input, const std::string& output_dir, const 
   return out;
 }
 
+nb::list quantized_weights(const std::string& path) {
+  std::vector<DetectedWeight> weights;
+  {
+    nb::gil_scoped_release released;
+    weights = read_quantized_weights(Checkpoint::open(path));
+  }
+  nb::list out;
+  for (DetectedWeight& w : weights) {
+    nb::dict d;
+    d["name"] = w.name;
+    d["format"] = checkpoint_format_name(w.format);
+    d["convention"] = convention_name(w.convention);
+    d["values"] = to_array(std::move(w.values));
+    out.append(d);
+  }
+  return out;
+}
+
 }  // namespace
 
 void bind_checkpoint(nb::module_& m) {
+  m.def(
+      "read_quantized_weights", &quantized_weights, nb::arg("path"),
+      "The quantized weights of a checkpoint (a file or a model directory) in any supported convention, "
+      "each a dict: name (the original weight's), format, convention, values (float32, the original shape).");
   m.def("convert_checkpoint", &convert, nb::arg("input"), nb::arg("output_dir"), nb::kw_only(),
         nb::arg("format"), nb::arg("convention") = "", nb::arg("skip") = std::vector<std::string>{},
         nb::arg("only") = std::vector<std::string>{}, nb::arg("default_skips") = true,

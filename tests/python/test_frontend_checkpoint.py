@@ -76,3 +76,25 @@ def test_errors(tmp_path):
             ms.convert_checkpoint(model, tmp_path / "o", **kwargs)
     with pytest.raises(ms.Error):
         ms.convert_checkpoint(tmp_path / "missing", tmp_path / "o2", format="nvfp4")
+
+
+def test_read_quantized_weights_gives_the_dequantized_weights(tmp_path):
+    import torch
+
+    model = make_model(tmp_path / "model")
+    ms.convert_checkpoint(model, tmp_path / "mx", format="mxfp8")
+    weights = ms.read_quantized_weights(tmp_path / "mx")
+    assert sorted(weights) == ["layers.0.mlp.up_proj.weight", "layers.0.self_attn.q_proj.weight"]  # not the norm
+    from safetensors.numpy import load_file
+
+    original = load_file(str(model / "model.safetensors"))["layers.0.mlp.up_proj.weight"]
+    bf16 = torch.from_numpy(original.astype(np.float32)).to(torch.bfloat16)
+    want = ms.dequantize(ms.quantize(bf16, "mxfp8_e4m3", scale_mode="rceil"))  # the converter's MXFP8
+    got = weights["layers.0.mlp.up_proj.weight"]
+    assert got.dtype == np.float32 and got.shape == (128, 256) and np.array_equal(got, want)
+    ms.convert_checkpoint(model, tmp_path / "nv", format="nvfp4", convention="compressed-tensors")
+    x = original.astype(np.float64)
+    got = ms.read_quantized_weights(tmp_path / "nv" / "model.safetensors")["layers.0.mlp.up_proj.weight"]
+    assert 10 * np.log10(np.sum(x**2) / np.sum((x - got) ** 2)) > 12
+    with pytest.raises(ms.Error):
+        ms.read_quantized_weights(tmp_path / "missing")
