@@ -155,6 +155,17 @@ def test_torch_compile_traces_gemm_in_one_graph():
         return torch.relu(mst.gemm(mst.quantize(t, "mxfp8_e4m3"), mst.quantize(weight, "mxfp8_e4m3")))
 
     assert torch.equal(torch.compile(forward, fullgraph=True)(x, w), forward(x, w))
+    # out= under compile: the op's result copied into out (the op itself mutates nothing)
+    a, b, _ = _gemm_cases()[1]
+    main_grad = torch.randn(64, 128)
+    want = main_grad + mst.gemm(a, b, a_usage="columnwise", b_usage="columnwise")
+
+    def accumulate(p, q, t):
+        return mst.gemm(p, q, a_usage="columnwise", b_usage="columnwise", beta=1.0, c=t, out=t)
+
+    got = torch.compile(accumulate, backend="aot_eager", fullgraph=True)(a, b, main_grad)
+    assert got is main_grad or torch.equal(got, main_grad)
+    assert torch.allclose(main_grad, want, rtol=2**-22, atol=0)
 
 
 def test_gemm_into_out_and_in_place_accumulation():
