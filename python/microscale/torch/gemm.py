@@ -148,30 +148,28 @@ def _require_out(out, shape, dtype, device):
                        f"{dtype} {list(shape)} on {device}")
 
 
-def _run_gemm(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
-    """The GEMM's body: the op's and eager gemm's."""
+def _copy_into(out, d):
+    """gemm(..., out=out) where the result was computed apart: checked, then copied into out."""
+    _require_out(out, d.shape, d.dtype, d.device)
+    return out.copy_(d)
+
+
+def _run_gemm(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype, out=None):
+    """The GEMM's body: the op's and eager gemm's. With `out`, the library's CUDA GEMM writes D
+    there itself (out may be c: D = alpha A B^T + beta D in place); the other routes compute D,
+    then copy it into out."""
     da, db = _device_of(a), _device_of(b)
     if (da is not None and da.type == "cuda") or (db is not None and db.type == "cuda"):
         if not _C.cuda_built():
             raise _C.Error("microscale.torch.gemm: this build has no CUDA backend")
         if _library_runs(a, b):
-            return _gemm_cuda(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype)
-        return _gemm_emulated(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype)
-    d = _C.gemm(_gemm_operand(a, a_usage), _gemm_operand(b, b_usage), alpha, beta,
-                None if c is None else c.detach(), None if bias is None else bias.detach(), _DTYPE_NAMES[out_dtype])
-    return torch.from_dlpack(d)
-
-
-def _run_gemm_into(out, a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
-    """The body of gemm(..., out=out): on CUDA the library writes D into out itself (out may be c:
-    D = alpha A B^T + beta D in place); elsewhere the result is computed, then copied into out."""
-    da, db = _device_of(a), _device_of(b)
-    on_cuda = (da is not None and da.type == "cuda") or (db is not None and db.type == "cuda")
-    if on_cuda and _C.cuda_built() and _library_runs(a, b):
-        return _gemm_cuda(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype, out)
-    d = _run_gemm(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype)
-    _require_out(out, d.shape, d.dtype, d.device)
-    return out.copy_(d)
+            return _gemm_cuda(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype, out)
+        d = _gemm_emulated(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype)
+    else:
+        d = torch.from_dlpack(_C.gemm(_gemm_operand(a, a_usage), _gemm_operand(b, b_usage), alpha, beta,
+                                      None if c is None else c.detach(), None if bias is None else bias.detach(),
+                                      _DTYPE_NAMES[out_dtype]))
+    return d if out is None else _copy_into(out, d)
 
 
 # An operand crosses the op's schema as its tensors, its input shape and its QuantizeSpec's fields;
@@ -229,22 +227,19 @@ def _gemm_op(
     return _run_gemm(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype)
 
 
-def _rows_and_batches(tensors, shape, scheme, usage):
+def _rows_and_batches(x, usage):
     """An operand's logical row count and batch count (a dense [rows, K, L] operand has L; a
     QuantizedTensor of this module is 2-D after flattening)."""
-    if scheme == "":
-        return shape[0], (shape[2] if len(shape) == 3 else None)
-    rows = 1
-    for d in shape[:-1]:
-        rows *= d
-    return (rows if usage == "rowwise" else shape[-1]), None
+    if isinstance(x, torch.Tensor):
+        return x.shape[0], (x.shape[2] if x.dim() == 3 else None)
+    return _logical_rows_k(x, usage)[0], None
 
 
 @_gemm_op.register_fake
 def _(a_tensors, a_shape, a_scheme, a_flags, a_scale_mode, a_tile, b_tensors, b_shape, b_scheme, b_flags,
       b_scale_mode, b_tile, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
-    m, la = _rows_and_batches(a_tensors, a_shape, a_scheme, a_usage)
-    n, lb = _rows_and_batches(b_tensors, b_shape, b_scheme, b_usage)
+    m, la = _rows_and_batches(_operand_from_op(a_tensors, a_shape, a_scheme, a_flags, a_scale_mode, a_tile), a_usage)
+    n, lb = _rows_and_batches(_operand_from_op(b_tensors, b_shape, b_scheme, b_flags, b_scale_mode, b_tile), b_usage)
     batches = la if la is not None else lb
     return a_tensors[0].new_empty([m, n] + ([batches] if batches is not None else []), dtype=out_dtype)
 
@@ -269,10 +264,5 @@ def gemm(a, b, *, a_usage="rowwise", b_usage="rowwise", alpha=1.0, beta=0.0, c=N
         # call on a CUDA host (perf.md) for nothing.
         d = _gemm_op(*_op_operand(a), *_op_operand(b), a_usage, b_usage, float(alpha), float(beta), c, bias,
                      out_dtype)
-        if out is None:
-            return d
-        _require_out(out, d.shape, d.dtype, d.device)
-        return out.copy_(d)
-    if out is not None:
-        return _run_gemm_into(out, a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype)
-    return _run_gemm(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype)
+        return d if out is None else _copy_into(out, d)
+    return _run_gemm(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype, out)
