@@ -12,7 +12,10 @@ per-call cost included), as the median over several runs of back-to-back steps:
   microscale MXFP8 the same under MXFP8BlockScaling(): MXFP8 E4M3 operands (rowwise and the
                    untransposed columnwise outputs), the GEMMs on the same expanded path
 
-Forward-only times (under torch.no_grad) are printed beside. Writes JSON.
+Forward-only times (under torch.no_grad) are printed beside. Then each candidate's step captured
+whole into a CUDA graph (torch.cuda.graph, after warm-up steps on a side stream) and replayed: the
+step without the host's per-call cost, beside torch's BF16 step captured the same way (the
+baseline a user of CUDA graphs has). Writes JSON.
 Usage: python3 bench/linear_cuda_bench.py [OUT.json] (torch with CUDA, microscale built with it)
 """
 
@@ -41,6 +44,22 @@ def per_step_ms(step, steps=10, runs=5):
         end.synchronize()
         times.append(start.elapsed_time(end) / steps)
     return statistics.median(times)
+
+
+def graphed(step):
+    """step captured into a CUDA graph (two warm-up steps on a side stream first, as torch asks);
+    returns the graph's replay. The step sets the gradients to None before its backward, so the
+    captured backward allocates them in the graph's pool and each replay writes them anew."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
 
 
 def candidates(m, k, n):
@@ -78,15 +97,22 @@ def main():
             steps = 10
             fwd = per_step_ms(make(False), steps)
             step = per_step_ms(make(True), steps)
+            replay = graphed(make(True))
+            graph_step = per_step_ms(replay, steps)
+            del replay  # the graph and its memory pool
             rows.append(dict(m=m, k=k, n=n, candidate=name, forward_ms=fwd, step_ms=step,
-                             step_tflops=3 * 2 * m * k * n / step / 1e9))
+                             step_tflops=3 * 2 * m * k * n / step / 1e9, graph_step_ms=graph_step,
+                             graph_step_tflops=3 * 2 * m * k * n / graph_step / 1e9))
         torch.cuda.empty_cache()
-    print(f"{'M x K x N':>20} {'candidate':>18} {'forward ms':>11} {'step ms':>9} {'TFLOP/s':>8} {'step vs BF16':>13}")
+    print(f"{'M x K x N':>20} {'candidate':>18} {'forward ms':>11} {'step ms':>9} {'TFLOP/s':>8} {'step vs BF16':>13}"
+          f" {'graph step ms':>14} {'TFLOP/s':>8} {'vs BF16 graph':>14}")
     for r in rows:
         base = next(b for b in rows if (b["m"], b["k"], b["n"]) == (r["m"], r["k"], r["n"])
                     and b["candidate"] == "torch BF16")
         print(f"{r['m']:>6} x {r['k']:>5} x {r['n']:>5} {r['candidate']:>18} {r['forward_ms']:>11.3f} "
-              f"{r['step_ms']:>9.3f} {r['step_tflops']:>8.1f} {base['step_ms'] / r['step_ms']:>12.2f}x")
+              f"{r['step_ms']:>9.3f} {r['step_tflops']:>8.1f} {base['step_ms'] / r['step_ms']:>12.2f}x"
+              f" {r['graph_step_ms']:>14.3f} {r['graph_step_tflops']:>8.1f}"
+              f" {base['graph_step_ms'] / r['graph_step_ms']:>13.2f}x")
     if out_path:
         with open(out_path, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), f, indent=1)

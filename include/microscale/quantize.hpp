@@ -63,6 +63,11 @@ enum class Usage : uint8_t { Rowwise, Columnwise };
 struct StochasticRounding {
   uint64_t seed = 0;
   uint64_t offset = 0;
+  /// CUDA backend only: where set, the seed is read from this device address when the kernel runs,
+  /// and `seed` is unused. A call captured into a CUDA graph then takes, on each replay, whatever the
+  /// graph's earlier work wrote there (e.g. a draw from torch's CUDA generator), where a seed by value
+  /// would be fixed at capture. The CPU backends reject it.
+  const uint64_t* device_seed = nullptr;
 };
 
 /// The most CPU threads an options struct may ask for: more is a mistake, not a machine (an OpenMP

@@ -49,6 +49,23 @@ cuda::QuantizedViews device_views(const DeviceArray& rowwise_data, const DeviceA
 
 void* as_stream(uintptr_t stream) { return reinterpret_cast<void*>(stream); }
 
+// `options` with the stochastic-rounding seed read from `seed` on the device: a uint64's 8 bytes
+// (uint8 [8], 8-byte aligned; from Python, an int64 CUDA tensor's .view(torch.uint8)).
+QuantizeOptions with_device_seed(const QuantizeOptions& options, const DeviceArray& seed) {
+  if (!seed) return options;
+  const TensorView s = device_view(seed, "sr_seed_device");
+  if (s.dtype != DType::U8 || s.numel() != 8 || !s.is_contiguous() ||
+      reinterpret_cast<uintptr_t>(s.data) % alignof(uint64_t) != 0)
+    throw Error(
+        "sr_seed_device: must be a uint64's 8 bytes in CUDA memory (a contiguous, 8-byte aligned uint8 "
+        "array of 8 elements)");
+  if (!options.stochastic_rounding)
+    throw Error("sr_seed_device: these options have no stochastic rounding (give them an sr_seed)");
+  QuantizeOptions o = options;
+  o.stochastic_rounding->device_seed = static_cast<const uint64_t*>(s.data);
+  return o;
+}
+
 // One block-scaled operand of gemm_cuda: codes and scales in CUDA memory (an MX columnwise output
 // stored transposed, as GemmOperand::from gives it).
 GemmOperand device_operand(const std::string& scheme, const AnyArray& data, const AnyArray& scales,
@@ -88,18 +105,20 @@ void bind_cuda(nb::module_& m) {
       "quantize_cuda",
       [](const AnyArray& x, const QuantizeOptions& options, DeviceArray rowwise_data,
          DeviceArray rowwise_scale, DeviceArray columnwise_data, DeviceArray columnwise_scale,
-         DeviceArray amax, uintptr_t stream) {
+         DeviceArray amax, uintptr_t stream, DeviceArray sr_seed_device) {
         const TensorView input = view_of(x, "quantize input");
         if (input.device != Device::CUDA) throw Error("quantize_cuda: the input must be in CUDA memory");
-        cuda::quantize(input, options,
+        cuda::quantize(input, with_device_seed(options, sr_seed_device),
                        device_views(rowwise_data, rowwise_scale, columnwise_data, columnwise_scale, amax),
                        as_stream(stream));
       },
       nb::arg("x"), nb::arg("options"), nb::arg("rowwise_data").none(), nb::arg("rowwise_scale").none(),
       nb::arg("columnwise_data").none(), nb::arg("columnwise_scale").none(), nb::arg("amax").none(),
-      nb::arg("stream"),
+      nb::arg("stream"), nb::arg("sr_seed_device").none() = nb::none(),
       "Quantizes a CUDA array into caller-allocated CUDA outputs (uint8, shaped as quantized_shapes "
-      "gives; amax float32 [2] for NVFP4), asynchronously on `stream` (a cudaStream_t as an integer).");
+      "gives; amax float32 [2] for NVFP4), asynchronously on `stream` (a cudaStream_t as an integer). "
+      "sr_seed_device: the stochastic-rounding seed as a uint64's 8 bytes in CUDA memory, read when the "
+      "kernel runs (CUDA graphs), in place of the options' seed.");
 
   m.def(
       "dequantize_cuda",

@@ -183,6 +183,9 @@ QuantizedTensor run(const TensorView& input, const QuantizeOptions& options, Ker
   const IeeeSubnormals ieee;  // whatever FTZ/DAZ the caller set (fp_environment.hpp)
   const InputMatrix x = make_input_matrix(input);
   validate_quantize(x, options);
+  require(!options.stochastic_rounding || options.stochastic_rounding->device_seed == nullptr,
+          "a stochastic-rounding seed in device memory (device_seed) is for the CUDA backend; the CPU "
+          "takes the seed by value");
   QuantizedTensor q = allocate(input, x, options, reuse);
   (options.scheme == Scheme::NVFP4 ? nvfp4 : mx)(x, options, q);
   if (options.scale_layout == ScaleLayout::Swizzled) swizzle_outputs(q);

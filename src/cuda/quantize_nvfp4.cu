@@ -30,11 +30,12 @@ struct Nvfp4Params {
   bool rowwise, columnwise, tile_2d, rht, swizzled, sr;
   uint16_t rht_mask;
   uint64_t seed, offset;
+  const uint64_t* seed_device;  // when set, the seed (read as the kernel runs: CUDA graphs)
   int64_t tiles_k, tiles;
 };
 
 __device__ __forceinline__ void philox_words(const Nvfp4Params& p, uint64_t block, uint32_t (&w)[4]) {
-  sr_block_bits(p.seed, p.offset, block, w);
+  sr_block_bits(p.seed_device != nullptr ? *p.seed_device : p.seed, p.offset, block, w);
 }
 
 // Writes the 4 scale codes of blocks (r, c0 .. c0+3) of a [rows, cols] scale matrix; codes of
@@ -198,6 +199,7 @@ void launch_nvfp4_quantize(const DeviceMatrix& x, DType dtype, const QuantizeOpt
   if (p.sr) {
     p.seed = o.stochastic_rounding->seed;
     p.offset = o.stochastic_rounding->offset;
+    p.seed_device = o.stochastic_rounding->device_seed;
   }
   p.tiles_k = (x.cols + kTK - 1) / kTK;
   p.tiles = p.tiles_k * ((x.rows + kTM - 1) / kTM);

@@ -113,6 +113,10 @@ TEST(QuantizeErrors, OptionsThatDoNotApply) {
   o.rht = true;
   expect_rejected(x.view(), o, "RHT applies to nvfp4");
   o = QuantizeOptions{};
+  const uint64_t seed_in_host_memory = 1;
+  o.stochastic_rounding = StochasticRounding{0, 0, &seed_in_host_memory};  // a CUDA-only field
+  expect_rejected(x.view(), o, "device_seed");
+  o = QuantizeOptions{};
   o.amax_rowwise = NAN;
   expect_rejected(x.view(), o, "amax override");
   o.amax_rowwise = -1.0f;

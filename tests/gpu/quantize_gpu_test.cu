@@ -589,6 +589,57 @@ void error_suite() {
   }
 }
 
+// Stochastic rounding with the seed in device memory (StochasticRounding::device_seed, for CUDA
+// graphs): the same bytes as the seed by value, read when the kernel runs (a new value at the same
+// address gives that seed's bytes), on both directions and through the RHT.
+void device_seed_suite() {
+  std::mt19937_64 rng(11);
+  const std::vector<int64_t> shape = {128, 256};
+  const std::vector<uint8_t> host = encode_input(random_values(128 * 256, rng, false, false), DType::BF16);
+  DeviceBuffer din(host.data(), host.size());
+  TensorView in;
+  in.data = din.p;
+  in.dtype = DType::BF16;
+  in.shape = shape;
+  in.device = Device::CUDA;
+  QuantizeOptions by_value;
+  by_value.columnwise = true;
+  by_value.rht = true;
+  DeviceBuffer seed(sizeof(uint64_t));
+  for (const uint64_t s : {uint64_t{3}, uint64_t{0xFEDCBA9876543210ull}}) {
+    by_value.stochastic_rounding = StochasticRounding{s, 5};
+    const DeviceQuantized want = run_device(in, by_value);
+    CK(cudaMemcpy(seed.p, &s, sizeof s, cudaMemcpyHostToDevice));
+    QuantizeOptions on_device = by_value;
+    on_device.stochastic_rounding = StochasticRounding{0, 5, static_cast<const uint64_t*>(seed.p)};
+    const DeviceQuantized got = run_device(in, on_device);
+    const std::string what = "device seed " + std::to_string(s);
+    same_bytes(what + " rowwise_data", to_host(got.views.rowwise_data.data, got.views.rowwise_data.numel()),
+               to_host(want.views.rowwise_data.data, want.views.rowwise_data.numel()).data(),
+               static_cast<size_t>(want.views.rowwise_data.numel()));
+    same_bytes(what + " columnwise_data",
+               to_host(got.views.columnwise_data.data, got.views.columnwise_data.numel()),
+               to_host(want.views.columnwise_data.data, want.views.columnwise_data.numel()).data(),
+               static_cast<size_t>(want.views.columnwise_data.numel()));
+  }
+  // And the CPU backend refuses a device seed (it takes the seed by value).
+  std::vector<float> values(16 * 16, 1.0f);
+  QuantizeOptions cpu_options;
+  uint64_t host_seed = 1;
+  cpu_options.stochastic_rounding = StochasticRounding{0, 0, &host_seed};
+  ++g_checks;
+  try {
+    quantize(TensorView::from_buffer(values.data(), values.size() * 4, DType::F32, {16, 16}), cpu_options);
+    std::printf("FAIL device seed: the CPU backend took a device seed\n");
+    ++g_failures;
+  } catch (const Error& e) {
+    if (std::string(e.what()).find("device_seed") == std::string::npos) {
+      std::printf("FAIL device seed: unexpected message %s\n", e.what());
+      ++g_failures;
+    }
+  }
+}
+
 void golden_suite(const std::string& dir) {
   std::ifstream in(dir + "/INDEX.json");
   if (!in) {
@@ -689,6 +740,7 @@ int main(int argc, char** argv) {
     rht_exactness_suite();
     e2m1_edge_suite();
     nan_pattern_suite();
+    device_seed_suite();
     random_suite(quick);
     if (!golden.empty()) golden_suite(golden);
   } catch (const std::exception& e) {

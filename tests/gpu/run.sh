@@ -122,7 +122,7 @@ elif cmake -S "$ROOT" -B "$PYBUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMICROS
   PYTHONPATH="$PYBUILD/python" timeout 300 python3 bench/gemm_cuda_bench.py "$OUTDIR/gemm_bench.json" \
     > "$OUTDIR/gemm_bench.log" 2>&1 || summary "gemm bench: FAILED rc=$?"
   echo "== Linear benchmark beside torch's BF16 Linear (bench/linear_cuda_bench.py)"
-  PYTHONPATH="$PYBUILD/python" timeout 300 python3 bench/linear_cuda_bench.py "$OUTDIR/linear_bench.json" \
+  PYTHONPATH="$PYBUILD/python" timeout 420 python3 bench/linear_cuda_bench.py "$OUTDIR/linear_bench.json" \
     > "$OUTDIR/linear_bench.log" 2>&1 || summary "linear bench: FAILED rc=$?"
   echo "== host time per call beside torch.mm (bench/host_cost_cuda_bench.py)"
   PYTHONPATH="$PYBUILD/python" timeout 120 python3 bench/host_cost_cuda_bench.py \

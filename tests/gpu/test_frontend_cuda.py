@@ -415,3 +415,140 @@ def test_linear_on_cuda_frozen_weight_and_fused_wgrad_accumulation(recipe_name, 
     torch.manual_seed(6)
     y.backward(dy)
     assert torch.equal(layer.weight.grad, want[0][1])
+
+
+# CUDA graphs: a quantize call with a seed tensor reads it as the kernel runs, and the Linear's
+# training step can be captured whole (its weight quantized inside the graph, its gradient's
+# stochastic rounding seeded inside it), as torch.cuda.graph and make_graphed_callables capture.
+def _parts_equal(a, b):
+    for name in PARTS:
+        pa, pb = getattr(a, name), getattr(b, name)
+        assert (pa is None) == (pb is None), name
+        if pa is not None:
+            assert torch.equal(pa.cpu(), pb.cpu()), name
+
+
+def _captured(fn):
+    """fn() captured into a CUDA graph after two warm-up calls on a side stream (torch's recipe);
+    returns the graph and what the captured call returned (the graph's static outputs)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+def test_quantize_reads_a_seed_tensor_as_the_kernel_runs():
+    x = torch.randn(256, 512, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16).cuda()
+    kwargs = dict(columnwise=True, rht=True, sr_offset=2)
+    seed = torch.tensor([5], dtype=torch.int64, device="cuda")
+    eager = mst.quantize(x, sr_seed=seed, **kwargs)
+    _parts_equal(eager, mst.quantize(x, sr_seed=5, **kwargs))
+    _parts_equal(eager, mst.quantize(x.cpu(), sr_seed=5, **kwargs))
+    static_seed = torch.zeros(1, dtype=torch.int64, device="cuda")
+    graph, captured = _captured(lambda: mst.quantize(x, sr_seed=static_seed, **kwargs))
+    for value in (5, -(2**63) + 9):  # the tensor's bits as an unsigned seed
+        static_seed.fill_(value)
+        graph.replay()
+        torch.cuda.synchronize()
+        _parts_equal(captured, mst.quantize(x, sr_seed=value % 2**64, **kwargs))
+    with pytest.raises(ms.Error, match="int64 with one element"):
+        mst.quantize(x, sr_seed=torch.tensor([5], dtype=torch.int32, device="cuda"))
+    with pytest.raises(ms.Error, match="int64 with one element"):
+        mst.quantize(x, sr_seed=torch.tensor([5]))  # on the CPU, x on CUDA
+    with pytest.raises(ms.Error, match="stochastic rounding applies to nvfp4"):
+        mst.quantize(x, "mxfp8_e4m3", sr_seed=seed)
+
+
+def _graph_step(layer, x, dy, recipe):
+    """A training step as torch.cuda.graph captures it: gradients set to None before, so that the
+    backward allocates them in the graph's pool (each replay writes them anew)."""
+    def step():
+        layer.zero_grad(set_to_none=True)
+        x.grad = None
+        with mst.autocast(recipe=recipe):
+            y = layer(x)
+        y.backward(dy)
+        return y
+    return step
+
+
+def _step_outputs(layer, x, y):
+    return [t.detach().clone() for t in (y, x.grad, layer.weight.grad, layer.bias.grad)]
+
+
+def _layers(k, n):
+    torch.manual_seed(12)
+    layer = mst.Linear(k, n, params_dtype=torch.bfloat16, device="cuda")
+    twin = mst.Linear(k, n, params_dtype=torch.bfloat16, device="cuda")
+    twin.load_state_dict(layer.state_dict())
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(256, k, generator=g).to(torch.bfloat16).cuda().requires_grad_()
+    dy = torch.randn(256, n, generator=g).to(torch.bfloat16).cuda()
+    return layer, twin, x, dy
+
+
+@pytest.mark.parametrize("recipe_name", ["mxfp8", "nvfp4"])
+def test_linear_step_in_a_cuda_graph_equals_the_eager_step(recipe_name, monkeypatch):
+    recipe = LINEAR_RECIPES[recipe_name]()
+    # One known seed for the gradient's stochastic rounding, on both sides: a tensor under capture
+    # (which the graph reads as it replays), the same value as an int eagerly.
+    import microscale.torch.linear_composed as composed
+    seed = torch.zeros(1, dtype=torch.int64, device="cuda")
+    monkeypatch.setattr(composed, "_gradient_seed",
+                        lambda device: seed if torch.cuda.is_current_stream_capturing() else int(seed.item()))
+    layer, twin, x, dy = _layers(512, 384)
+    graph, y = _captured(_graph_step(layer, x, dy, recipe))
+    x_eager = x.detach().clone().requires_grad_()
+    eager_step = _graph_step(twin, x_eager, dy, recipe)
+    for value in (21, 22):
+        seed.fill_(value)
+        graph.replay()
+        want = _step_outputs(twin, x_eager, eager_step())
+        for name, a, b in zip(("y", "dx", "dW", "db"), _step_outputs(layer, x, y), want):
+            assert torch.equal(a, b), (value, name)
+        # The optimizer's step writes the weight in place between replays: the graph quantizes it anew.
+        with torch.no_grad():
+            layer.weight.mul_(0.5)
+            twin.weight.mul_(0.5)
+
+
+def test_nvfp4_step_in_a_cuda_graph_draws_a_new_seed_per_replay():
+    layer, _, x, dy = _layers(512, 384)
+    graph, y = _captured(_graph_step(layer, x, dy, NVFP4BlockScaling()))
+    runs = []
+    for cuda_seed in (3, None, 3):  # None: the generator goes on from where the last replay left it
+        if cuda_seed is not None:
+            torch.cuda.manual_seed(cuda_seed)
+        graph.replay()
+        runs.append(_step_outputs(layer, x, y))
+    assert torch.equal(runs[0][0], runs[1][0])  # y: no stochastic rounding in the forward
+    assert not torch.equal(runs[0][1], runs[1][1]) and not torch.equal(runs[0][2], runs[1][2])  # dx, dW
+    for a, b in zip(runs[0], runs[2]):
+        assert torch.equal(a, b)  # torch.cuda.manual_seed repeats a replay
+
+
+def test_make_graphed_callables_takes_the_layer():
+    layer, twin, x, dy = _layers(256, 128)
+    recipe = LINEAR_RECIPES["mxfp8"]()
+    with mst.autocast(recipe=recipe):  # the recipe in force at capture is the graph's
+        graphed = torch.cuda.make_graphed_callables(layer, (x,))
+    for _ in range(2):
+        for module in (layer, twin):
+            module.zero_grad(set_to_none=True)
+        xa, xb = (x.detach().clone().requires_grad_() for _ in range(2))
+        ya = graphed(xa)
+        ya.backward(dy)
+        with mst.autocast(recipe=recipe):
+            yb = twin(xb)
+        yb.backward(dy)
+        for name, a, b in zip(("y", "dx", "dW", "db"), _step_outputs(layer, xa, ya), _step_outputs(twin, xb, yb)):
+            assert torch.equal(a, b), name
+        with torch.no_grad():
+            layer.weight.add_(0.25)
+            twin.weight.add_(0.25)

@@ -64,6 +64,17 @@ def test_op_errors_are_microscale_errors():
         mst.dequantize(q, "columnwise")
 
 
+def test_a_seed_tensor_is_for_cuda_and_eager_calls():
+    x = torch.randn(32, 64, dtype=torch.bfloat16)
+    seed = torch.tensor([7], dtype=torch.int64)
+    with pytest.raises(ms.Error, match="on the CPU pass the seed as an int"):
+        mst.quantize(x, columnwise=True, sr_seed=seed)
+    compiled = torch.compile(lambda t: mst.quantize(t, sr_seed=seed).rowwise_data, backend="aot_eager",
+                             fullgraph=True)
+    with pytest.raises(Exception, match="under torch.compile pass the seed as an int"):
+        compiled(x)
+
+
 def dequantized(x, options, usage):
     return torch.from_numpy(ms.dequantize(ms.quantize(x, **options), usage)).double()
 

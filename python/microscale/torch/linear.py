@@ -5,11 +5,13 @@ On the CPU, forward and backward are the C++ library's linear_forward / linear_b
 fprop x.rowwise x W.rowwise; dgrad dy.rowwise x W.columnwise; wgrad dy.columnwise x x.columnwise;
 each GEMM accumulates in fp32 over exactly dequantized blocks and rounds once to its output dtype
 (y to x's dtype, dx and db to dy's, dW to x's and then, here, to the weight's). Stochastic rounding of NVFP4 gradients
-draws its seed from torch's default generator, so torch.manual_seed makes a run repeatable.
+draws its seed from torch's default generator, so torch.manual_seed makes a run repeatable (under
+CUDA-graph capture, from torch's CUDA generator inside the graph: a new seed per replay).
 
 The weight's quantization is cached until the weight changes (its version counter or storage),
 so micro-batches between optimizer steps quantize it once; forward's is_first_microbatch
-(TransformerEngine's argument) forces or skips the check. A frozen weight (requires_grad False)
+(TransformerEngine's argument) forces or skips the check; under CUDA-graph capture the weight is
+quantized inside the graph, on every replay. A frozen weight (requires_grad False)
 skips the wgrad GEMM and what only it needs (x's and dy's columnwise quantizations). With
 fuse_wgrad_accumulation (TransformerEngine's argument) dW is added into weight.main_grad.
 """
@@ -104,6 +106,13 @@ class Linear(torch.nn.Module):
             torch.nn.init.uniform_(self.bias, -bound, bound)
 
     def _quantized_weight(self, recipe, is_first_microbatch):
+        if self.weight.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # Captured into a CUDA graph: the weight is quantized inside the graph, so that each replay
+            # quantizes what the weight holds then (an optimizer step between replays writes it in
+            # place, unseen by any check made at capture). Not cached: the graph owns that memory, and
+            # a cached quantization captured as a constant would be stale, or freed, later.
+            self.weight_quantizations += 1
+            return quantize_for(self.weight.detach(), _C.quantize_options(recipe, "weight"))
         key = (self.weight._version, self.weight.data_ptr(), tuple(self.weight.shape), self.weight.dtype,
                self.weight.device, repr(recipe))
         # Another shape, dtype, device or recipe needs a new quantization whatever the caller says.
@@ -128,7 +137,8 @@ class Linear(torch.nn.Module):
         """``is_first_microbatch`` (TransformerEngine's argument): None finds out from the weight's
         version counter and storage whether to quantize it again; True quantizes it (say so after
         writing the weight through ``.data``, which its version counter does not see); False reuses
-        the cached quantization (of the same recipe) even if the weight changed."""
+        the cached quantization (of the same recipe) even if the weight changed. Under CUDA-graph
+        capture (CUDA tensors) the weight is quantized inside the graph whatever it says."""
         recipe = current_recipe() if autocast_enabled() else HighPrecision()
         if isinstance(recipe, HighPrecision):
             return torch.nn.functional.linear(x, self.weight, self.bias)

@@ -64,6 +64,17 @@ def _require_same_device(name, t, device):
         raise _C.Error(f"microscale.torch.Linear: {name} is on {t.device}, x on {device}")
 
 
+def _gradient_seed(device):
+    """The seed of dy's stochastic rounding (NVFP4). Eagerly, an int from torch's default generator,
+    as the CPU layer draws it (so both give the same bytes after one torch.manual_seed). Under
+    CUDA-graph capture, a seed drawn on the host would be fixed into the graph, the same on every
+    replay: there it is an int64 tensor that torch's CUDA generator fills inside the graph, anew on
+    each replay, and the quantize kernel reads it as it runs."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.randint(0, 2**62, (1,), device=device)
+    return int(torch.randint(0, 2**62, (1,)).item())
+
+
 def _column_sums(dy):
     """dy [M, N]'s sums over its rows in float64, rounded to fp32 [N]. On CUDA the library's
     kernel (no float64 copy of dy, which torch's reduction makes first: ~120 us of a 4096^3 step);
@@ -109,8 +120,7 @@ class ComposedLinearFunction(torch.autograd.Function):
         ctx.saved = None  # frees the saved quantized operands, as autograd frees saved tensors
         dy = grad_output.detach().reshape(-1, grad_output.shape[-1])  # [M, N]
         options = _C.quantize_options(ctx.recipe, "grad_output")
-        # Stochastic rounding (NVFP4) draws its seed from torch's default generator, as the CPU layer does.
-        sr_seed = int(torch.randint(0, 2**62, (1,)).item()) if options.sr_seed is not None else None
+        sr_seed = _gradient_seed(dy.device) if options.sr_seed is not None else None
         want_dx, want_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1] and x_q.columnwise_data is not None
         grad_input = grad_weight = grad_bias = None
         if want_dx or want_dw:

@@ -120,11 +120,24 @@ def _quantize_op(
     return quantize_parts(x.detach(), options)
 
 
-def quantize_parts(x, options):
+def _seed_bytes(seed, device):
+    """A seed tensor (int64, one element, on x's CUDA device) as the 8 bytes the kernel reads."""
+    if device.type != "cuda":
+        raise _C.Error("microscale.torch.quantize: a seed tensor is read by the CUDA kernels as they run (CUDA "
+                       "graphs); on the CPU pass the seed as an int")
+    if seed.dtype != torch.int64 or seed.numel() != 1 or seed.device != device:
+        raise _C.Error(f"microscale.torch.quantize: a seed tensor must be int64 with one element on {device}, got "
+                       f"{seed.dtype} {list(seed.shape)} on {seed.device}")
+    return seed.detach().reshape(1).view(torch.uint8)  # [8]
+
+
+def quantize_parts(x, options, sr_seed_tensor=None):
     """The quantize op's body, without the op's dispatch (what eager quantize() calls):
     [rowwise_data, rowwise_scale, columnwise_data, columnwise_scale, amax], empty tensors for the
-    parts not asked for."""
+    parts not asked for. sr_seed_tensor: stochastic rounding's seed read on the device (int64
+    [1] on x's CUDA device) in place of the options' seed."""
     scheme = options.scheme
+    seed_bytes = None if sr_seed_tensor is None else _seed_bytes(sr_seed_tensor, x.device)
     if x.device.type == "cpu":
         q = _C.quantize(x, options, False)
         parts = [q.rowwise_data, q.rowwise_scale, q.columnwise_data, q.columnwise_scale]
@@ -142,7 +155,7 @@ def quantize_parts(x, options):
         given = [_capsule(o) if shapes[n] else None for o, n in zip(outs, _PARTS)]
         with _on_device(x.device):
             _C.quantize_cuda(_capsule(x), options, *given, _capsule(amax) if scheme == "nvfp4" else None,
-                             _stream(x.device))
+                             _stream(x.device), _capsule(seed_bytes))
         return outs + [amax]
     raise _C.Error(f"microscale.torch.quantize: tensors on {x.device.type} are not supported (cpu, cuda)")
 
@@ -158,15 +171,27 @@ def quantize(x, scheme="nvfp4", *, rowwise=True, columnwise=False, scale_mode="r
              sr_seed=None, sr_offset=0, amax_rowwise=None, amax_columnwise=None, swizzle=False):
     """Quantizes a float32 / bfloat16 / float16 tensor (arguments as microscale.quantize's, but for
     num_threads, which is torch.get_num_threads(), and reference).
-    Returns a QuantizedTensor of uint8 tensors on x's device (CPU, or CUDA with the CUDA backend)."""
+    Returns a QuantizedTensor of uint8 tensors on x's device (CPU, or CUDA with the CUDA backend).
+
+    sr_seed may also be an int64 tensor of one element on x's CUDA device: the kernel reads it as it
+    runs, so a call captured into a CUDA graph takes, on each replay, the seed the graph's earlier
+    work left there (e.g. ``torch.randint(..., device="cuda")``, which torch's CUDA generator draws
+    anew per replay). Same bytes as the seed passed as an int (its bits as an unsigned 64-bit
+    integer). Eager calls only: torch.compile takes int seeds."""
     # Quantization has no gradient (the Linear's autograd function carries them): detached, the
     # float amax output does not claim one either.
+    seed_tensor = sr_seed if isinstance(sr_seed, torch.Tensor) else None
+    if seed_tensor is not None:
+        sr_seed = 0  # stochastic rounding on; the kernel reads the seed from seed_tensor
     args = (scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise, amax_columnwise,
             swizzle)
     if torch.compiler.is_compiling():
+        if seed_tensor is not None:
+            raise _C.Error("microscale.torch.quantize: a seed tensor is for eager calls (and CUDA graphs of them); "
+                           "under torch.compile pass the seed as an int")
         parts = _quantize_op(x.detach(), *args)
     else:
-        parts = quantize_parts(x.detach(), _options(*args, torch.get_num_threads()))
+        parts = quantize_parts(x.detach(), _options(*args, torch.get_num_threads()), seed_tensor)
     return quantized_tensor(parts, tuple(x.shape), QuantizeSpec(scheme, rowwise, columnwise, scale_mode, tile, rht,
                                                                 swizzle))
 
