@@ -17,6 +17,11 @@
 //   bgrad  db = sum over rows of the unquantized dy (in double, rounded to fp32, then to dy's dtype)
 // The RHT is defined on bf16 tensors (as in TE, which takes bf16 only there): under an RHT recipe
 // an f32/f16 x or dy is rounded to bf16 before it is quantized, in training and inference alike.
+// A recipe's backward_override (recipe.hpp) replaces the quantized backward: "high_precision" keeps
+// x and W unquantized (as f32) and runs dgrad and wgrad on them and the unquantized dy;
+// "dequantized" keeps x's and W's rowwise quantizations (no X^T is made) and runs the two GEMMs on
+// their values, dequantized to x's dtype, and the unquantized dy. Both: fp32 accumulation, one
+// rounding to each output's dtype, as an unquantized Linear.
 // Rule for weight gradients: with `main_grad` (fp32 [N, K]) dW is ADDED into it (+=), as TE's
 // fuse_wgrad_accumulation does across micro-batches; otherwise it is returned (=).
 #pragma once
@@ -34,8 +39,8 @@ struct LinearSaved {
   std::optional<Recipe> recipe;
   QuantizedTensor input;   ///< quantized recipes: x (columnwise used by wgrad)
   QuantizedTensor weight;  ///< quantized recipes: W (columnwise used by dgrad)
-  Tensor input_f32;        ///< HighPrecision: x as f32 [M, K]
-  Tensor weight_f32;       ///< HighPrecision: W as f32 [N, K]
+  Tensor input_f32;        ///< HighPrecision (or its backward override): x as f32 [M, K]
+  Tensor weight_f32;       ///< HighPrecision (or its backward override): W as f32 [N, K]
   std::vector<int64_t> input_shape;
   DType input_dtype = DType::F32;  ///< x's: the dtype of a returned weight gradient
   bool weight_grad = true;         ///< whether the forward kept what wgrad reads

@@ -4,12 +4,27 @@
 // QuantizeOptions and nothing else (kernels never read recipes). Recipes are immutable values.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <variant>
 
 #include "microscale/quantize.hpp"
 
 namespace microscale {
+
+/// @brief How a quantized recipe's backward GEMMs run (TransformerEngine's recipe field
+/// `backward_override`). The forward is the recipe's either way; the bias gradient is dy's column
+/// sums either way.
+enum class BackwardOverride : uint8_t {
+  None,           ///< quantized as the recipe says: dy quantized, dgrad and wgrad on quantized operands
+  HighPrecision,  ///< "high_precision": dy, W and x as given (forward keeps x and W unquantized):
+                  ///< the backward of an unquantized Linear
+  Dequantized,    ///< "dequantized": dy as given; W and x are the forward's rowwise quantizations,
+                  ///< dequantized to x's dtype
+};
+
+/// @brief "none", "high_precision", "dequantized" (TransformerEngine's spellings, where None is "none").
+const char* backward_override_name(BackwardOverride o);
 
 /// @brief NVFP4 training, TransformerEngine's NVFP4BlockScaling (numerics-te.md §8).
 ///
@@ -27,12 +42,14 @@ class NVFP4BlockScaling {
     bool disable_rht = false;                  ///< no RHT on input/grad columnwise outputs
     bool disable_stochastic_rounding = false;  ///< round grads to nearest
     bool disable_2d_quantization = false;      ///< weights in 1x16 blocks
+    BackwardOverride backward_override = BackwardOverride::None;
   };
   NVFP4BlockScaling() = default;
   explicit NVFP4BlockScaling(Options options) : options_(options) {}
   bool disable_rht() const { return options_.disable_rht; }
   bool disable_stochastic_rounding() const { return options_.disable_stochastic_rounding; }
   bool disable_2d_quantization() const { return options_.disable_2d_quantization; }
+  BackwardOverride backward_override() const { return options_.backward_override; }
 
  private:
   Options options_;  // fixed at construction: a recipe is a value, not a setting to flip
@@ -45,11 +62,14 @@ class MXFP8BlockScaling {
  public:
   enum class Fp8Format { E4M3, HYBRID };  ///< HYBRID: E4M3 forward, E5M2 gradients
   MXFP8BlockScaling() = default;
-  explicit MXFP8BlockScaling(Fp8Format format) : fp8_format_(format) {}
+  explicit MXFP8BlockScaling(Fp8Format format, BackwardOverride backward_override = BackwardOverride::None)
+      : fp8_format_(format), backward_override_(backward_override) {}
   Fp8Format fp8_format() const { return fp8_format_; }
+  BackwardOverride backward_override() const { return backward_override_; }
 
  private:
   Fp8Format fp8_format_ = Fp8Format::E4M3;
+  BackwardOverride backward_override_ = BackwardOverride::None;
 };
 
 /// @brief No quantization: fp32 GEMMs on the (f32/bf16/f16) inputs.
@@ -67,6 +87,9 @@ std::optional<QuantizeOptions> quantize_options(const Recipe& recipe, TensorRole
 
 /// @brief "nvfp4", "mxfp8", "mxfp8_hybrid" or "high_precision".
 const char* recipe_name(const Recipe& recipe);
+
+/// @brief The recipe's backward_override (None for HighPrecision, whose backward is unquantized).
+BackwardOverride backward_override(const Recipe& recipe);
 
 /// @brief RAII scope setting the recipe of the current thread; scopes nest, the inner one wins,
 /// and leaving a scope (also by an exception) restores the outer state.

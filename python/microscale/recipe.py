@@ -7,6 +7,10 @@
   E5M2 for gradients.
 - ``HighPrecision()``: no quantization.
 
+Both quantized recipes take TransformerEngine's ``backward_override`` (None, "high_precision" or
+"dequantized"): the recipe's forward, then dgrad and wgrad unquantized, on x and W as given or on
+their rowwise quantizations dequantized to x's dtype, and the unquantized dy.
+
 Recipes are immutable values (docs/training.md states their numerics).
 """
 

@@ -35,6 +35,22 @@ TensorView cpu_view(const AnyArray& a, const char* what) {
   return v;
 }
 
+// backward_override as TransformerEngine's recipes spell it: None, "high_precision" or "dequantized".
+BackwardOverride override_from_python(const std::optional<std::string>& name) {
+  if (!name) return BackwardOverride::None;
+  for (const BackwardOverride o : {BackwardOverride::HighPrecision, BackwardOverride::Dequantized}) {
+    if (*name == backward_override_name(o)) return o;
+  }
+  throw Error("unknown backward_override '" + *name + "' (None, 'high_precision', 'dequantized')");
+}
+std::optional<std::string> override_to_python(BackwardOverride o) {
+  if (o == BackwardOverride::None) return std::nullopt;
+  return std::string(backward_override_name(o));
+}
+std::string override_repr(BackwardOverride o) {
+  return o == BackwardOverride::None ? "None" : "'" + std::string(backward_override_name(o)) + "'";
+}
+
 }  // namespace
 
 void bind_training(nb::module_& m) {
@@ -50,30 +66,43 @@ void bind_training(nb::module_& m) {
       .def(
           "__init__",
           [](NVFP4BlockScaling* self, bool disable_rht, bool disable_stochastic_rounding,
-             bool disable_2d_quantization) {
+             bool disable_2d_quantization, const std::optional<std::string>& backward_override) {
             new (self) NVFP4BlockScaling(NVFP4BlockScaling::Options{disable_rht, disable_stochastic_rounding,
-                                                                    disable_2d_quantization});
+                                                                    disable_2d_quantization,
+                                                                    override_from_python(backward_override)});
           },
           nb::kw_only(), nb::arg("disable_rht") = false, nb::arg("disable_stochastic_rounding") = false,
-          nb::arg("disable_2d_quantization") = false)
+          nb::arg("disable_2d_quantization") = false, nb::arg("backward_override").none() = nb::none())
       .def_prop_ro("disable_rht", &NVFP4BlockScaling::disable_rht)
       .def_prop_ro("disable_stochastic_rounding", &NVFP4BlockScaling::disable_stochastic_rounding)
       .def_prop_ro("disable_2d_quantization", &NVFP4BlockScaling::disable_2d_quantization)
+      .def_prop_ro("backward_override",
+                   [](const NVFP4BlockScaling& r) { return override_to_python(r.backward_override()); })
       .def("__repr__", [](const NVFP4BlockScaling& r) {
         return std::string("NVFP4BlockScaling(disable_rht=") + (r.disable_rht() ? "True" : "False") +
                ", disable_stochastic_rounding=" + (r.disable_stochastic_rounding() ? "True" : "False") +
-               ", disable_2d_quantization=" + (r.disable_2d_quantization() ? "True" : "False") + ")";
+               ", disable_2d_quantization=" + (r.disable_2d_quantization() ? "True" : "False") +
+               ", backward_override=" + override_repr(r.backward_override()) + ")";
       });
 
   nb::class_<MXFP8BlockScaling>(m, "MXFP8BlockScaling",
                                 "TransformerEngine's MXFP8 recipe: blocks of 32, E8M0 scales (RCEIL), "
                                 "round to nearest.")
-      .def(nb::init<MXFP8BlockScaling::Fp8Format>(), nb::kw_only(),
-           nb::arg("fp8_format") = MXFP8BlockScaling::Fp8Format::E4M3)
+      .def(
+          "__init__",
+          [](MXFP8BlockScaling* self, MXFP8BlockScaling::Fp8Format fp8_format,
+             const std::optional<std::string>& backward_override) {
+            new (self) MXFP8BlockScaling(fp8_format, override_from_python(backward_override));
+          },
+          nb::kw_only(), nb::arg("fp8_format") = MXFP8BlockScaling::Fp8Format::E4M3,
+          nb::arg("backward_override").none() = nb::none())
       .def_prop_ro("fp8_format", &MXFP8BlockScaling::fp8_format)
+      .def_prop_ro("backward_override",
+                   [](const MXFP8BlockScaling& r) { return override_to_python(r.backward_override()); })
       .def("__repr__", [](const MXFP8BlockScaling& r) {
         return std::string("MXFP8BlockScaling(fp8_format=Format.") +
-               (r.fp8_format() == MXFP8BlockScaling::Fp8Format::HYBRID ? "HYBRID" : "E4M3") + ")";
+               (r.fp8_format() == MXFP8BlockScaling::Fp8Format::HYBRID ? "HYBRID" : "E4M3") +
+               ", backward_override=" + override_repr(r.backward_override()) + ")";
       });
 
   nb::class_<HighPrecision>(m, "HighPrecision", "No quantization: fp32 GEMMs on the inputs.")

@@ -11,8 +11,8 @@
 #include "core/fp_environment.hpp"
 #include "core/operand_access.hpp"
 #include "core/quantize_checks.hpp"
-#include "core/view_extent.hpp"
 #include "core/require.hpp"
+#include "core/view_extent.hpp"
 #include "cpu/gemm_kernels.hpp"
 #include "microscale/error.hpp"
 

@@ -79,6 +79,33 @@ bool same_quantization(const QuantizeOptions& a, const QuantizeOptions& b) {
          a.amax_columnwise == b.amax_columnwise && a.scale_layout == b.scale_layout;
 }
 
+// dgrad and wgrad as an unquantized Linear computes them, from f32 copies of dy [M, N], the weight
+// [N, K] and x [M, K] (x may be undefined when no wgrad is asked for): fp32 accumulation, one
+// rounding to each problem's output dtype. HighPrecision recipes and the backward overrides.
+void dense_backward(const Tensor& dy, const Tensor& weight, const Tensor& input,
+                    const LinearBackwardOptions& options, const GemmProblem& dgrad_problem,
+                    const GemmProblem& wgrad_problem, LinearGrads& grads) {
+  if (options.compute_grad_input) {  // dx = dy W
+    grads.grad_input =
+        gemm(GemmOperand::from_dense(dy.view()), GemmOperand::from_dense(transposed(weight)), dgrad_problem);
+  }
+  if (options.compute_grad_weight) {  // dW = dy^T x
+    const GemmOperand a = GemmOperand::from_dense(transposed(dy)),
+                      b = GemmOperand::from_dense(transposed(input));
+    if (options.main_grad) {
+      gemm_into(a, b, wgrad_problem, *options.main_grad);
+    } else {
+      grads.grad_weight = gemm(a, b, wgrad_problem);
+    }
+  }
+}
+
+// A saved quantization's rowwise values as backward_override "dequantized" reads them: dequantized
+// to the activation's dtype (TransformerEngine's dequantize(dtype=activation_dtype)), then as f32.
+Tensor dequantized_rowwise(const QuantizedTensor& q, DType activation_dtype) {
+  return to_f32_matrix(dequantize(q, Usage::Rowwise, activation_dtype).view());
+}
+
 // quantize() of one of the layer's tensors; its errors say which tensor ("weight: ...").
 QuantizedTensor quantize_operand(const TensorView& v, const QuantizeOptions& o, const std::string& what) {
   try {
@@ -115,8 +142,10 @@ Tensor linear_forward(const TensorView& x, const TensorView& weight, const std::
       saved->weight_f32 = wf;
     }
   } else {
+    // A backward override runs no quantized wgrad: X^T is not made (TransformerEngine's rowwise-only x).
+    const BackwardOverride override = backward_override(recipe);
     QuantizeOptions xo = *quantize_options(recipe, TensorRole::Input);
-    xo.columnwise = saved != nullptr && weight_grad;  // X^T only feeds wgrad
+    xo.columnwise = saved != nullptr && weight_grad && override == BackwardOverride::None;  // X^T feeds wgrad
     Tensor x_bf16;
     const QuantizedTensor xq = quantize_operand(rht_ready(x, m, k, xo, x_bf16), xo, "x");
     const QuantizeOptions wo = *quantize_options(recipe, TensorRole::Weight);
@@ -134,7 +163,10 @@ Tensor linear_forward(const TensorView& x, const TensorView& weight, const std::
     const QuantizedTensor wq = cached_weight ? *cached_weight : quantize_operand(weight, wo, "weight");
     const auto [first, second] = te_gemm_operands(wq, xq, "TN");  // y = x W^T
     y = gemm(first, second, problem);
-    if (saved) {
+    if (saved && override == BackwardOverride::HighPrecision) {  // the unquantized x and W
+      if (weight_grad) saved->input_f32 = to_f32_matrix(x);
+      saved->weight_f32 = to_f32_matrix(weight);
+    } else if (saved) {  // Dequantized reads their rowwise outputs, None x's columnwise and W's
       saved->input = xq;
       saved->weight = wq;
     }
@@ -185,21 +217,16 @@ LinearGrads linear_backward(const TensorView& grad_output, const LinearSaved& sa
     wgrad_problem.out_dtype = DType::F32;
   }
 
-  if (is_high_precision(recipe)) {
-    const Tensor dy = to_f32_matrix(grad_output);
-    if (options.compute_grad_input) {
-      grads.grad_input = gemm(GemmOperand::from_dense(dy.view()),
-                              GemmOperand::from_dense(transposed(saved.weight_f32)), dgrad_problem);
-    }
-    if (options.compute_grad_weight) {
-      const GemmOperand a = GemmOperand::from_dense(transposed(dy)),
-                        b = GemmOperand::from_dense(transposed(saved.input_f32));
-      if (options.main_grad) {
-        gemm_into(a, b, wgrad_problem, *options.main_grad);
-      } else {
-        grads.grad_weight = gemm(a, b, wgrad_problem);
-      }
-    }
+  const BackwardOverride override = backward_override(recipe);
+  if (is_high_precision(recipe) || override == BackwardOverride::HighPrecision) {
+    dense_backward(to_f32_matrix(grad_output), saved.weight_f32, saved.input_f32, options, dgrad_problem,
+                   wgrad_problem, grads);
+  } else if (override == BackwardOverride::Dequantized) {
+    dense_backward(
+        to_f32_matrix(grad_output),
+        options.compute_grad_input ? dequantized_rowwise(saved.weight, saved.input_dtype) : Tensor(),
+        options.compute_grad_weight ? dequantized_rowwise(saved.input, saved.input_dtype) : Tensor(), options,
+        dgrad_problem, wgrad_problem, grads);
   } else if (options.compute_grad_input || options.compute_grad_weight) {
     // dy's rowwise output feeds dgrad, its columnwise output wgrad: each only when asked for (one
     // direction's bytes do not depend on whether the other is made, stochastic rounding included).

@@ -44,6 +44,20 @@ std::optional<QuantizeOptions> quantize_options(const Recipe& recipe, TensorRole
   return std::nullopt;
 }
 
+const char* backward_override_name(BackwardOverride o) {
+  switch (o) {
+    case BackwardOverride::HighPrecision: return "high_precision";
+    case BackwardOverride::Dequantized: return "dequantized";
+    default: return "none";
+  }
+}
+
+BackwardOverride backward_override(const Recipe& recipe) {
+  if (const auto* r = std::get_if<NVFP4BlockScaling>(&recipe)) return r->backward_override();
+  if (const auto* r = std::get_if<MXFP8BlockScaling>(&recipe)) return r->backward_override();
+  return BackwardOverride::None;
+}
+
 const char* recipe_name(const Recipe& recipe) {
   if (std::holds_alternative<NVFP4BlockScaling>(recipe)) return "nvfp4";
   if (const auto* r = std::get_if<MXFP8BlockScaling>(&recipe)) {

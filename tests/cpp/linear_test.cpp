@@ -329,6 +329,66 @@ TEST(Linear, AFrozenWeightSkipsWgradAndLeavesDxAsItWas) {
   }
 }
 
+// TransformerEngine's backward_override: the recipe's forward, then dgrad and wgrad as an
+// unquantized Linear computes them, from x and W as given ("high_precision") or from their rowwise
+// quantizations dequantized to x's dtype ("dequantized"), and the unquantized dy.
+TEST(Linear, BackwardOverridesRunTheBackwardUnquantized) {
+  const Tensor x = random_tensor(DType::BF16, {64, 96}, Fill::Normal, 41);
+  const Tensor w = random_tensor(DType::F32, {64, 96}, Fill::Normal, 42);
+  const Tensor dy = random_tensor(DType::BF16, {64, 64}, Fill::Normal, 43);
+  const auto with_override = [](const Recipe& base, BackwardOverride o) -> Recipe {
+    if (std::holds_alternative<NVFP4BlockScaling>(base)) {
+      NVFP4BlockScaling::Options options;
+      options.backward_override = o;
+      return NVFP4BlockScaling(options);
+    }
+    return MXFP8BlockScaling(MXFP8BlockScaling::Fp8Format::E4M3, o);
+  };
+  const LinearRun high = run_linear(HighPrecision{}, x, w, dy);
+  for (const Recipe& base : {Recipe(NVFP4BlockScaling{}), Recipe(MXFP8BlockScaling{})}) {
+    SCOPED_TRACE(recipe_name(base));
+    EXPECT_EQ(backward_override(base), BackwardOverride::None);
+    const LinearRun quantized = run_linear(base, x, w, dy);
+
+    const Recipe hp = with_override(base, BackwardOverride::HighPrecision);
+    EXPECT_EQ(backward_override(hp), BackwardOverride::HighPrecision);
+    LinearSaved saved;
+    const Tensor y = linear_forward(x.view(), w.view(), std::nullopt, hp, &saved);
+    EXPECT_TRUE(same_bytes(y, quantized.y));           // the recipe's forward
+    EXPECT_FALSE(saved.input.has(Usage::Columnwise));  // no X^T made
+    const LinearGrads g =
+        linear_backward(dy.view(), saved, {});  // no seed needed: nothing is rounded stochastically
+    EXPECT_TRUE(same_bytes(g.grad_input, high.dx));
+    EXPECT_TRUE(same_bytes(g.grad_weight, high.dw));
+
+    const Recipe dq = with_override(base, BackwardOverride::Dequantized);
+    LinearSaved dq_saved;
+    EXPECT_TRUE(same_bytes(linear_forward(x.view(), w.view(), std::nullopt, dq, &dq_saved), quantized.y));
+    EXPECT_FALSE(dq_saved.input.has(Usage::Columnwise));
+    // The same dense GEMMs on the rowwise quantizations' values in x's dtype (bf16), as f32.
+    const Tensor w_values = to_f32_matrix(dequantize(dq_saved.weight, Usage::Rowwise, DType::BF16).view());
+    const Tensor x_values = to_f32_matrix(dequantize(dq_saved.input, Usage::Rowwise, DType::BF16).view());
+    const auto accumulated = [&dy](const Recipe& recipe, const Tensor& xv, const Tensor& wv, Tensor& dx) {
+      LinearSaved s;
+      linear_forward(xv.view(), wv.view(), std::nullopt, recipe, &s);
+      Tensor main_grad(DType::F32, {64, 96});
+      std::fill_n(main_grad.data_as<float>(), main_grad.numel(), 0.5f);  // dW is added to it
+      LinearBackwardOptions o;
+      o.main_grad = main_grad.view();
+      const LinearGrads g = linear_backward(dy.view(), s, o);
+      EXPECT_FALSE(g.grad_weight.defined());
+      dx = g.grad_input;
+      return main_grad;
+    };
+    Tensor dx, want_dx;
+    const Tensor main_grad = accumulated(dq, x, w, dx);
+    const Tensor want_main_grad = accumulated(HighPrecision{}, x_values, w_values, want_dx);
+    EXPECT_TRUE(same_bytes(dx, want_dx));
+    EXPECT_TRUE(same_bytes(main_grad, want_main_grad));
+    EXPECT_FALSE(same_bytes(dx, high.dx));  // dequantized operands are not the originals
+  }
+}
+
 TEST(Linear, WeightQuantizationIsCachedUntilTheWeightChanges) {
   Linear layer(64, 32, true, 7);
   const Tensor x = random_tensor(DType::BF16, {32, 64}, Fill::Normal, 31);

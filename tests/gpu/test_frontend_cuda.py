@@ -265,6 +265,10 @@ LINEAR_RECIPES = {
     "nvfp4_1d_no_rht": lambda: NVFP4BlockScaling(disable_rht=True, disable_2d_quantization=True),
     "mxfp8": lambda: MXFP8BlockScaling(),
     "mxfp8_hybrid": lambda: MXFP8BlockScaling(fp8_format=Format.HYBRID),
+    # backward_override: the backward's GEMMs unquantized (torch's cuBLAS GEMM, fp32 accumulation)
+    "nvfp4_backward_high_precision": lambda: NVFP4BlockScaling(backward_override="high_precision"),
+    "nvfp4_backward_dequantized": lambda: NVFP4BlockScaling(backward_override="dequantized"),
+    "mxfp8_backward_dequantized": lambda: MXFP8BlockScaling(backward_override="dequantized"),
 }
 
 
@@ -376,7 +380,7 @@ def test_linear_on_cuda_inside_torch_compile():
     assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
-@pytest.mark.parametrize("recipe_name", ["nvfp4", "mxfp8"])
+@pytest.mark.parametrize("recipe_name", ["nvfp4", "mxfp8", "nvfp4_backward_high_precision", "mxfp8_backward_dequantized"])
 @pytest.mark.parametrize("m", [64, 512])  # NVFP4's wgrad on the fused path, then on the expanded one
 def test_linear_on_cuda_frozen_weight_and_fused_wgrad_accumulation(recipe_name, m):
     recipe = LINEAR_RECIPES[recipe_name]()

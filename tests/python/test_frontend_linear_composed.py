@@ -20,6 +20,10 @@ RECIPES = {  # made in the test: recipe objects held by pytest's parametrization
     "nvfp4_1d_no_rht": lambda: NVFP4BlockScaling(disable_rht=True, disable_2d_quantization=True),
     "mxfp8": lambda: MXFP8BlockScaling(),
     "mxfp8_hybrid": lambda: MXFP8BlockScaling(fp8_format=Format.HYBRID),
+    # TransformerEngine's backward_override: the backward's GEMMs unquantized (dense, the library's GEMM)
+    "nvfp4_backward_high_precision": lambda: NVFP4BlockScaling(backward_override="high_precision"),
+    "nvfp4_backward_dequantized": lambda: NVFP4BlockScaling(backward_override="dequantized"),
+    "mxfp8_backward_dequantized": lambda: MXFP8BlockScaling(backward_override="dequantized"),
 }
 
 

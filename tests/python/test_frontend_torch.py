@@ -331,3 +331,41 @@ def test_convert_linears_swaps_in_place_over_the_same_parameters():
     shared = torch.nn.Linear(8, 8)  # tied: one layer at two places stays one layer
     tied = mst.convert_linears(torch.nn.Sequential(shared, torch.nn.ReLU(), shared))
     assert tied[0] is tied[2] and type(tied[0]) is mst.Linear
+
+
+def test_backward_override_recipes():
+    """TransformerEngine's backward_override: the recipe's forward, the backward's GEMMs unquantized
+    (dense, fp32 accumulation) on x and W as given or on their dequantized rowwise quantizations."""
+    for make in (NVFP4BlockScaling, MXFP8BlockScaling):
+        assert make().backward_override is None
+        for override in ("high_precision", "dequantized"):
+            recipe = make(backward_override=override)
+            assert recipe.backward_override == override and f"backward_override='{override}'" in repr(recipe)
+        for bad in ("none", "HIGH_PRECISION", "fp32"):
+            with pytest.raises(ms.Error, match="unknown backward_override"):
+                make(backward_override=bad)
+    assert repr(MXFP8BlockScaling()) == "MXFP8BlockScaling(fp8_format=Format.E4M3, backward_override=None)"
+
+    g = torch.Generator().manual_seed(5)
+    x0 = torch.randn(64, 96, generator=g).to(torch.bfloat16)
+    dy = torch.randn(64, 32, generator=g).to(torch.bfloat16)
+    layer = mst.Linear(96, 32, params_dtype=torch.bfloat16)
+
+    def step(recipe):
+        layer.zero_grad()
+        x = x0.clone().requires_grad_()
+        with mst.autocast(recipe=recipe):
+            y = layer(x)
+        torch.manual_seed(1)
+        y.backward(dy)
+        return y, x.grad, layer.weight.grad
+
+    y_quantized = step(NVFP4BlockScaling())[0]
+    y, dx, dw = step(NVFP4BlockScaling(backward_override="high_precision"))
+    assert torch.equal(y, y_quantized)  # the recipe's forward
+    # dx = dy W and dW = dy^T x from the unquantized operands: fp32 sums, rounded once to bf16.
+    want_dx = dy.double() @ layer.weight.double()
+    want_dw = dy.double().T @ x0.double()
+    for got, want in ((dx, want_dx), (dw, want_dw)):
+        assert got.dtype == torch.bfloat16
+        assert bool(((got.double() - want).abs() <= 2.0**-8 * want.abs() + 1e-5 * want.abs().max()).all())

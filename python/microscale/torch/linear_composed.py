@@ -8,13 +8,16 @@ CPU layer with the same seed, and its outputs differ from the CPU's only by the 
     fprop  y  = x.rowwise  W.rowwise^T        [M, K] x [N, K] -> [M, N]
     dgrad  dx = dy.rowwise (W.columnwise)^T   [M, N] x [K, N] -> [M, K]   (NVFP4 W.columnwise is W^T)
     wgrad  dW = dy.columnwise x.columnwise^T  [N, M] x [K, M] -> [N, K]   (RHT on both for NVFP4)
+
+Under a recipe's backward_override the backward's two GEMMs are unquantized instead
+(_overridden_backward: dense operands, fp32 accumulation).
 """
 
 import torch
 
 from .. import _C
 from .gemm import gemm
-from .ops import _capsule, _on_device, _stream, quantize
+from .ops import _capsule, _on_device, _stream, dequantize, quantize
 
 
 def quantize_for(x, options, *, rowwise=None, columnwise=None, sr_seed=None):
@@ -100,11 +103,19 @@ class ComposedLinearFunction(torch.autograd.Function):
             raise _C.Error(f"microscale.torch.Linear: x has K = {x.shape[-1]} but the weight {list(weight.shape)} "
                            f"has K = {k}")
         x2 = x.detach().reshape(-1, k)  # [M, K]
-        # X^T (through the RHT for NVFP4) feeds wgrad only: none for a frozen weight.
-        x_q = quantize_for(x2, _C.quantize_options(recipe, "input"), columnwise=training and weight.requires_grad)
+        # X^T (through the RHT for NVFP4) feeds the quantized wgrad only: none for a frozen weight or
+        # under a backward override.
+        override = recipe.backward_override
+        x_q = quantize_for(x2, _C.quantize_options(recipe, "input"),
+                           columnwise=training and weight.requires_grad and override is None)
         y = gemm(x_q, weight_q, bias=None if bias is None else bias.detach(), out_dtype=x.dtype)  # [M, N]
-        ctx.recipe = recipe
-        ctx.saved = (x_q, weight_q) if training else None
+        ctx.recipe, ctx.override = recipe, override
+        if not training:
+            ctx.saved = None
+        elif override == "high_precision":  # x and W as given (x only for a weight that wants dW)
+            ctx.saved = (x2 if weight.requires_grad else None, weight.detach())
+        else:  # quantized; "dequantized" reads their rowwise outputs
+            ctx.saved = (x_q, weight_q)
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         ctx.weight = weight if fuse_wgrad_accumulation else None  # its main_grad, read in backward
         ctx.weight_dtype = weight.dtype
@@ -119,6 +130,9 @@ class ComposedLinearFunction(torch.autograd.Function):
         x_q, weight_q = ctx.saved
         ctx.saved = None  # frees the saved quantized operands, as autograd frees saved tensors
         dy = grad_output.detach().reshape(-1, grad_output.shape[-1])  # [M, N]
+        if ctx.override is not None:
+            grad_input, grad_weight = _overridden_backward(ctx, dy, x_q, weight_q)
+            return grad_input, grad_weight, _bias_grad(ctx, dy, grad_output.dtype), None, None, None, None
         options = _C.quantize_options(ctx.recipe, "grad_output")
         sr_seed = _gradient_seed(dy.device) if options.sr_seed is not None else None
         want_dx, want_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1] and x_q.columnwise_data is not None
@@ -137,7 +151,50 @@ class ComposedLinearFunction(torch.autograd.Function):
         elif want_dw:  # dW in x's dtype, then the weight's
             grad_weight = gemm(dy_q, x_q, a_usage="columnwise", b_usage="columnwise",
                                out_dtype=ctx.x_dtype).to(ctx.weight_dtype)
-        if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
-            # The unquantized dy's column sums: in float64, rounded to fp32, then to dy's dtype (the CPU's rule).
-            grad_bias = _column_sums(dy).to(grad_output.dtype).to(ctx.bias_dtype)
+        grad_bias = _bias_grad(ctx, dy, grad_output.dtype)
         return grad_input, grad_weight, grad_bias, None, None, None, None
+
+
+def _bias_grad(ctx, dy, dtype):
+    """The unquantized dy's column sums: in float64, rounded to fp32, then to dy's dtype (the CPU's
+    rule), then the bias's; None where no bias gradient is asked for."""
+    if ctx.bias_dtype is None or not ctx.needs_input_grad[2]:
+        return None
+    return _column_sums(dy).to(dtype).to(ctx.bias_dtype)
+
+
+def _dense_product(a, b, out_dtype, accumulate_into=None):
+    """a [M, X] @ b [X, N] as an unquantized Linear's GEMM: fp32 accumulation, one rounding to
+    out_dtype (or, with accumulate_into, an fp32 [M, N] that receives += the fp32 product). On the
+    CPU the library's GEMM (the C++ layer's, bit for bit); on CUDA torch's cuBLAS GEMM, on the
+    tensor cores where a and b share a 16-bit dtype (their products are exact in fp32), else in fp32."""
+    if a.device.type != "cuda":
+        if accumulate_into is not None:
+            return gemm(a, b.t(), beta=1.0, c=accumulate_into, out=accumulate_into)
+        return gemm(a, b.t(), out_dtype=out_dtype)
+    if a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16):
+        d = torch.mm(a, b, out_dtype=torch.float32)
+    else:
+        d = torch.mm(a.float(), b.float())
+    if accumulate_into is not None:
+        return accumulate_into.add_(d)
+    return d.to(out_dtype)
+
+
+def _overridden_backward(ctx, dy, x_saved, weight_saved):
+    """dgrad and wgrad under the recipe's backward_override (TransformerEngine's): dy unquantized,
+    and x and W as the forward kept them ("high_precision") or its rowwise quantizations dequantized
+    to x's dtype ("dequantized"). Returns (grad_input, grad_weight)."""
+    want_dx, want_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    grad_input = grad_weight = None
+    if want_dx:  # dx = dy W, in dy's dtype
+        w = dequantize(weight_saved, "rowwise", ctx.x_dtype) if ctx.override == "dequantized" else weight_saved
+        grad_input = _dense_product(dy, w, dy.dtype).reshape(ctx.x_shape)
+    if want_dw:  # dW = dy^T x
+        x = dequantize(x_saved, "rowwise", ctx.x_dtype) if ctx.override == "dequantized" else x_saved
+        if ctx.weight is not None:  # added into main_grad in fp32
+            _dense_product(dy.t(), x, torch.float32, accumulate_into=main_grad_of(ctx.weight))
+            grad_weight = wgrad_result(ctx.weight)
+        else:  # in x's dtype, then the weight's
+            grad_weight = _dense_product(dy.t(), x, ctx.x_dtype).to(ctx.weight_dtype)
+    return grad_input, grad_weight
