@@ -104,9 +104,14 @@ size_t gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batches = 1
 /// dims folded into rows, any positive strides) of column j, in float64, rounded once to fp32
 /// (out: a contiguous f32 [cols] on the device): the Linear's bias gradient, as core/linear.cpp
 /// computes it, without a float64 copy of x. Deterministic (fixed chunks of rows, added in
-/// order); within one fp32 ulp of the CPU's row-by-row float64 sum. Scratch from the
-/// stream-ordered pool.
-void column_sums(const TensorView& x, const TensorView& out, void* stream);
+/// order); within one fp32 ulp of the CPU's row-by-row float64 sum. Scratch: `workspace` (device
+/// memory of column_sums_workspace_bytes, 256-byte aligned) when given, else the stream-ordered
+/// pool's (an allocation that can cost ~100 us of host time per call).
+void column_sums(const TensorView& x, const TensorView& out, void* stream, void* workspace = nullptr,
+                 size_t workspace_bytes = 0);
+
+/// @brief Bytes of scratch column_sums uses for an x of [rows, cols] (rows: the leading dims folded).
+size_t column_sums_workspace_bytes(int64_t rows, int64_t cols);
 
 /// @brief Visible CUDA devices (0 without a driver or device).
 int device_count();

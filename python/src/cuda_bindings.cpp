@@ -170,14 +170,21 @@ void bind_cuda(nb::module_& m) {
 
   m.def(
       "column_sums_cuda",
-      [](const AnyArray& x, nb::ndarray<> out, uintptr_t stream) {
+      [](const AnyArray& x, nb::ndarray<> out, uintptr_t stream, DeviceArray workspace) {
+        const TensorView workspace_view = device_view(workspace, "workspace");
+        const size_t workspace_bytes =
+            workspace ? static_cast<size_t>(workspace_view.numel()) * dtype_size(workspace_view.dtype) : 0;
         cuda::column_sums(view_of(x, "column_sums input"), device_view(out, "column_sums output"),
-                          as_stream(stream));
+                          as_stream(stream), workspace_view.data, workspace_bytes);
       },
-      nb::arg("x"), nb::arg("out"), nb::arg("stream"),
+      nb::arg("x"), nb::arg("out"), nb::arg("stream"), nb::arg("workspace").none() = nb::none(),
       "out[j] = the float64 sum over the rows of the CUDA array x [rows, cols] of column j, rounded to fp32, "
       "into the caller's contiguous float32 CUDA array out [cols], on `stream` (the Linear's bias "
-      "gradient).");
+      "gradient); workspace: contiguous CUDA memory of column_sums_workspace_bytes (else the "
+      "stream-ordered pool's).");
+
+  m.def("column_sums_workspace_bytes", &cuda::column_sums_workspace_bytes, nb::arg("rows"), nb::arg("cols"),
+        "Bytes of scratch column_sums_cuda uses for an x of [rows, cols].");
 
   m.def(
       "gemm_workspace_bytes",

@@ -45,9 +45,26 @@ __global__ void finish_column_sums(const double* partial, int64_t chunks, int64_
   out[col] = static_cast<float>(sum);
 }
 
+// Chunks of at least 32 rows; at most kMaxChunks of them (and so at most 65535: gridDim.y).
+int64_t rows_per_chunk_of(int64_t rows) {
+  return std::max<int64_t>(32, (rows + kMaxChunks - 1) / kMaxChunks);
+}
+
+// The partial sums' bytes: a float64 per chunk and column.
+size_t partial_bytes(int64_t rows, int64_t cols) {
+  const int64_t per_chunk = rows_per_chunk_of(rows);
+  return static_cast<size_t>((rows + per_chunk - 1) / per_chunk * cols) * sizeof(double);
+}
+
 }  // namespace
 
-void column_sums(const TensorView& x, const TensorView& out, void* stream_handle) {
+size_t column_sums_workspace_bytes(int64_t rows, int64_t cols) {
+  if (rows < 0 || cols < 0) throw Error("column_sums_workspace_bytes: sizes must be >= 0");
+  return partial_bytes(rows, cols);
+}
+
+void column_sums(const TensorView& x, const TensorView& out, void* stream_handle, void* workspace,
+                 size_t workspace_bytes) {
   const InputMatrix m = make_input_matrix(x, Device::CUDA);
   if (out.device != Device::CUDA || out.dtype != DType::F32 || !out.is_contiguous() || out.data == nullptr)
     throw Error("column_sums: the output must be a contiguous f32 CUDA tensor");
@@ -56,12 +73,14 @@ void column_sums(const TensorView& x, const TensorView& out, void* stream_handle
                 std::to_string(m.cols) + " columns");
   const DeviceMatrix d = device_matrix(m);
   const auto stream = static_cast<cudaStream_t>(stream_handle);
-  // Chunks of at least 32 rows; at most kMaxChunks of them (and at most 65535: gridDim.y).
-  const int64_t rows_per_chunk = std::max<int64_t>(32, (m.rows + kMaxChunks - 1) / kMaxChunks);
+  const int64_t rows_per_chunk = rows_per_chunk_of(m.rows);
   const int64_t chunks = (m.rows + rows_per_chunk - 1) / rows_per_chunk;
   const int64_t column_blocks = (m.cols + kColumnsPerBlock - 1) / kColumnsPerBlock;
   if (column_blocks > 0x7FFFFFFF) throw Error("column_sums: too many columns for one launch");
-  const StreamWorkspace partial(static_cast<size_t>(chunks * m.cols) * sizeof(double), nullptr, 0, stream);
+  // The caller's scratch when it is large enough (a PyTorch frontend's allocator: reused at no cost),
+  // else the stream-ordered pool's, whose allocations cost ~100 us of host time where the pool
+  // returned its memory at the last synchronization (its default release threshold).
+  const StreamWorkspace partial(partial_bytes(m.rows, m.cols), workspace, workspace_bytes, stream);
   auto* sums = reinterpret_cast<double*>(partial.data());
   const dim3 grid(static_cast<unsigned>(column_blocks), static_cast<unsigned>(chunks));
   switch (m.dtype) {

@@ -2,6 +2,7 @@
 through the torch ops give the CPU path's bytes, amaxes and dequantized values, on the current
 stream, also under torch.compile. Needs a GPU and microscale built with its CUDA backend."""
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -244,13 +245,18 @@ def test_column_sums_on_cuda(dtype, rows, cols):
     # float64 sum (another order); a transposed view too (any strides).
     g = torch.Generator().manual_seed(rows + cols)
     x = (torch.randn(rows, cols, generator=g) * 100).to(dtype)
+    # The scratch from the stream-ordered pool, a workspace of the bytes asked for, and one too small
+    # (then the pool's again).
+    workspace_bytes = ms._C.column_sums_workspace_bytes(rows, cols)
     for view in (x, x.t().contiguous().t()):
-        out = torch.empty(cols, dtype=torch.float32, device="cuda")
-        ms._C.column_sums_cuda(view.cuda(), out, torch.cuda.current_stream().cuda_stream)
-        want = x.double().sum(0)
-        err = (out.cpu().double() - want).abs()
-        order = x.double().abs().sum(0) * rows * 2.0**-52  # float64 sums in two orders
-        assert bool((err <= want.abs() * 2.0**-23 + order).all())
+        for workspace in (None, torch.empty(workspace_bytes, dtype=torch.uint8, device="cuda"),
+                          torch.empty(workspace_bytes // 2, dtype=torch.uint8, device="cuda")):
+            out = torch.empty(cols, dtype=torch.float32, device="cuda")
+            ms._C.column_sums_cuda(view.cuda(), out, torch.cuda.current_stream().cuda_stream, workspace)
+            want = x.double().sum(0)
+            err = (out.cpu().double() - want).abs()
+            order = x.double().abs().sum(0) * rows * 2.0**-52  # float64 sums in two orders
+            assert bool((err <= want.abs() * 2.0**-23 + order).all())
     with pytest.raises(ms.Error):
         ms._C.column_sums_cuda(x.cuda(), torch.empty(cols, device="cuda", dtype=torch.float16), 0)
     with pytest.raises(ms.Error, match="columns"):
@@ -556,3 +562,29 @@ def test_make_graphed_callables_takes_the_layer():
         with torch.no_grad():
             layer.weight.add_(0.25)
             twin.weight.add_(0.25)
+
+
+@pytest.mark.parametrize("recipe_name", ["nvfp4", "mxfp8"])
+def test_linear_on_cuda_under_checkpointing_and_cpu_offload(recipe_name):
+    """The layer keeps its operands through ctx.save_for_backward: mst.checkpoint drops and
+    recomputes them (under the call's recipe), save_on_cpu moves them to host memory; the step's
+    outputs stay bit for bit."""
+    recipe = LINEAR_RECIPES[recipe_name]()
+    layer, _, x, dy = _layers(256, 128)
+
+    def step(run, offload=False):
+        layer.zero_grad(set_to_none=True)
+        xg = x.detach().clone().requires_grad_()
+        hooks = torch.autograd.graph.save_on_cpu(pin_memory=True) if offload else contextlib.nullcontext()
+        with hooks, mst.autocast(recipe=recipe):
+            y = run(xg)
+        torch.manual_seed(3)  # the gradient's stochastic rounding
+        y.backward(dy)
+        return _step_outputs(layer, xg, y)
+
+    want = step(layer)
+    quantizations = layer.weight_quantizations
+    for got in (step(lambda t: mst.checkpoint(layer, t)), step(layer, offload=True)):
+        for name, a, b in zip(("y", "dx", "dW", "db"), got, want):
+            assert torch.equal(a, b), name
+    assert layer.weight_quantizations == quantizations  # the recomputation reused the cached weight

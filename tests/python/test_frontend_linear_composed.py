@@ -205,3 +205,46 @@ def test_linear_module_frozen_and_fused():
     with mst.autocast(recipe=MXFP8BlockScaling()):
         layer(xg).sum().backward()
     assert xg.grad is not None and torch.equal(layer.weight.main_grad, before)
+
+
+@pytest.mark.parametrize("recipe_name", ["nvfp4", "mxfp8", "nvfp4_backward_high_precision"])
+def test_composed_linear_keeps_its_operands_where_checkpointing_and_offloading_see_them(recipe_name, monkeypatch):
+    """The saved operands go through ctx.save_for_backward: torch.utils.checkpoint (non-reentrant)
+    drops them and recomputes the forward, save_on_cpu packs them; the gradients stay the same."""
+    recipe = RECIPES[recipe_name]()
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(64, 96, generator=g).to(torch.bfloat16)
+    weight, bias = torch.randn(64, 96, generator=g) * 0.1, torch.randn(64, generator=g)
+    dy = torch.randn(64, 64, generator=g).to(torch.bfloat16)
+    wq = quantize_for(weight, ms._C.quantize_options(recipe, "weight"))
+    forwards = []
+    real_quantize_for = linear_composed.quantize_for
+    monkeypatch.setattr(linear_composed, "quantize_for",
+                        lambda t, *a, **k: forwards.append(t.shape) or real_quantize_for(t, *a, **k))
+
+    def grads(wrap):
+        xg, wg, bg = (t.detach().clone().requires_grad_() for t in (x, weight, bias))
+        y = wrap(lambda t: ComposedLinearFunction.apply(t, wg, bg, recipe, wq, True, False), xg)
+        torch.manual_seed(9)  # the gradient's stochastic rounding
+        y.backward(dy)
+        return [y.detach(), xg.grad, wg.grad, bg.grad]
+
+    want = grads(lambda f, t: f(t))
+    plain_calls = len(forwards)
+    forwards.clear()
+    got = grads(lambda f, t: torch.utils.checkpoint.checkpoint(f, t, use_reentrant=False))
+    assert len(forwards) == plain_calls + 1  # x quantized again: the forward ran again in backward
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    packed = []
+
+    def pack(t):
+        packed.append(t)
+        return t.clone()
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        got = grads(lambda f, t: f(t))
+    assert any(t is not None and t.dtype == torch.uint8 for t in packed) or recipe_name.endswith("high_precision")
+    assert len(packed) >= 2
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)

@@ -369,3 +369,43 @@ def test_backward_override_recipes():
     for got, want in ((dx, want_dx), (dw, want_dw)):
         assert got.dtype == torch.bfloat16
         assert bool(((got.double() - want).abs() <= 2.0**-8 * want.abs() + 1e-5 * want.abs().max()).all())
+
+
+def test_checkpoint_recomputes_under_the_scope_of_the_call():
+    """torch's checkpoint recomputes outside the caller's autocast scope; mst.checkpoint re-enters it."""
+    seen = []
+
+    def region(t):
+        seen.append((mst.autocast_enabled(), repr(mst.current_recipe())))
+        return t * t  # saves t: backward unpacks it, which recomputes the region
+
+    x = torch.randn(8, 8, requires_grad=True)
+    recipe = MXFP8BlockScaling()
+    for enabled in (True, False):
+        seen.clear()
+        with mst.autocast(enabled=enabled, recipe=recipe):
+            y = mst.checkpoint(region, x)
+        y.sum().backward()
+        assert len(seen) == 2 and seen[0] == seen[1] and seen[0][0] == enabled
+    seen.clear()
+    with mst.autocast(recipe=recipe):
+        y = torch.utils.checkpoint.checkpoint(region, x, use_reentrant=False)
+    y.sum().backward()
+    assert seen == [(True, repr(recipe)), (False, "HighPrecision()")]  # what mst.checkpoint is for
+    with pytest.raises(TypeError, match="use_reentrant"):
+        mst.checkpoint(region, x, use_reentrant=True)
+    # The CPU Linear under it: the gradients of the plain step.
+    layer = mst.Linear(64, 32)
+    xs = torch.randn(32, 64)
+
+    def step(run):
+        layer.zero_grad()
+        xg = xs.clone().requires_grad_()
+        with mst.autocast(recipe=NVFP4BlockScaling()):
+            y = run(xg)
+        torch.manual_seed(2)
+        y.sum().backward()
+        return [y.detach(), xg.grad, layer.weight.grad, layer.bias.grad]
+
+    for a, b in zip(step(lambda t: mst.checkpoint(layer, t)), step(layer)):
+        assert torch.equal(a, b)

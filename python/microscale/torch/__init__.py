@@ -8,7 +8,9 @@
         y = layer(x)          # fprop in NVFP4; backward follows the recipe too
     y.sum().backward()
 
-mst.convert_linears(model) swaps a model's torch.nn.Linear layers for this Linear, in place.
+mst.checkpoint(fn, *args) is torch's activation checkpointing with the recomputation under the
+autocast scope of the call, as TransformerEngine's te.checkpoint. mst.convert_linears(model)
+swaps a model's torch.nn.Linear layers for this Linear, in place.
 Outside an enabled autocast scope a Linear runs in high precision, as TransformerEngine's modules
 do outside theirs. With microscale's CUDA backend, the Linear, quantize / dequantize and gemm also
 take CUDA tensors (the Hopper kernels: the same bytes; gemm runs the library's GEMM for NVFP4 and
@@ -16,6 +18,7 @@ MX pairs and emulates exactly a pair with a dense operand).
 """
 
 from .autocast import autocast, autocast_enabled, current_recipe
+from .checkpoint import checkpoint
 from .convert import convert_linears
 from .gemm import gemm
 from .linear import Linear
@@ -26,6 +29,7 @@ __all__ = [
     "QuantizedTensor",
     "autocast",
     "autocast_enabled",
+    "checkpoint",
     "convert_linears",
     "current_recipe",
     "dequantize",

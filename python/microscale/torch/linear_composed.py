@@ -17,7 +17,7 @@ import torch
 
 from .. import _C
 from .gemm import gemm
-from .ops import _capsule, _on_device, _stream, dequantize, quantize
+from .ops import QuantizedTensor, _capsule, _on_device, _stream, dequantize, quantize
 
 
 def quantize_for(x, options, *, rowwise=None, columnwise=None, sr_seed=None):
@@ -85,8 +85,12 @@ def _column_sums(dy):
     if dy.device.type != "cuda":
         return dy.sum(0, dtype=torch.float64).float()
     sums = torch.empty(dy.shape[1], dtype=torch.float32, device=dy.device)
+    # Scratch from torch's allocator: the library's own (the stream-ordered pool) cost ~100-150 us
+    # of host time per step on an H200 host (perf.md, forty-first session).
+    workspace = torch.empty(_C.column_sums_workspace_bytes(dy.shape[0], dy.shape[1]), dtype=torch.uint8,
+                            device=dy.device)
     with _on_device(dy.device):
-        _C.column_sums_cuda(_capsule(dy), _capsule(sums), _stream(dy.device))
+        _C.column_sums_cuda(_capsule(dy), _capsule(sums), _stream(dy.device), _capsule(workspace))
     return sums
 
 
@@ -110,12 +114,11 @@ class ComposedLinearFunction(torch.autograd.Function):
                            columnwise=training and weight.requires_grad and override is None)
         y = gemm(x_q, weight_q, bias=None if bias is None else bias.detach(), out_dtype=x.dtype)  # [M, N]
         ctx.recipe, ctx.override = recipe, override
-        if not training:
-            ctx.saved = None
-        elif override == "high_precision":  # x and W as given (x only for a weight that wants dW)
-            ctx.saved = (x2 if weight.requires_grad else None, weight.detach())
-        else:  # quantized; "dequantized" reads their rowwise outputs
-            ctx.saved = (x_q, weight_q)
+        ctx.saved_kinds = None
+        if training and override == "high_precision":  # x and W as given (x only for a weight that wants dW)
+            _save_operands(ctx, x2 if weight.requires_grad else None, weight.detach())
+        elif training:  # quantized; "dequantized" reads their rowwise outputs
+            _save_operands(ctx, x_q, weight_q)
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         ctx.weight = weight if fuse_wgrad_accumulation else None  # its main_grad, read in backward
         ctx.weight_dtype = weight.dtype
@@ -125,10 +128,10 @@ class ComposedLinearFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
-        if ctx.saved is None:
+        if ctx.saved_kinds is None:
             raise RuntimeError(NO_CONTEXT)
-        x_q, weight_q = ctx.saved
-        ctx.saved = None  # frees the saved quantized operands, as autograd frees saved tensors
+        x_q, weight_q = _saved_operands(ctx)
+        ctx.saved_kinds = None  # used up: a second backward (retain_graph=True) is NO_CONTEXT's error
         dy = grad_output.detach().reshape(-1, grad_output.shape[-1])  # [M, N]
         if ctx.override is not None:
             grad_input, grad_weight = _overridden_backward(ctx, dy, x_q, weight_q)
@@ -153,6 +156,37 @@ class ComposedLinearFunction(torch.autograd.Function):
                                out_dtype=ctx.x_dtype).to(ctx.weight_dtype)
         grad_bias = _bias_grad(ctx, dy, grad_output.dtype)
         return grad_input, grad_weight, grad_bias, None, None, None, None
+
+
+def _save_operands(ctx, x_saved, weight_saved):
+    """Keeps backward's two operands (QuantizedTensors, tensors or None) with ctx.save_for_backward,
+    as autograd functions keep tensors: torch's saved-tensor hooks then see them, so activation
+    checkpointing (torch.utils.checkpoint, non-reentrant) drops them and recomputes the forward,
+    and torch.autograd.graph.save_on_cpu moves them to host memory until backward."""
+    tensors, kinds = [], []
+    for item in (x_saved, weight_saved):
+        if isinstance(item, QuantizedTensor):
+            kinds.append((item.shape, item.options))
+            tensors += [item.rowwise_data, item.rowwise_scale, item.columnwise_data, item.columnwise_scale,
+                        item.amax]
+        else:
+            kinds.append(None)
+            tensors.append(item)
+    ctx.save_for_backward(*tensors)
+    ctx.saved_kinds = kinds
+
+
+def _saved_operands(ctx):
+    """_save_operands' two operands, rebuilt from ctx.saved_tensors."""
+    tensors = iter(ctx.saved_tensors)
+    operands = []
+    for kind in ctx.saved_kinds:
+        if kind is None:
+            operands.append(next(tensors))
+        else:
+            parts = [next(tensors) for _ in range(5)]
+            operands.append(QuantizedTensor(*parts, shape=kind[0], options=kind[1]))
+    return operands
 
 
 def _bias_grad(ctx, dy, dtype):
