@@ -409,3 +409,26 @@ def test_checkpoint_recomputes_under_the_scope_of_the_call():
 
     for a, b in zip(step(lambda t: mst.checkpoint(layer, t)), step(layer)):
         assert torch.equal(a, b)
+
+
+def test_return_bias_and_init_method_as_transformer_engine():
+    torch.manual_seed(0)
+    layer = mst.Linear(64, 32, return_bias=True, params_dtype=torch.bfloat16)
+    plain = mst.Linear(64, 32, bias=False, params_dtype=torch.bfloat16)
+    with torch.no_grad():
+        plain.weight.copy_(layer.weight)
+    x = torch.randn(32, 64).to(torch.bfloat16).requires_grad_()  # MXFP8's X^T: M % 32 == 0
+    assert "return_bias=True" in repr(layer)
+    for recipe in (MXFP8BlockScaling(), None):  # quantized, and in high precision outside a scope
+        layer.zero_grad()
+        with mst.autocast(enabled=recipe is not None, recipe=recipe):
+            y, b = layer(x)
+            want = plain(x)
+        assert torch.equal(y, want)  # the bias left out of y
+        assert b.dtype == torch.bfloat16 and torch.equal(b, layer.bias)
+        (y + b).float().sum().backward()  # added by the caller: its gradient reaches the parameter
+        assert torch.equal(layer.bias.grad, torch.full((32,), 32.0, dtype=torch.bfloat16))
+    y, b = mst.Linear(64, 32, bias=False, return_bias=True)(torch.randn(16, 64))
+    assert y.shape == (16, 32) and b.numel() == 0
+    initialised = mst.Linear(64, 32, init_method=lambda w: torch.nn.init.constant_(w, 0.5))
+    assert bool((initialised.weight == 0.5).all()) and bool((initialised.bias == 0).all())

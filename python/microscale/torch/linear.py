@@ -73,7 +73,13 @@ class Linear(torch.nn.Module):
     """y = x W^T + b, quantized under microscale.torch.autocast (x float32, bfloat16 or float16
     [..., in_features], on the CPU or, with the CUDA backend, on the parameters' CUDA device).
     Parameters shaped and initialised as torch.nn.Linear's: weight [out_features, in_features],
-    bias [out_features], of params_dtype (default: torch's default dtype).
+    bias [out_features], of params_dtype (default: torch's default dtype). ``init_method``
+    (TransformerEngine's argument) initialises the weight as ``init_method(weight)`` instead, and
+    the bias to zeros, as TransformerEngine does.
+
+    return_bias (TransformerEngine's argument): forward leaves the bias out of y and returns
+    ``(y, bias)``, the bias in x's dtype, for the caller to add where it fuses the addition with
+    what follows (Megatron-LM's bias-dropout-add); an empty tensor for a layer without one.
 
     fuse_wgrad_accumulation (TransformerEngine's argument, for Megatron-style training): the
     weight gradient is added in fp32 into ``weight.main_grad`` (float32 [out_features,
@@ -81,10 +87,12 @@ class Linear(torch.nn.Module):
     weight.grad stays None, or, for a weight with Megatron-LM's grad_added_to_main_grad attribute,
     gets TransformerEngine's placeholder (docs/python.md)."""
 
-    def __init__(self, in_features, out_features, bias=True, *, params_dtype=None, device=None,
-                 fuse_wgrad_accumulation=False):
+    def __init__(self, in_features, out_features, bias=True, *, init_method=None, return_bias=False,
+                 params_dtype=None, device=None, fuse_wgrad_accumulation=False):
         super().__init__()
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
+        self.init_method = init_method
+        self.return_bias = return_bias
         if params_dtype is None:  # as TransformerEngine's modules
             params_dtype = torch.get_default_dtype()
         self.in_features = in_features
@@ -100,6 +108,12 @@ class Linear(torch.nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self):
+        if self.init_method is not None:  # TransformerEngine's: init_method(weight), a zero bias
+            with torch.no_grad():
+                self.init_method(self.weight)
+                if self.bias is not None:
+                    self.bias.zero_()
+            return
         torch.nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # U(-1/sqrt(K), 1/sqrt(K))
         if self.bias is not None:
             bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
@@ -139,9 +153,18 @@ class Linear(torch.nn.Module):
         writing the weight through ``.data``, which its version counter does not see); False reuses
         the cached quantization (of the same recipe) even if the weight changed. Under CUDA-graph
         capture (CUDA tensors) the weight is quantized inside the graph whatever it says."""
+        y = self._output(x, None if self.return_bias else self.bias, is_first_microbatch)
+        if not self.return_bias:
+            return y
+        if self.bias is None:  # TransformerEngine returns an empty tensor there
+            return y, torch.empty(0, dtype=x.dtype, device=x.device)
+        return y, self.bias.to(x.dtype)
+
+    def _output(self, x, bias, is_first_microbatch):
+        """x W^T (+ bias) under the autocast scope's recipe."""
         recipe = current_recipe() if autocast_enabled() else HighPrecision()
         if isinstance(recipe, HighPrecision):
-            return torch.nn.functional.linear(x, self.weight, self.bias)
+            return torch.nn.functional.linear(x, self.weight, bias)
         devices = {x.device.type, self.weight.device.type}
         if devices not in ({"cpu"}, {"cuda"}):
             raise _C.Error(f"microscale.torch.Linear: x is on {x.device} and the weight on {self.weight.device}; "
@@ -149,11 +172,11 @@ class Linear(torch.nn.Module):
         if devices == {"cuda"} and not _C.cuda_built():
             raise _C.Error("microscale.torch.Linear: this build has no CUDA backend")
         training = torch.is_grad_enabled() and (
-            x.requires_grad or self.weight.requires_grad or (self.bias is not None and self.bias.requires_grad))
+            x.requires_grad or self.weight.requires_grad or (bias is not None and bias.requires_grad))
         cached = self._quantized_weight(recipe, is_first_microbatch)
         function = ComposedLinearFunction if devices == {"cuda"} else _LinearFunction
-        return function.apply(x, self.weight, self.bias, recipe, cached, training, self.fuse_wgrad_accumulation)
+        return function.apply(x, self.weight, bias, recipe, cached, training, self.fuse_wgrad_accumulation)
 
     def extra_repr(self):
-        fused = ", fuse_wgrad_accumulation=True" if self.fuse_wgrad_accumulation else ""
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}{fused}"
+        extra = "".join(f", {name}=True" for name in ("return_bias", "fuse_wgrad_accumulation") if getattr(self, name))
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}{extra}"
