@@ -11,7 +11,7 @@ import microscale as ms
 import microscale.torch as mst
 from microscale.recipe import Format, MXFP8BlockScaling, NVFP4BlockScaling
 from microscale.torch.gemm import _emulated_operand, _gemm_emulated
-from microscale.torch.linear import _LinearFunction
+from microscale.torch.quantized_linear import _LinearFunction
 from microscale.torch import linear_composed
 from microscale.torch.linear_composed import ComposedLinearFunction, quantize_for
 

@@ -1,0 +1,117 @@
+"""The quantized Linear as a function of its tensors, for every layer of this package that holds
+one (Linear, LayerNormLinear, LayerNormMLP): y = x W^T (+ b) under the autocast scope's recipe,
+the weight's quantization kept in a WeightCache, forward and backward through the C++ layer (CPU
+tensors) or linear_composed.py (CUDA tensors)."""
+
+import torch
+
+from .. import _C
+from ..recipe import HighPrecision, NVFP4BlockScaling
+from .autocast import autocast_enabled, current_recipe
+from .linear_composed import NO_CONTEXT, ComposedLinearFunction, main_grad_of, quantize_for, wgrad_result
+
+
+def _tensor(array):
+    return None if array is None else torch.from_dlpack(array)
+
+
+class _LinearFunction(torch.autograd.Function):
+    """The layer on CPU tensors: the C++ linear_forward / linear_backward (docs/training.md)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, recipe, cached_weight, training, fuse_wgrad_accumulation):
+        # contiguous: the library folds x to [M, K] in place only where its strides allow
+        y, context = _C.linear_forward(x.detach().contiguous(), weight.detach(),
+                                       None if bias is None else bias.detach(), recipe, training, cached_weight,
+                                       weight_grad=weight.requires_grad)
+        ctx.context = context
+        ctx.draws_seed = isinstance(recipe, NVFP4BlockScaling) and not recipe.disable_stochastic_rounding
+        ctx.weight = weight if fuse_wgrad_accumulation else None  # its main_grad, read in backward
+        ctx.weight_dtype = weight.dtype
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return _tensor(y)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output):
+        if ctx.context is None:
+            raise RuntimeError(NO_CONTEXT)
+        # Only stochastic rounding draws from torch's generator (other recipes leave its stream alone).
+        sr_seed = int(torch.randint(0, 2**62, (1,)).item()) if ctx.draws_seed else 0
+        main_grad = main_grad_of(ctx.weight) if ctx.weight is not None and ctx.needs_input_grad[1] else None
+        dx, dw, db = _C.linear_backward(
+            grad_output.detach().contiguous(), ctx.context,
+            compute_grad_input=ctx.needs_input_grad[0],
+            compute_grad_weight=ctx.needs_input_grad[1],
+            compute_grad_bias=ctx.bias_dtype is not None and ctx.needs_input_grad[2],
+            main_grad=main_grad, sr_seed=sr_seed)
+        # Frees the saved quantized operands, as autograd frees saved tensors (so a second backward,
+        # even with retain_graph=True, is the error above).
+        ctx.context = None
+        grad_input = _tensor(dx) if ctx.needs_input_grad[0] else None
+        grad_weight = None
+        if ctx.needs_input_grad[1]:
+            grad_weight = wgrad_result(ctx.weight) if main_grad is not None else _tensor(dw).to(ctx.weight_dtype)
+        grad_bias = _tensor(db).to(ctx.bias_dtype) if ctx.bias_dtype is not None and ctx.needs_input_grad[2] else None
+        return grad_input, grad_weight, grad_bias, None, None, None, None
+
+
+class WeightCache:
+    """A weight's quantization under a recipe, kept until the weight changes: its version counter
+    (an optimizer step's in-place update) or its storage, or another recipe, shape, dtype or
+    device. Micro-batches between optimizer steps quantize the weight once."""
+
+    def __init__(self):
+        self.key = None
+        self.quantized = None  # a torch-level QuantizedTensor (CUDA) or the C++ one (CPU)
+        self.quantizations = 0  # how many times the weight was quantized (the cache's tests)
+
+    def get(self, weight, recipe, is_first_microbatch):
+        """The weight quantized under `recipe` (both usages). is_first_microbatch: see Linear.forward."""
+        if weight.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # Captured into a CUDA graph: the weight is quantized inside the graph, so that each replay
+            # quantizes what the weight holds then (an optimizer step between replays writes it in
+            # place, unseen by any check made at capture). Not cached: the graph owns that memory, and
+            # a cached quantization captured as a constant would be stale, or freed, later.
+            self.quantizations += 1
+            return quantize_for(weight.detach(), _C.quantize_options(recipe, "weight"))
+        key = (weight._version, weight.data_ptr(), tuple(weight.shape), weight.dtype, weight.device, repr(recipe))
+        # Another shape, dtype, device or recipe needs a new quantization whatever the caller says.
+        unusable = self.key is None or self.key[2:] != key[2:]
+        if is_first_microbatch or unusable or (is_first_microbatch is None and key != self.key):
+            options = _C.quantize_options(recipe, "weight")
+            if weight.device.type == "cuda":  # a torch-level QuantizedTensor on the weight's device
+                self.quantized = quantize_for(weight.detach(), options)
+            else:  # the C++ QuantizedTensor that _C.linear_forward takes
+                self.quantized = _C.quantize(weight.detach(), options, False)
+            self.key = key
+            self.quantizations += 1
+        return self.quantized
+
+
+def quantized_linear(x, weight, bias, cache, *, is_first_microbatch=None, fuse_wgrad_accumulation=False):
+    """x W^T (+ bias) under the autocast scope's recipe: torch.nn.functional.linear outside an
+    enabled scope, else the quantized layer's forward (and its backward through autograd), the
+    weight's quantization from `cache` (a WeightCache)."""
+    recipe = current_recipe() if autocast_enabled() else HighPrecision()
+    if isinstance(recipe, HighPrecision):
+        return torch.nn.functional.linear(x, weight, bias)
+    devices = {x.device.type, weight.device.type}
+    if devices not in ({"cpu"}, {"cuda"}):
+        raise _C.Error(f"microscale.torch.Linear: x is on {x.device} and the weight on {weight.device}; "
+                       "the quantized Linear runs on CPU or CUDA tensors, both on one device")
+    if devices == {"cuda"} and not _C.cuda_built():
+        raise _C.Error("microscale.torch.Linear: this build has no CUDA backend")
+    training = torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+    quantized_weight = cache.get(weight, recipe, is_first_microbatch)
+    function = ComposedLinearFunction if devices == {"cuda"} else _LinearFunction
+    return function.apply(x, weight, bias, recipe, quantized_weight, training, fuse_wgrad_accumulation)
+
+
+def returned_bias(bias, x):
+    """The bias a layer with TransformerEngine's return_bias returns beside y: in x's dtype, or an
+    empty tensor for a layer without one (as TransformerEngine returns)."""
+    if bias is None:
+        return torch.empty(0, dtype=x.dtype, device=x.device)
+    return bias.to(x.dtype)
