@@ -588,3 +588,25 @@ def test_linear_on_cuda_under_checkpointing_and_cpu_offload(recipe_name):
         for name, a, b in zip(("y", "dx", "dW", "db"), got, want):
             assert torch.equal(a, b), name
     assert layer.weight_quantizations == quantizations  # the recomputation reused the cached weight
+
+
+def test_layernorm_mlp_on_cuda_is_its_pieces():
+    """TransformerEngine's LayerNormMLP (NVFP4, swiglu) on CUDA tensors: the norm, FC1, the
+    activation and FC2 of the same parameters, forward bit for bit; backward reaches every parameter."""
+    torch.manual_seed(5)
+    module = mst.LayerNormMLP(256, 128, activation="swiglu", params_dtype=torch.bfloat16, device="cuda")
+    fc1 = mst.Linear(256, 256, params_dtype=torch.bfloat16, device="cuda")
+    fc2 = mst.Linear(128, 256, params_dtype=torch.bfloat16, device="cuda")
+    with torch.no_grad():
+        for linear, w, b in ((fc1, module.fc1_weight, module.fc1_bias), (fc2, module.fc2_weight, module.fc2_bias)):
+            linear.weight.copy_(w)
+            linear.bias.copy_(b)
+    x = torch.randn(64, 256, device="cuda").to(torch.bfloat16)
+    with mst.autocast(recipe=NVFP4BlockScaling()):
+        y = module(x.clone().requires_grad_())
+        ln = torch.nn.functional.layer_norm(x.float(), (256,), eps=module.eps).to(torch.bfloat16)
+        h = fc1(ln)
+        want = fc2(torch.nn.functional.silu(h[:, :128]) * h[:, 128:])
+    assert torch.equal(y, want)
+    y.float().sum().backward()
+    assert all(p.grad is not None for p in module.parameters())

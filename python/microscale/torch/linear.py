@@ -16,11 +16,9 @@ skips the wgrad GEMM and what only it needs (x's and dy's columnwise quantizatio
 fuse_wgrad_accumulation (TransformerEngine's argument) dW is added into weight.main_grad.
 """
 
-import math
-
 import torch
 
-from .quantized_linear import WeightCache, quantized_linear, returned_bias
+from .quantized_linear import WeightCache, init_linear_parameters, quantized_linear, returned_bias
 
 
 class Linear(torch.nn.Module):
@@ -60,16 +58,7 @@ class Linear(torch.nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self):
-        if self.init_method is not None:  # TransformerEngine's: init_method(weight), a zero bias
-            with torch.no_grad():
-                self.init_method(self.weight)
-                if self.bias is not None:
-                    self.bias.zero_()
-            return
-        torch.nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # U(-1/sqrt(K), 1/sqrt(K))
-        if self.bias is not None:
-            bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
-            torch.nn.init.uniform_(self.bias, -bound, bound)
+        init_linear_parameters(self.weight, self.bias, self.init_method)
 
     # torch.compile runs the layer eagerly (a graph break on each side), as TransformerEngine's
     # modules do (its no_torch_dynamo): the recipe comes from thread-local autocast state and the

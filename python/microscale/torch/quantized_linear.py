@@ -3,6 +3,8 @@ one (Linear, LayerNormLinear, LayerNormMLP): y = x W^T (+ b) under the autocast 
 the weight's quantization kept in a WeightCache, forward and backward through the C++ layer (CPU
 tensors) or linear_composed.py (CUDA tensors)."""
 
+import math
+
 import torch
 
 from .. import _C
@@ -115,3 +117,19 @@ def returned_bias(bias, x):
     if bias is None:
         return torch.empty(0, dtype=x.dtype, device=x.device)
     return bias.to(x.dtype)
+
+
+def init_linear_parameters(weight, bias, init_method=None):
+    """A layer's weight [out, in] and bias [out] (or None) initialised as torch.nn.Linear's
+    (U(-1/sqrt(in), 1/sqrt(in)) both), or, with TransformerEngine's init_method, the weight by
+    init_method(weight) and the bias to zeros, as TransformerEngine does."""
+    if init_method is not None:
+        with torch.no_grad():
+            init_method(weight)
+            if bias is not None:
+                bias.zero_()
+        return
+    torch.nn.init.kaiming_uniform_(weight, a=math.sqrt(5))  # U(-1/sqrt(K), 1/sqrt(K))
+    if bias is not None:
+        bound = 1 / math.sqrt(weight.shape[1]) if weight.shape[1] > 0 else 0
+        torch.nn.init.uniform_(bias, -bound, bound)

@@ -1,0 +1,55 @@
+"""TransformerEngine's LayerNormLinear: y = norm(x) W^T + b, the normalization in high precision
+(normalization.py), the Linear quantized under the autocast scope's recipe (quantized_linear.py).
+Parameter names as TransformerEngine's (layer_norm_weight, layer_norm_bias, weight, bias), so its
+state dicts load."""
+
+import torch
+
+from .normalization import norm_parameters, normalize, reset_norm_parameters
+from .quantized_linear import WeightCache, init_linear_parameters, quantized_linear, returned_bias
+
+
+class LayerNormLinear(torch.nn.Module):
+    """LayerNorm or RMSNorm over the last dim of x [..., in_features], then the quantized Linear
+    (microscale.torch.Linear's numerics, weight cache and arguments). ``return_layernorm_output``:
+    forward also returns the normalization's output (x's dtype); with ``return_bias`` the bias is
+    left out of y and returned. Outputs in TransformerEngine's order: y, then the bias (with
+    return_bias), then the normalization's output (with return_layernorm_output)."""
+
+    def __init__(self, in_features, out_features, eps=1e-5, bias=True, normalization="LayerNorm",
+                 return_layernorm_output=False, zero_centered_gamma=False, *, init_method=None, return_bias=False,
+                 params_dtype=None, device=None, fuse_wgrad_accumulation=False):
+        super().__init__()
+        params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
+        self.in_features, self.out_features, self.eps = in_features, out_features, eps
+        self.normalization, self.zero_centered_gamma = normalization, zero_centered_gamma
+        self.return_layernorm_output, self.return_bias = return_layernorm_output, return_bias
+        self.fuse_wgrad_accumulation, self.init_method = fuse_wgrad_accumulation, init_method
+        norm_parameters(self, in_features, normalization, params_dtype, device)
+        self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, dtype=params_dtype, device=device))
+        self.bias = torch.nn.Parameter(torch.empty(out_features, dtype=params_dtype, device=device)) if bias else None
+        self._weight_cache = WeightCache()
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        reset_norm_parameters(self, self.zero_centered_gamma)
+        init_linear_parameters(self.weight, self.bias, self.init_method)
+
+    @property
+    def weight_quantizations(self):
+        return self._weight_cache.quantizations
+
+    @torch.compiler.disable  # as microscale.torch.Linear's forward (see there)
+    def forward(self, x, is_first_microbatch=None):
+        ln_out = normalize(x, self.normalization, self.layer_norm_weight, self.layer_norm_bias, self.eps,
+                           self.zero_centered_gamma)
+        y = quantized_linear(ln_out, self.weight, None if self.return_bias else self.bias, self._weight_cache,
+                             is_first_microbatch=is_first_microbatch,
+                             fuse_wgrad_accumulation=self.fuse_wgrad_accumulation)
+        outputs = (y,) + ((returned_bias(self.bias, x),) if self.return_bias else ()) + (
+            (ln_out,) if self.return_layernorm_output else ())
+        return outputs if len(outputs) > 1 else y
+
+    def extra_repr(self):
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"normalization={self.normalization}, eps={self.eps}")

@@ -1,0 +1,72 @@
+"""TransformerEngine's LayerNormMLP: y = FC2(act(FC1(norm(x)))), the normalization and the
+activation in high precision (normalization.py, activations.py), both Linears quantized under
+the autocast scope's recipe (quantized_linear.py). Parameter names as TransformerEngine's
+(layer_norm_weight, layer_norm_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias), so its state
+dicts load."""
+
+import torch
+
+from .activations import activate, is_gated
+from .normalization import norm_parameters, normalize, reset_norm_parameters
+from .quantized_linear import WeightCache, init_linear_parameters, quantized_linear, returned_bias
+
+
+class LayerNormMLP(torch.nn.Module):
+    """LayerNorm or RMSNorm over the last dim of x [..., hidden_size], FC1 [hidden_size ->
+    ffn_hidden_size, twice that for a gated activation], the activation, FC2 [ffn_hidden_size ->
+    hidden_size]. FC1's weight is initialised by ``init_method``, FC2's by
+    ``output_layer_init_method`` (each torch.nn.Linear's initialisation when None). Outputs in
+    TransformerEngine's order: y, then FC2's bias (with return_bias, which leaves it out of y),
+    then the normalization's output (with return_layernorm_output)."""
+
+    def __init__(self, hidden_size, ffn_hidden_size, eps=1e-5, bias=True, normalization="LayerNorm",
+                 activation="gelu", return_layernorm_output=False, zero_centered_gamma=False, *, init_method=None,
+                 output_layer_init_method=None, return_bias=False, params_dtype=None, device=None,
+                 fuse_wgrad_accumulation=False):
+        super().__init__()
+        params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
+        fc1_features = ffn_hidden_size * (2 if is_gated(activation) else 1)
+        self.hidden_size, self.ffn_hidden_size, self.eps = hidden_size, ffn_hidden_size, eps
+        self.normalization, self.activation, self.zero_centered_gamma = normalization, activation, zero_centered_gamma
+        self.return_layernorm_output, self.return_bias = return_layernorm_output, return_bias
+        self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
+        self.init_method, self.output_layer_init_method = init_method, output_layer_init_method
+        norm_parameters(self, hidden_size, normalization, params_dtype, device)
+
+        def parameter(*shape):
+            return torch.nn.Parameter(torch.empty(*shape, dtype=params_dtype, device=device))
+
+        self.fc1_weight = parameter(fc1_features, hidden_size)
+        self.fc1_bias = parameter(fc1_features) if bias else None
+        self.fc2_weight = parameter(hidden_size, ffn_hidden_size)
+        self.fc2_bias = parameter(hidden_size) if bias else None
+        self._fc1_cache, self._fc2_cache = WeightCache(), WeightCache()
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        reset_norm_parameters(self, self.zero_centered_gamma)
+        init_linear_parameters(self.fc1_weight, self.fc1_bias, self.init_method)
+        init_linear_parameters(self.fc2_weight, self.fc2_bias, self.output_layer_init_method)
+
+    @property
+    def weight_quantizations(self):
+        """How many times FC1's and FC2's weights were quantized, together."""
+        return self._fc1_cache.quantizations + self._fc2_cache.quantizations
+
+    @torch.compiler.disable  # as microscale.torch.Linear's forward (see there)
+    def forward(self, x, is_first_microbatch=None):
+        ln_out = normalize(x, self.normalization, self.layer_norm_weight, self.layer_norm_bias, self.eps,
+                           self.zero_centered_gamma)
+        options = dict(is_first_microbatch=is_first_microbatch, fuse_wgrad_accumulation=self.fuse_wgrad_accumulation)
+        hidden = activate(quantized_linear(ln_out, self.fc1_weight, self.fc1_bias, self._fc1_cache, **options),
+                          self.activation)
+        y = quantized_linear(hidden, self.fc2_weight, None if self.return_bias else self.fc2_bias, self._fc2_cache,
+                             **options)
+        outputs = (y,) + ((returned_bias(self.fc2_bias, x),) if self.return_bias else ()) + (
+            (ln_out,) if self.return_layernorm_output else ())
+        return outputs if len(outputs) > 1 else y
+
+    def extra_repr(self):
+        return (f"hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "
+                f"bias={self.fc1_bias is not None}, normalization={self.normalization}, activation={self.activation}, "
+                f"eps={self.eps}")
