@@ -105,8 +105,9 @@ size_t gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batches = 1
 /// (out: a contiguous f32 [cols] on the device): the Linear's bias gradient, as core/linear.cpp
 /// computes it, without a float64 copy of x. Deterministic (fixed chunks of rows, added in
 /// order); within one fp32 ulp of the CPU's row-by-row float64 sum. Scratch: `workspace` (device
-/// memory of column_sums_workspace_bytes, 256-byte aligned) when given, else the stream-ordered
-/// pool's (an allocation that can cost ~100 us of host time per call).
+/// memory of column_sums_workspace_bytes, 256-byte aligned) when given; a workspace that is absent,
+/// smaller or misaligned falls back to the stream-ordered pool's (an allocation that can cost ~100
+/// us of host time per call).
 void column_sums(const TensorView& x, const TensorView& out, void* stream, void* workspace = nullptr,
                  size_t workspace_bytes = 0);
 

@@ -354,8 +354,9 @@ TEST(Linear, BackwardOverridesRunTheBackwardUnquantized) {
     EXPECT_EQ(backward_override(hp), BackwardOverride::HighPrecision);
     LinearSaved saved;
     const Tensor y = linear_forward(x.view(), w.view(), std::nullopt, hp, &saved);
-    EXPECT_TRUE(same_bytes(y, quantized.y));           // the recipe's forward
-    EXPECT_FALSE(saved.input.has(Usage::Columnwise));  // no X^T made
+    EXPECT_TRUE(same_bytes(y, quantized.y));                               // the recipe's forward
+    EXPECT_TRUE(saved.input_f32.defined() && saved.weight_f32.defined());  // x and W kept unquantized
+    EXPECT_FALSE(saved.input.has(Usage::Rowwise) || saved.weight.has(Usage::Rowwise));
     const LinearGrads g =
         linear_backward(dy.view(), saved, {});  // no seed needed: nothing is rounded stochastically
     EXPECT_TRUE(same_bytes(g.grad_input, high.dx));

@@ -565,7 +565,7 @@ def test_make_graphed_callables_takes_the_layer():
 
 
 @pytest.mark.parametrize("recipe_name", ["nvfp4", "mxfp8"])
-def test_linear_on_cuda_under_checkpointing_and_cpu_offload(recipe_name):
+def test_linear_on_cuda_under_checkpointing_and_cpu_offload(recipe_name, monkeypatch):
     """The layer keeps its operands through ctx.save_for_backward: mst.checkpoint drops and
     recomputes them (under the call's recipe), save_on_cpu moves them to host memory; the step's
     outputs stay bit for bit."""
@@ -582,9 +582,15 @@ def test_linear_on_cuda_under_checkpointing_and_cpu_offload(recipe_name):
         y.backward(dy)
         return _step_outputs(layer, xg, y)
 
+    import microscale.torch.linear_composed as composed
+    real_quantize_for, calls = composed.quantize_for, []
+    monkeypatch.setattr(composed, "quantize_for", lambda *a, **k: calls.append(1) or real_quantize_for(*a, **k))
     want = step(layer)
-    quantizations = layer.weight_quantizations
-    for got in (step(lambda t: mst.checkpoint(layer, t)), step(layer, offload=True)):
+    plain_calls, quantizations = len(calls), layer.weight_quantizations
+    for offload in (False, True):
+        calls.clear()
+        got = step(layer, offload=True) if offload else step(lambda t: mst.checkpoint(layer, t))
+        assert len(calls) == plain_calls + (0 if offload else 1)  # checkpointing quantized x again
         for name, a, b in zip(("y", "dx", "dW", "db"), got, want):
             assert torch.equal(a, b), name
     assert layer.weight_quantizations == quantizations  # the recomputation reused the cached weight

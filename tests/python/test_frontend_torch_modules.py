@@ -108,3 +108,11 @@ def test_module_options_and_errors():
     assert bool((module.fc1_weight == 0.01).all()) and bool((module.fc2_weight == 0.02).all())
     y, bias, ln_out = module(torch.randn(16, 64))
     assert y.shape == (16, 64) and bias.numel() == 0 and ln_out.shape == (16, 64)
+    # A TransformerEngine module's state dict carries "_extra_state" (its FP8 metadata): it loads strictly.
+    for layer in (module, mst.LayerNormLinear(64, 32), mst.Linear(64, 32)):
+        state = layer.state_dict()
+        state["_extra_state"] = torch.empty(0)
+        layer.load_state_dict(state)
+        assert "_extra_state" not in layer.state_dict()
+    with pytest.raises(TypeError):
+        mst.LayerNormLinear(64, 32, 1e-5, False)  # TE's 4th positional argument is sequence_parallel

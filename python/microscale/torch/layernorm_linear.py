@@ -6,7 +6,7 @@ state dicts load."""
 import torch
 
 from .normalization import norm_parameters, normalize, reset_norm_parameters
-from .quantized_linear import WeightCache, init_linear_parameters, quantized_linear, returned_bias
+from .quantized_linear import WeightCache, drop_extra_state, init_linear_parameters, quantized_linear, returned_bias
 
 
 class LayerNormLinear(torch.nn.Module):
@@ -16,8 +16,9 @@ class LayerNormLinear(torch.nn.Module):
     left out of y and returned. Outputs in TransformerEngine's order: y, then the bias (with
     return_bias), then the normalization's output (with return_layernorm_output)."""
 
-    def __init__(self, in_features, out_features, eps=1e-5, bias=True, normalization="LayerNorm",
-                 return_layernorm_output=False, zero_centered_gamma=False, *, init_method=None, return_bias=False,
+    # Keyword arguments after eps: TransformerEngine's positions there hold other arguments.
+    def __init__(self, in_features, out_features, eps=1e-5, *, bias=True, normalization="LayerNorm",
+                 return_layernorm_output=False, zero_centered_gamma=False, init_method=None, return_bias=False,
                  params_dtype=None, device=None, fuse_wgrad_accumulation=False):
         super().__init__()
         params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
@@ -49,6 +50,10 @@ class LayerNormLinear(torch.nn.Module):
         outputs = (y,) + ((returned_bias(self.bias, x),) if self.return_bias else ()) + (
             (ln_out,) if self.return_layernorm_output else ())
         return outputs if len(outputs) > 1 else y
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        drop_extra_state(state_dict, prefix)  # a TransformerEngine module's state dict loads strictly
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

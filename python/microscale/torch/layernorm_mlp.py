@@ -8,7 +8,7 @@ import torch
 
 from .activations import activate, is_gated
 from .normalization import norm_parameters, normalize, reset_norm_parameters
-from .quantized_linear import WeightCache, init_linear_parameters, quantized_linear, returned_bias
+from .quantized_linear import WeightCache, drop_extra_state, init_linear_parameters, quantized_linear, returned_bias
 
 
 class LayerNormMLP(torch.nn.Module):
@@ -19,8 +19,9 @@ class LayerNormMLP(torch.nn.Module):
     TransformerEngine's order: y, then FC2's bias (with return_bias, which leaves it out of y),
     then the normalization's output (with return_layernorm_output)."""
 
-    def __init__(self, hidden_size, ffn_hidden_size, eps=1e-5, bias=True, normalization="LayerNorm",
-                 activation="gelu", return_layernorm_output=False, zero_centered_gamma=False, *, init_method=None,
+    # Keyword arguments after eps: TransformerEngine's positions there hold other arguments.
+    def __init__(self, hidden_size, ffn_hidden_size, eps=1e-5, *, bias=True, normalization="LayerNorm",
+                 activation="gelu", return_layernorm_output=False, zero_centered_gamma=False, init_method=None,
                  output_layer_init_method=None, return_bias=False, params_dtype=None, device=None,
                  fuse_wgrad_accumulation=False):
         super().__init__()
@@ -65,6 +66,10 @@ class LayerNormMLP(torch.nn.Module):
         outputs = (y,) + ((returned_bias(self.fc2_bias, x),) if self.return_bias else ()) + (
             (ln_out,) if self.return_layernorm_output else ())
         return outputs if len(outputs) > 1 else y
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        drop_extra_state(state_dict, prefix)  # a TransformerEngine module's state dict loads strictly
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self):
         return (f"hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "

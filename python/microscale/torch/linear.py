@@ -18,7 +18,7 @@ fuse_wgrad_accumulation (TransformerEngine's argument) dW is added into weight.m
 
 import torch
 
-from .quantized_linear import WeightCache, init_linear_parameters, quantized_linear, returned_bias
+from .quantized_linear import WeightCache, drop_extra_state, init_linear_parameters, quantized_linear, returned_bias
 
 
 class Linear(torch.nn.Module):
@@ -85,6 +85,10 @@ class Linear(torch.nn.Module):
     @property
     def _cached_weight(self):
         return self._weight_cache.quantized
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        drop_extra_state(state_dict, prefix)  # a TransformerEngine module's state dict loads strictly
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self):
         extra = "".join(f", {name}=True" for name in ("return_bias", "fuse_wgrad_accumulation") if getattr(self, name))

@@ -13,6 +13,8 @@ Under a recipe's backward_override the backward's two GEMMs are unquantized inst
 (_overridden_backward: dense operands, fp32 accumulation).
 """
 
+import dataclasses
+
 import torch
 
 from .. import _C
@@ -115,10 +117,15 @@ class ComposedLinearFunction(torch.autograd.Function):
         y = gemm(x_q, weight_q, bias=None if bias is None else bias.detach(), out_dtype=x.dtype)  # [M, N]
         ctx.recipe, ctx.override = recipe, override
         ctx.saved_kinds = None
-        if training and override == "high_precision":  # x and W as given (x only for a weight that wants dW)
+        # What backward reads, and no more (save_on_cpu would copy the rest too): x only for a
+        # weight that wants dW; as given ("high_precision"), its rowwise quantization ("dequantized")
+        # or its columnwise one alone (the quantized wgrad).
+        if training and override == "high_precision":
             _save_operands(ctx, x2 if weight.requires_grad else None, weight.detach())
-        elif training:  # quantized; "dequantized" reads their rowwise outputs
-            _save_operands(ctx, x_q, weight_q)
+        elif training:
+            x_kept = x_q if override == "dequantized" else dataclasses.replace(x_q, rowwise_data=None,
+                                                                                rowwise_scale=None)
+            _save_operands(ctx, x_kept if weight.requires_grad else None, weight_q)
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         ctx.weight = weight if fuse_wgrad_accumulation else None  # its main_grad, read in backward
         ctx.weight_dtype = weight.dtype
@@ -138,7 +145,7 @@ class ComposedLinearFunction(torch.autograd.Function):
             return grad_input, grad_weight, _bias_grad(ctx, dy, grad_output.dtype), None, None, None, None
         options = _C.quantize_options(ctx.recipe, "grad_output")
         sr_seed = _gradient_seed(dy.device) if options.sr_seed is not None else None
-        want_dx, want_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1] and x_q.columnwise_data is not None
+        want_dx, want_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1] and x_q is not None
         grad_input = grad_weight = grad_bias = None
         if want_dx or want_dw:
             # dy's rowwise output feeds dgrad, its columnwise output wgrad: each only when needed (one
@@ -197,6 +204,11 @@ def _bias_grad(ctx, dy, dtype):
     return _column_sums(dy).to(dtype).to(ctx.bias_dtype)
 
 
+# torch.mm(..., out_dtype=torch.float32) of 16-bit operands (fp32 outputs from the tensor cores)
+# came with torch 2.8; older versions multiply fp32 copies.
+_MM_TAKES_OUT_DTYPE = torch.__version__ >= "2.8"
+
+
 def _dense_product(a, b, out_dtype, accumulate_into=None):
     """a [M, X] @ b [X, N] as an unquantized Linear's GEMM: fp32 accumulation, one rounding to
     out_dtype (or, with accumulate_into, an fp32 [M, N] that receives += the fp32 product). On the
@@ -206,9 +218,9 @@ def _dense_product(a, b, out_dtype, accumulate_into=None):
         if accumulate_into is not None:
             return gemm(a, b.t(), beta=1.0, c=accumulate_into, out=accumulate_into)
         return gemm(a, b.t(), out_dtype=out_dtype)
-    if a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16):
+    if _MM_TAKES_OUT_DTYPE and a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16):
         d = torch.mm(a, b, out_dtype=torch.float32)
-    else:
+    else:  # under torch's float32 matmul precision: TF32 where the caller allowed it
         d = torch.mm(a.float(), b.float())
     if accumulate_into is not None:
         return accumulate_into.add_(d)

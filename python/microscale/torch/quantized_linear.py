@@ -27,7 +27,9 @@ class _LinearFunction(torch.autograd.Function):
                                        None if bias is None else bias.detach(), recipe, training, cached_weight,
                                        weight_grad=weight.requires_grad)
         ctx.context = context
-        ctx.draws_seed = isinstance(recipe, NVFP4BlockScaling) and not recipe.disable_stochastic_rounding
+        # Only a quantized backward rounds stochastically (a backward_override's backward does not).
+        ctx.draws_seed = (isinstance(recipe, NVFP4BlockScaling) and not recipe.disable_stochastic_rounding
+                          and recipe.backward_override is None)
         ctx.weight = weight if fuse_wgrad_accumulation else None  # its main_grad, read in backward
         ctx.weight_dtype = weight.dtype
         ctx.bias_dtype = None if bias is None else bias.dtype
@@ -133,3 +135,9 @@ def init_linear_parameters(weight, bias, init_method=None):
     if bias is not None:
         bound = 1 / math.sqrt(weight.shape[1]) if weight.shape[1] > 0 else 0
         torch.nn.init.uniform_(bias, -bound, bound)
+
+
+def drop_extra_state(state_dict, prefix):
+    """Removes TransformerEngine's `_extra_state` entry (its FP8 metadata; nothing here reads it)
+    from a state dict being loaded, so that TE's modules' state dicts load strictly into ours."""
+    state_dict.pop(prefix + "_extra_state", None)
