@@ -6,10 +6,10 @@ state dicts load."""
 import torch
 
 from .normalization import norm_parameters, normalize, reset_norm_parameters
-from .quantized_linear import WeightCache, drop_extra_state, init_linear_parameters, quantized_linear, returned_bias
+from .quantized_linear import QuantizedModule, WeightCache, init_linear_parameters, quantized_linear, te_outputs
 
 
-class LayerNormLinear(torch.nn.Module):
+class LayerNormLinear(QuantizedModule):
     """LayerNorm or RMSNorm over the last dim of x [..., in_features], then the quantized Linear
     (microscale.torch.Linear's numerics, weight cache and arguments). ``return_layernorm_output``:
     forward also returns the normalization's output (x's dtype); with ``return_bias`` the bias is
@@ -47,13 +47,7 @@ class LayerNormLinear(torch.nn.Module):
         y = quantized_linear(ln_out, self.weight, None if self.return_bias else self.bias, self._weight_cache,
                              is_first_microbatch=is_first_microbatch,
                              fuse_wgrad_accumulation=self.fuse_wgrad_accumulation)
-        outputs = (y,) + ((returned_bias(self.bias, x),) if self.return_bias else ()) + (
-            (ln_out,) if self.return_layernorm_output else ())
-        return outputs if len(outputs) > 1 else y
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        drop_extra_state(state_dict, prefix)  # a TransformerEngine module's state dict loads strictly
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        return te_outputs(y, x, self.bias, ln_out, self.return_bias, self.return_layernorm_output)
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

@@ -8,10 +8,10 @@ import torch
 
 from .activations import activate, is_gated
 from .normalization import norm_parameters, normalize, reset_norm_parameters
-from .quantized_linear import WeightCache, drop_extra_state, init_linear_parameters, quantized_linear, returned_bias
+from .quantized_linear import QuantizedModule, WeightCache, init_linear_parameters, quantized_linear, te_outputs
 
 
-class LayerNormMLP(torch.nn.Module):
+class LayerNormMLP(QuantizedModule):
     """LayerNorm or RMSNorm over the last dim of x [..., hidden_size], FC1 [hidden_size ->
     ffn_hidden_size, twice that for a gated activation], the activation, FC2 [ffn_hidden_size ->
     hidden_size]. FC1's weight is initialised by ``init_method``, FC2's by
@@ -63,13 +63,7 @@ class LayerNormMLP(torch.nn.Module):
                           self.activation)
         y = quantized_linear(hidden, self.fc2_weight, None if self.return_bias else self.fc2_bias, self._fc2_cache,
                              **options)
-        outputs = (y,) + ((returned_bias(self.fc2_bias, x),) if self.return_bias else ()) + (
-            (ln_out,) if self.return_layernorm_output else ())
-        return outputs if len(outputs) > 1 else y
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        drop_extra_state(state_dict, prefix)  # a TransformerEngine module's state dict loads strictly
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        return te_outputs(y, x, self.fc2_bias, ln_out, self.return_bias, self.return_layernorm_output)
 
     def extra_repr(self):
         return (f"hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "

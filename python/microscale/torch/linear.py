@@ -18,10 +18,10 @@ fuse_wgrad_accumulation (TransformerEngine's argument) dW is added into weight.m
 
 import torch
 
-from .quantized_linear import WeightCache, drop_extra_state, init_linear_parameters, quantized_linear, returned_bias
+from .quantized_linear import QuantizedModule, WeightCache, init_linear_parameters, quantized_linear, te_outputs
 
 
-class Linear(torch.nn.Module):
+class Linear(QuantizedModule):
     """y = x W^T + b, quantized under microscale.torch.autocast (x float32, bfloat16 or float16
     [..., in_features], on the CPU or, with the CUDA backend, on the parameters' CUDA device).
     Parameters shaped and initialised as torch.nn.Linear's: weight [out_features, in_features],
@@ -75,7 +75,7 @@ class Linear(torch.nn.Module):
         y = quantized_linear(x, self.weight, None if self.return_bias else self.bias, self._weight_cache,
                              is_first_microbatch=is_first_microbatch,
                              fuse_wgrad_accumulation=self.fuse_wgrad_accumulation)
-        return (y, returned_bias(self.bias, x)) if self.return_bias else y
+        return te_outputs(y, x, self.bias, None, self.return_bias, False)
 
     @property
     def weight_quantizations(self):
@@ -85,10 +85,6 @@ class Linear(torch.nn.Module):
     @property
     def _cached_weight(self):
         return self._weight_cache.quantized
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        drop_extra_state(state_dict, prefix)  # a TransformerEngine module's state dict loads strictly
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self):
         extra = "".join(f", {name}=True" for name in ("return_bias", "fuse_wgrad_accumulation") if getattr(self, name))

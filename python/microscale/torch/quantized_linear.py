@@ -137,7 +137,19 @@ def init_linear_parameters(weight, bias, init_method=None):
         torch.nn.init.uniform_(bias, -bound, bound)
 
 
-def drop_extra_state(state_dict, prefix):
-    """Removes TransformerEngine's `_extra_state` entry (its FP8 metadata; nothing here reads it)
-    from a state dict being loaded, so that TE's modules' state dicts load strictly into ours."""
-    state_dict.pop(prefix + "_extra_state", None)
+
+def te_outputs(y, x, bias, ln_out, return_bias, return_layernorm_output):
+    """A layer's outputs in TransformerEngine's order: y; then, with return_bias, the bias left out
+    of y (returned_bias); then, with return_layernorm_output, the normalization's output. y alone
+    when neither is asked for."""
+    outputs = (y,) + ((returned_bias(bias, x),) if return_bias else ()) + ((ln_out,) if return_layernorm_output else ())
+    return outputs if len(outputs) > 1 else y
+
+
+class QuantizedModule(torch.nn.Module):
+    """The base of this package's layers: a TransformerEngine module's state dict loads into them
+    strictly, its `_extra_state` entry (TE's FP8 metadata; nothing here reads it) dropped."""
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        state_dict.pop(prefix + "_extra_state", None)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
