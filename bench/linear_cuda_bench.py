@@ -15,7 +15,10 @@ per-call cost included), as the median over several runs of back-to-back steps:
 Forward-only times (under torch.no_grad) are printed beside. Then each candidate's step captured
 whole into a CUDA graph (torch.cuda.graph, after warm-up steps on a side stream) and replayed: the
 step without the host's per-call cost, beside torch's BF16 step captured the same way (the
-baseline a user of CUDA graphs has). Writes JSON.
+baseline a user of CUDA graphs has). Then each layer compiled whole by torch.compile
+(fullgraph=True), with the default mode and with mode="reduce-overhead" (inductor's CUDA graphs),
+beside torch's BF16 layer compiled the same way; compiled, the quantized layer quantizes its
+weight on every step (eagerly and in torch.cuda.graph captures the cache keeps it). Writes JSON.
 Usage: python3 bench/linear_cuda_bench.py [OUT.json] (torch with CUDA, microscale built with it)
 """
 
@@ -71,21 +74,28 @@ def candidates(m, k, n):
     quantized = mst.Linear(k, n, params_dtype=torch.bfloat16, device=dev)
     quantized.load_state_dict(reference.state_dict())
 
-    def run(layer, recipe, train):
+    def run(layer, recipe, train, compiled=None):
+        """A step of `layer`; compiled: None (eager) or torch.compile's mode ("default",
+        "reduce-overhead"), the layer compiled whole."""
+        module = layer if compiled is None else torch.compile(layer, fullgraph=True, mode=compiled)
+
         def step():
+            if compiled == "reduce-overhead":  # a new step: the CUDA graphs' outputs may be reused
+                torch.compiler.cudagraph_mark_step_begin()
             if train:
                 layer.zero_grad(set_to_none=True)
                 x.grad = None
             with mst.autocast(enabled=recipe is not None, recipe=recipe), torch.set_grad_enabled(train):
-                y = layer(x)
+                y = module(x)
                 if train:
                     y.backward(dy)
         return step
 
+    nvfp4, mxfp8 = NVFP4BlockScaling(), MXFP8BlockScaling()  # made once: compiled code guards on them
     return {
-        "torch BF16": lambda train: run(reference, None, train),
-        "microscale NVFP4": lambda train: run(quantized, NVFP4BlockScaling(), train),
-        "microscale MXFP8": lambda train: run(quantized, MXFP8BlockScaling(), train),
+        "torch BF16": lambda train, compiled=None: run(reference, None, train, compiled),
+        "microscale NVFP4": lambda train, compiled=None: run(quantized, nvfp4, train, compiled),
+        "microscale MXFP8": lambda train, compiled=None: run(quantized, mxfp8, train, compiled),
     }
 
 
@@ -100,9 +110,16 @@ def main():
             replay = graphed(make(True))
             graph_step = per_step_ms(replay, steps)
             del replay  # the graph and its memory pool
+            compiled = {}
+            for mode in ("default", "reduce-overhead"):
+                torch._dynamo.reset()
+                compiled[mode] = per_step_ms(make(True, mode), steps)
+            torch._dynamo.reset()
             rows.append(dict(m=m, k=k, n=n, candidate=name, forward_ms=fwd, step_ms=step,
                              step_tflops=3 * 2 * m * k * n / step / 1e9, graph_step_ms=graph_step,
-                             graph_step_tflops=3 * 2 * m * k * n / graph_step / 1e9))
+                             graph_step_tflops=3 * 2 * m * k * n / graph_step / 1e9,
+                             compiled_step_ms=compiled["default"],
+                             compiled_reduce_overhead_step_ms=compiled["reduce-overhead"]))
         torch.cuda.empty_cache()
     print(f"{'M x K x N':>20} {'candidate':>18} {'forward ms':>11} {'step ms':>9} {'TFLOP/s':>8} {'step vs BF16':>13}"
           f" {'graph step ms':>14} {'TFLOP/s':>8} {'vs BF16 graph':>14}")
@@ -113,6 +130,16 @@ def main():
               f"{r['step_ms']:>9.3f} {r['step_tflops']:>8.1f} {base['step_ms'] / r['step_ms']:>12.2f}x"
               f" {r['graph_step_ms']:>14.3f} {r['graph_step_tflops']:>8.1f}"
               f" {base['graph_step_ms'] / r['graph_step_ms']:>13.2f}x")
+    print()
+    print(f"{'M x K x N':>20} {'candidate':>18} {'compiled ms':>12} {'vs BF16 compiled':>17}"
+          f" {'reduce-overhead ms':>19} {'vs BF16 same':>13}")
+    for r in rows:
+        base = next(b for b in rows if (b["m"], b["k"], b["n"]) == (r["m"], r["k"], r["n"])
+                    and b["candidate"] == "torch BF16")
+        print(f"{r['m']:>6} x {r['k']:>5} x {r['n']:>5} {r['candidate']:>18} {r['compiled_step_ms']:>12.3f}"
+              f" {base['compiled_step_ms'] / r['compiled_step_ms']:>16.2f}x"
+              f" {r['compiled_reduce_overhead_step_ms']:>19.3f}"
+              f" {base['compiled_reduce_overhead_step_ms'] / r['compiled_reduce_overhead_step_ms']:>12.2f}x")
     if out_path:
         with open(out_path, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), f, indent=1)

@@ -257,6 +257,10 @@ def test_column_sums_on_cuda(dtype, rows, cols):
             err = (out.cpu().double() - want).abs()
             order = x.double().abs().sum(0) * rows * 2.0**-52  # float64 sums in two orders
             assert bool((err <= want.abs() * 2.0**-23 + order).all())
+    # The op a traced Linear records (microscale::column_sums): the kernel's bytes.
+    from microscale.torch.column_sums import _column_sums_op, column_sums
+    torch.library.opcheck(_column_sums_op, (x.cuda(),))
+    assert torch.equal(torch.compile(column_sums, backend="aot_eager", fullgraph=True)(x.cuda()), column_sums(x.cuda()))
     with pytest.raises(ms.Error):
         ms._C.column_sums_cuda(x.cuda(), torch.empty(cols, device="cuda", dtype=torch.float16), 0)
     with pytest.raises(ms.Error, match="columns"):
@@ -368,22 +372,57 @@ def test_gemm_op_on_cuda_passes_opcheck_and_compiles_in_one_graph():
                                                                                                            backend)
 
 
-def test_linear_on_cuda_inside_torch_compile():
+def _compiled_step_outputs(model, x, dy, recipe, forward):
+    """y, dx and every parameter's gradient of one step through forward(t) (the model, eager or
+    compiled) under recipe's scope."""
+    x = x.detach().clone().requires_grad_()
+    model.zero_grad(set_to_none=True)
+    with mst.autocast(recipe=recipe):
+        y = forward(x)
+    y.backward(dy)
+    return [y.detach().clone(), x.grad] + [p.grad for p in model.parameters()]
+
+
+@pytest.mark.parametrize("recipe_name", sorted(LINEAR_RECIPES))
+def test_linear_on_cuda_traced_whole_by_torch_compile(recipe_name, monkeypatch):
+    # fullgraph=True: the layers are in the model's graph (one graph; the weight quantized in it).
+    # One known seed for the gradient's stochastic rounding on both sides, a CUDA tensor (under
+    # torch.compile the layer draws it on the device, inside the graph).
+    recipe = LINEAR_RECIPES[recipe_name]()
+    import microscale.torch.linear_composed as composed
+    monkeypatch.setattr(composed, "_gradient_seed",
+                        lambda device: torch.full((1,), 31, dtype=torch.int64, device=device))
     torch.manual_seed(13)
-    model = torch.nn.Sequential(mst.Linear(256, 256), torch.nn.ReLU(), mst.Linear(256, 128)).cuda()
-    x = torch.randn(128, 256, device="cuda", requires_grad=True)
+    model = torch.nn.Sequential(mst.Linear(256, 256), torch.nn.ReLU(), mst.Linear(256, 128)).cuda().to(torch.bfloat16)
+    x = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(512, 128, device="cuda", dtype=torch.bfloat16)
+    want = _compiled_step_outputs(model, x, dy, recipe, model)
+    for options in (dict(backend="aot_eager"), dict(backend="inductor"), dict(mode="reduce-overhead")):
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, **options)
+        for _ in range(3):  # reduce-overhead: records, then replays its CUDA graphs
+            torch.compiler.cudagraph_mark_step_begin()
+            got = _compiled_step_outputs(model, x, dy, recipe, compiled)
+            for n, (a, b) in enumerate(zip(got, want)):
+                assert torch.equal(a, b), (options, n)
+    torch._dynamo.reset()
 
-    def step(module):
-        x.grad = None
-        model.zero_grad()
-        with mst.autocast(recipe=MXFP8BlockScaling()):
-            y = module(x)
-        y.square().sum().backward()
-        return y.detach(), x.grad.clone(), model[0].weight.grad.clone()
 
-    want = step(model)
-    got = step(torch.compile(model))
-    assert all(torch.equal(a, b) for a, b in zip(got, want))
+def test_traced_nvfp4_step_draws_its_seed_from_the_cuda_generator():
+    torch.manual_seed(14)
+    model = mst.Linear(256, 128, device="cuda", params_dtype=torch.bfloat16)
+    x = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(512, 128, device="cuda", dtype=torch.bfloat16)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    runs = []
+    for cuda_seed in (3, None, 3):  # None: the generator goes on
+        if cuda_seed is not None:
+            torch.cuda.manual_seed(cuda_seed)
+        runs.append(_compiled_step_outputs(model, x, dy, NVFP4BlockScaling(), compiled))
+    assert torch.equal(runs[0][0], runs[1][0])  # y: no stochastic rounding in the forward
+    assert not torch.equal(runs[0][1], runs[1][1]) and not torch.equal(runs[0][2], runs[1][2])  # dx, dW
+    assert all(torch.equal(a, b) for a, b in zip(runs[0], runs[2]))  # torch.cuda.manual_seed repeats a step
+    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("recipe_name", ["nvfp4", "mxfp8", "nvfp4_backward_high_precision", "mxfp8_backward_dequantized"])

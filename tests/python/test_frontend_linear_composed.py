@@ -14,6 +14,7 @@ from microscale.torch.gemm import _emulated_operand, _gemm_emulated
 from microscale.torch.quantized_linear import _LinearFunction
 from microscale.torch import linear_composed
 from microscale.torch.linear_composed import ComposedLinearFunction, quantize_for
+from microscale.torch.linear_plan import linear_plan
 
 RECIPES = {  # made in the test: recipe objects held by pytest's parametrization outlive the module
     "nvfp4": lambda: NVFP4BlockScaling(),
@@ -32,7 +33,7 @@ def run_layer(function, cached_weight, recipe, x, weight, bias, dy, seed):
     x = x.detach().requires_grad_()
     weight = weight.detach().requires_grad_()
     bias = bias.detach().requires_grad_()
-    y = function.apply(x, weight, bias, recipe, cached_weight, True, False)
+    y = function.apply(x, weight, bias, linear_plan(recipe), cached_weight, True, False)
     torch.manual_seed(seed)  # the stochastic rounding's seed comes from torch's generator
     y.backward(dy)
     return y.detach(), x.grad, weight.grad, bias.grad
@@ -71,7 +72,7 @@ def test_composed_linear_skips_what_no_one_asked_for_and_runs_once(monkeypatch):
     calls = []
     real_gemm = linear_composed.gemm
     monkeypatch.setattr(linear_composed, "gemm", lambda *a, **k: calls.append(k) or real_gemm(*a, **k))
-    y = ComposedLinearFunction.apply(x, weight, None, recipe, wq, True, False)
+    y = ComposedLinearFunction.apply(x, weight, None, linear_plan(recipe), wq, True, False)
     (dx,) = torch.autograd.grad(y.sum(), x, retain_graph=True)
     assert dx.shape == x.shape
     assert len(calls) == 2  # fprop and dgrad
@@ -79,7 +80,7 @@ def test_composed_linear_skips_what_no_one_asked_for_and_runs_once(monkeypatch):
     with pytest.raises(RuntimeError, match="kept no context"):
         torch.autograd.grad(y.sum(), x)
     with pytest.raises(ms.Error, match="K = 32"):
-        ComposedLinearFunction.apply(torch.randn(32, 32), weight, None, recipe, wq, False, False)
+        ComposedLinearFunction.apply(torch.randn(32, 32), weight, None, linear_plan(recipe), wq, False, False)
 
 
 def quantized(scheme, rows, cols, seed):
@@ -138,7 +139,7 @@ def test_a_frozen_weight_gets_no_gradient_and_the_same_dx(function, recipe_name)
     cached = ms._C.quantize(weight, options, False) if function is _LinearFunction else quantize_for(weight, options)
     want = run_layer(function, cached, recipe, x, weight, bias, dy, 9)
     xg, bg = x.clone().requires_grad_(), bias.clone().requires_grad_()
-    y = function.apply(xg, weight.clone(), bg, recipe, cached, True, False)  # the weight does not require grad
+    y = function.apply(xg, weight.clone(), bg, linear_plan(recipe), cached, True, False)  # the weight does not require grad
     torch.manual_seed(9)
     y.backward(dy)
     assert torch.equal(y.detach(), want[0]) and torch.equal(xg.grad, want[1]) and torch.equal(bg.grad, want[3])
@@ -158,7 +159,7 @@ def test_a_frozen_weight_quantizes_no_x_columnwise(monkeypatch):
     for function, cached in ((_LinearFunction, ms._C.quantize(weight, options, False)),
                              (ComposedLinearFunction, quantize_for(weight, options))):
         seen.clear()
-        function.apply(x.clone().requires_grad_(), weight, bias, recipe, cached, True, False)
+        function.apply(x.clone().requires_grad_(), weight, bias, linear_plan(recipe), cached, True, False)
         assert seen == [False], function.__name__  # weight_grad=False / columnwise=False for x
 
 
@@ -174,20 +175,20 @@ def test_fuse_wgrad_accumulation_adds_into_main_grad(function):
     w = weight.clone().requires_grad_()
     w.main_grad = torch.zeros_like(weight)
     for s in (1, 2):
-        y = function.apply(x * s, w, None, recipe, cached, True, True)
+        y = function.apply(x * s, w, None, linear_plan(recipe), cached, True, True)
         torch.manual_seed(9 + s)
         y.backward(dy)
     assert torch.equal(w.main_grad, dws[0] + dws[1]) and w.grad is None
     # Megatron-LM's attributes: the flag is set and weight.grad is a placeholder (zeros if asked).
     w.grad_added_to_main_grad, w.zero_out_wgrad = False, True
-    function.apply(x, w, None, recipe, cached, True, True).backward(dy)
+    function.apply(x, w, None, linear_plan(recipe), cached, True, True).backward(dy)
     assert w.grad_added_to_main_grad and torch.equal(w.grad, torch.zeros_like(weight))
     for main_grad, match in ((None, "does not have"), (torch.zeros(64, 96, dtype=torch.bfloat16), "must be float32")):
         w2 = weight.clone().requires_grad_()
         if main_grad is not None:
             w2.main_grad = main_grad
         with pytest.raises(ms.Error, match=match):
-            function.apply(x, w2, None, recipe, cached, True, True).backward(dy)
+            function.apply(x, w2, None, linear_plan(recipe), cached, True, True).backward(dy)
 
 
 def test_linear_module_frozen_and_fused():
@@ -224,7 +225,7 @@ def test_composed_linear_keeps_its_operands_where_checkpointing_and_offloading_s
 
     def grads(wrap):
         xg, wg, bg = (t.detach().clone().requires_grad_() for t in (x, weight, bias))
-        y = wrap(lambda t: ComposedLinearFunction.apply(t, wg, bg, recipe, wq, True, False), xg)
+        y = wrap(lambda t: ComposedLinearFunction.apply(t, wg, bg, linear_plan(recipe), wq, True, False), xg)
         torch.manual_seed(9)  # the gradient's stochastic rounding
         y.backward(dy)
         return [y.detach(), xg.grad, wg.grad, bg.grad]

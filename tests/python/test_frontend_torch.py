@@ -64,15 +64,27 @@ def test_op_errors_are_microscale_errors():
         mst.dequantize(q, "columnwise")
 
 
-def test_a_seed_tensor_is_for_cuda_and_eager_calls():
+def test_a_seed_tensor_gives_the_bytes_of_its_value_eagerly_and_traced():
     x = torch.randn(32, 64, dtype=torch.bfloat16)
-    seed = torch.tensor([7], dtype=torch.int64)
-    with pytest.raises(ms.Error, match="on the CPU pass the seed as an int"):
-        mst.quantize(x, columnwise=True, sr_seed=seed)
-    compiled = torch.compile(lambda t: mst.quantize(t, sr_seed=seed).rowwise_data, backend="aot_eager",
-                             fullgraph=True)
-    with pytest.raises(Exception, match="under torch.compile pass the seed as an int"):
-        compiled(x)
+    parts = ("rowwise_data", "rowwise_scale", "columnwise_data", "columnwise_scale")
+
+    def quantized(seed):
+        q = mst.quantize(x, columnwise=True, rht=True, sr_seed=seed)
+        return [getattr(q, name) for name in parts]
+
+    # Bits as an unsigned 64-bit integer: -1 is 2^64 - 1.
+    for value, as_int in ((7, 7), (-1, 2**64 - 1)):
+        want = quantized(as_int)
+        assert all(torch.equal(a, b) for a, b in zip(quantized(torch.tensor([value], dtype=torch.int64)), want))
+    # Traced, a seed tensor is an input of the graph: each call reads what it holds then.
+    compiled = torch.compile(quantized, backend="aot_eager", fullgraph=True)
+    for value in (7, 8):
+        got = compiled(torch.tensor([value], dtype=torch.int64))
+        assert all(torch.equal(a, b) for a, b in zip(got, quantized(value))), value
+    assert not torch.equal(quantized(7)[0], quantized(8)[0])  # the seeds give other bytes
+    for bad in (torch.tensor([7], dtype=torch.int32), torch.tensor([7, 8]), torch.tensor(7.0)):
+        with pytest.raises(ms.Error, match="a seed tensor must be int64 with one element"):
+            quantized(bad)
 
 
 def dequantized(x, options, usage):
@@ -252,51 +264,28 @@ def test_linear_bf16_activations_and_errors():
             assert layer(torch.randn(16, 64)).shape == (16, 32)  # inference keeps no context
 
 
-def test_quantize_and_dequantize_ops_pass_opcheck():
+def test_the_ops_pass_opcheck():
     # torch.library's own checks of the registrations: schema, fake tensors against the real
     # outputs, AOT dispatch with dynamic shapes.
+    from microscale.torch.column_sums import _column_sums_op
     from microscale.torch.ops import _dequantize_op, _quantize_op
 
+    for dtype in (torch.float32, torch.bfloat16):
+        torch.library.opcheck(_column_sums_op, (torch.randn(48, 40).to(dtype),))
+
     x = torch.randn(32, 64, dtype=torch.bfloat16)
-    torch.library.opcheck(_quantize_op, (x, "nvfp4", True, True, "rceil", "1x16", True, None, 0, None, None, False))
+    torch.library.opcheck(_quantize_op, (x, "nvfp4", True, True, "rceil", "1x16", True, None, 0, None, None, False,
+                                         None))
     torch.library.opcheck(_quantize_op, (x, "mxfp8_e4m3", True, True, "floor", "1x16", False, None, 0, None, None,
-                                         True))
+                                         True, None))
+    seed = torch.tensor([7], dtype=torch.int64)  # stochastic rounding's seed as a tensor
+    torch.library.opcheck(_quantize_op, (x, "nvfp4", True, True, "rceil", "1x16", True, 0, 0, None, None, False,
+                                         seed))
     q = mst.quantize(x, "nvfp4", columnwise=True)
     o = q.options
     torch.library.opcheck(_dequantize_op, (q.rowwise_data, q.rowwise_scale, q.columnwise_data, q.columnwise_scale,
                                            q.amax, list(q.shape), o.scheme, o.rowwise, o.columnwise, o.scale_mode,
                                            o.tile, o.rht, o.swizzle, "columnwise", torch.bfloat16))
-
-
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_linear_inside_torch_compile(backend):
-    # The layer runs eagerly inside a compiled model (a graph break on each side, as
-    # TransformerEngine's modules): the same outputs and gradients as eager, under a scope entered
-    # inside or outside the compiled code, and each call follows the scope it runs in.
-    torch.manual_seed(9)
-    model = torch.nn.Sequential(mst.Linear(64, 64), torch.nn.ReLU(), mst.Linear(64, 32))
-    compiled_model = torch.compile(model, backend=backend)
-    x = torch.randn(32, 64, requires_grad=True)
-
-    def step(module, t):
-        with mst.autocast(recipe=MXFP8BlockScaling()):
-            return module(t)
-
-    def run(fn):
-        x.grad = None
-        model.zero_grad()
-        y = fn(x)
-        y.square().sum().backward()
-        return y.detach(), x.grad.clone(), model[0].weight.grad.clone()
-
-    want = run(lambda t: step(model, t))
-    compiled_step = torch.compile(lambda t: step(model, t), backend=backend)
-    for got in (run(compiled_step), run(lambda t: step(compiled_model, t))):
-        assert all(torch.equal(g, w) for g, w in zip(got, want))
-    with torch.no_grad():
-        high = compiled_model(x)  # outside any scope: high precision, as eager
-        assert torch.equal(high, model(x)) and not torch.equal(high, want[0])
-        assert torch.equal(step(compiled_model, x), want[0])
 
 
 def test_convert_linears_swaps_in_place_over_the_same_parameters():

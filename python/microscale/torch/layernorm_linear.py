@@ -40,7 +40,6 @@ class LayerNormLinear(QuantizedModule):
     def weight_quantizations(self):
         return self._weight_cache.quantizations
 
-    @torch.compiler.disable  # as microscale.torch.Linear's forward (see there)
     def forward(self, x, is_first_microbatch=None):
         ln_out = normalize(x, self.normalization, self.layer_norm_weight, self.layer_norm_bias, self.eps,
                            self.zero_centered_gamma)

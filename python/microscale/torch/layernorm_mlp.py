@@ -54,7 +54,6 @@ class LayerNormMLP(QuantizedModule):
         """How many times FC1's and FC2's weights were quantized, together."""
         return self._fc1_cache.quantizations + self._fc2_cache.quantizations
 
-    @torch.compiler.disable  # as microscale.torch.Linear's forward (see there)
     def forward(self, x, is_first_microbatch=None):
         ln_out = normalize(x, self.normalization, self.layer_norm_weight, self.layer_norm_bias, self.eps,
                            self.zero_centered_gamma)

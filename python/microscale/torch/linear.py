@@ -60,18 +60,13 @@ class Linear(QuantizedModule):
     def reset_parameters(self):
         init_linear_parameters(self.weight, self.bias, self.init_method)
 
-    # torch.compile runs the layer eagerly (a graph break on each side), as TransformerEngine's
-    # modules do (its no_torch_dynamo): the recipe comes from thread-local autocast state and the
-    # weight cache from Python attributes, neither of which dynamo can guard, and the recipe and
-    # the CPU path's context are C++ objects it cannot trace (tracing them failed with a
-    # RecursionError). The model's other modules are still compiled.
-    @torch.compiler.disable
     def forward(self, x, is_first_microbatch=None):
         """``is_first_microbatch`` (TransformerEngine's argument): None finds out from the weight's
         version counter and storage whether to quantize it again; True quantizes it (say so after
         writing the weight through ``.data``, which its version counter does not see); False reuses
         the cached quantization (of the same recipe) even if the weight changed. Under CUDA-graph
-        capture (CUDA tensors) the weight is quantized inside the graph whatever it says."""
+        capture (CUDA tensors) and traced by torch.compile the weight is quantized inside the graph,
+        on every call, whatever it says."""
         y = quantized_linear(x, self.weight, None if self.return_bias else self.bias, self._weight_cache,
                              is_first_microbatch=is_first_microbatch,
                              fuse_wgrad_accumulation=self.fuse_wgrad_accumulation)

@@ -18,12 +18,14 @@ import dataclasses
 import torch
 
 from .. import _C
+from .column_sums import column_sums
 from .gemm import gemm
-from .ops import QuantizedTensor, _capsule, _on_device, _stream, dequantize, quantize
+from .ops import QuantizedTensor, dequantize, quantize
 
 
 def quantize_for(x, options, *, rowwise=None, columnwise=None, sr_seed=None):
-    """quantize() of a [rows, cols] CUDA tensor under a recipe's options (_C.quantize_options);
+    """quantize() of a [rows, cols] tensor under one operand's options (a LinearPlan's
+    OperandOptions, or _C.quantize_options' result);
     `rowwise` / `columnwise` override the options' (forward skips X^T when not training). The RHT is
     defined on bf16 (as in TransformerEngine and the CPU layer): under it, f32 / f16 is rounded to
     bf16 first."""
@@ -71,37 +73,24 @@ def _require_same_device(name, t, device):
 
 def _gradient_seed(device):
     """The seed of dy's stochastic rounding (NVFP4). Eagerly, an int from torch's default generator,
-    as the CPU layer draws it (so both give the same bytes after one torch.manual_seed). Under
-    CUDA-graph capture, a seed drawn on the host would be fixed into the graph, the same on every
-    replay: there it is an int64 tensor that torch's CUDA generator fills inside the graph, anew on
-    each replay, and the quantize kernel reads it as it runs."""
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    as the CPU layer draws it (so both give the same bytes after one torch.manual_seed). A seed
+    drawn on the host would be fixed into a CUDA graph (the same on every replay) and into a graph
+    torch.compile traces (a constant): under CUDA-graph capture and under torch.compile it is an
+    int64 tensor on dy's device, drawn by that device's generator within the graph, anew on each
+    call; the quantize kernel reads it as it runs (on the CPU, as the call starts)."""
+    if torch.compiler.is_compiling() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         return torch.randint(0, 2**62, (1,), device=device)
     return int(torch.randint(0, 2**62, (1,)).item())
 
 
-def _column_sums(dy):
-    """dy [M, N]'s sums over its rows in float64, rounded to fp32 [N]. On CUDA the library's
-    kernel (no float64 copy of dy, which torch's reduction makes first: ~120 us of a 4096^3 step);
-    on the CPU torch's float64 sum (the composition's CPU run, checked against the C++ layer)."""
-    if dy.device.type != "cuda":
-        return dy.sum(0, dtype=torch.float64).float()
-    sums = torch.empty(dy.shape[1], dtype=torch.float32, device=dy.device)
-    # Scratch from torch's allocator: the library's own (the stream-ordered pool) cost ~100-150 us
-    # of host time per step on an H200 host (perf.md, forty-first session).
-    workspace = torch.empty(_C.column_sums_workspace_bytes(dy.shape[0], dy.shape[1]), dtype=torch.uint8,
-                            device=dy.device)
-    with _on_device(dy.device):
-        _C.column_sums_cuda(_capsule(dy), _capsule(sums), _stream(dy.device), _capsule(workspace))
-    return sums
-
-
 class ComposedLinearFunction(torch.autograd.Function):
-    """y = x W^T + b under a quantized recipe, on CUDA tensors. `weight_q` is the weight already
-    quantized under the recipe's weight options (both usages; the Linear's cache)."""
+    """y = x W^T + b under a quantized recipe's LinearPlan (linear_plan.py), on CUDA tensors (and
+    on CPU tensors where torch.compile traces the layer). `weight_q` is the weight already
+    quantized under the plan's weight options (both usages; the Linear's cache), or None: forward
+    quantizes it (a traced layer, which keeps no cache)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, recipe, weight_q, training, fuse_wgrad_accumulation):
+    def forward(ctx, x, weight, bias, plan, weight_q, training, fuse_wgrad_accumulation):
         for name, t in (("weight", weight), ("bias", bias)):
             _require_same_device(name, t, x.device)
         k, n = weight.shape[1], weight.shape[0]
@@ -111,11 +100,12 @@ class ComposedLinearFunction(torch.autograd.Function):
         x2 = x.detach().reshape(-1, k)  # [M, K]
         # X^T (through the RHT for NVFP4) feeds the quantized wgrad only: none for a frozen weight or
         # under a backward override.
-        override = recipe.backward_override
-        x_q = quantize_for(x2, _C.quantize_options(recipe, "input"),
-                           columnwise=training and weight.requires_grad and override is None)
+        override = plan.backward_override
+        if weight_q is None:
+            weight_q = quantize_for(weight.detach(), plan.weight)
+        x_q = quantize_for(x2, plan.input, columnwise=training and weight.requires_grad and override is None)
         y = gemm(x_q, weight_q, bias=None if bias is None else bias.detach(), out_dtype=x.dtype)  # [M, N]
-        ctx.recipe, ctx.override = recipe, override
+        ctx.plan, ctx.override = plan, override
         ctx.saved_kinds = None
         # What backward reads, and no more (save_on_cpu would copy the rest too): x only for a
         # weight that wants dW; as given ("high_precision"), its rowwise quantization ("dequantized")
@@ -143,7 +133,7 @@ class ComposedLinearFunction(torch.autograd.Function):
         if ctx.override is not None:
             grad_input, grad_weight = _overridden_backward(ctx, dy, x_q, weight_q)
             return grad_input, grad_weight, _bias_grad(ctx, dy, grad_output.dtype), None, None, None, None
-        options = _C.quantize_options(ctx.recipe, "grad_output")
+        options = ctx.plan.grad_output
         sr_seed = _gradient_seed(dy.device) if options.sr_seed is not None else None
         want_dx, want_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1] and x_q is not None
         grad_input = grad_weight = grad_bias = None
@@ -201,7 +191,7 @@ def _bias_grad(ctx, dy, dtype):
     rule), then the bias's; None where no bias gradient is asked for."""
     if ctx.bias_dtype is None or not ctx.needs_input_grad[2]:
         return None
-    return _column_sums(dy).to(dtype).to(ctx.bias_dtype)
+    return column_sums(dy).to(dtype).to(ctx.bias_dtype)
 
 
 # torch.mm(..., out_dtype=torch.float32) of 16-bit operands (fp32 outputs from the tensor cores)

@@ -113,31 +113,36 @@ def _quantize_op(
     amax_rowwise: Optional[float],
     amax_columnwise: Optional[float],
     swizzle: bool,
+    sr_seed_tensor: Optional[torch.Tensor],
 ) -> List[torch.Tensor]:
+    sr_seed, sr_seed_tensor = _seed_arguments(sr_seed, sr_seed_tensor, x.device)
     # CPU threads: as many as torch's intra-op pool (torch.set_num_threads), as torch's own ops use
     options = _options(scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
                        amax_columnwise, swizzle, torch.get_num_threads())
-    return quantize_parts(x.detach(), options)
+    return quantize_parts(x.detach(), options, sr_seed_tensor)
 
 
-def _seed_bytes(seed, device):
-    """A seed tensor (int64, one element, on x's CUDA device) as the 8 bytes the kernel reads."""
-    if device.type != "cuda":
-        raise _C.Error("microscale.torch.quantize: a seed tensor is read by the CUDA kernels as they run (CUDA "
-                       "graphs); on the CPU pass the seed as an int")
-    if seed.dtype != torch.int64 or seed.numel() != 1 or seed.device != device:
+def _seed_arguments(sr_seed, seed_tensor, device):
+    """(sr_seed, seed_tensor) as quantize_parts takes them: a seed tensor (int64 [1] on x's device)
+    stays a tensor on CUDA, where the kernel reads it as it runs; on the CPU its value becomes the
+    int seed (its bits as an unsigned 64-bit integer, as the CUDA kernel reads them)."""
+    if seed_tensor is None:
+        return sr_seed, None
+    if seed_tensor.dtype != torch.int64 or seed_tensor.numel() != 1 or seed_tensor.device != device:
         raise _C.Error(f"microscale.torch.quantize: a seed tensor must be int64 with one element on {device}, got "
-                       f"{seed.dtype} {list(seed.shape)} on {seed.device}")
-    return seed.detach().reshape(1).view(torch.uint8)  # [8]
+                       f"{seed_tensor.dtype} {list(seed_tensor.shape)} on {seed_tensor.device}")
+    if device.type == "cuda":
+        return sr_seed, seed_tensor
+    return int(seed_tensor.item()) % 2**64, None
 
 
 def quantize_parts(x, options, sr_seed_tensor=None):
     """The quantize op's body, without the op's dispatch (what eager quantize() calls):
     [rowwise_data, rowwise_scale, columnwise_data, columnwise_scale, amax], empty tensors for the
-    parts not asked for. sr_seed_tensor: stochastic rounding's seed read on the device (int64
-    [1] on x's CUDA device) in place of the options' seed."""
+    parts not asked for. sr_seed_tensor: stochastic rounding's seed read on the device as the
+    kernel runs (int64 [1] on x's CUDA device; _seed_arguments), in place of the options' seed."""
     scheme = options.scheme
-    seed_bytes = None if sr_seed_tensor is None else _seed_bytes(sr_seed_tensor, x.device)
+    seed_bytes = None if sr_seed_tensor is None else sr_seed_tensor.detach().reshape(1).view(torch.uint8)  # [8]
     if x.device.type == "cpu":
         q = _C.quantize(x, options, False)
         parts = [q.rowwise_data, q.rowwise_scale, q.columnwise_data, q.columnwise_scale]
@@ -162,7 +167,7 @@ def quantize_parts(x, options, sr_seed_tensor=None):
 
 @_quantize_op.register_fake
 def _(x, *option_args):
-    shapes = _C.quantized_shapes(list(x.shape), _options(*option_args))
+    shapes = _C.quantized_shapes(list(x.shape), _options(*option_args[:-1]))  # the seed tensor left out
     outs = [x.new_empty(shapes[n] or [0], dtype=torch.uint8) for n in _PARTS]
     return outs + [x.new_empty(2, dtype=torch.float32)]
 
@@ -173,25 +178,25 @@ def quantize(x, scheme="nvfp4", *, rowwise=True, columnwise=False, scale_mode="r
     num_threads, which is torch.get_num_threads(), and reference).
     Returns a QuantizedTensor of uint8 tensors on x's device (CPU, or CUDA with the CUDA backend).
 
-    sr_seed may also be an int64 tensor of one element on x's CUDA device: the kernel reads it as it
-    runs, so a call captured into a CUDA graph takes, on each replay, the seed the graph's earlier
-    work left there (e.g. ``torch.randint(..., device="cuda")``, which torch's CUDA generator draws
-    anew per replay). Same bytes as the seed passed as an int (its bits as an unsigned 64-bit
-    integer). Eager calls only: torch.compile takes int seeds."""
+    sr_seed may also be an int64 tensor of one element on x's device: on CUDA the kernel reads it as
+    it runs, so a call captured into a CUDA graph takes, on each replay, the seed the graph's
+    earlier work left there (e.g. ``torch.randint(..., device="cuda")``, which torch's CUDA
+    generator draws anew per replay). Same bytes as the seed passed as an int (its bits as an
+    unsigned 64-bit integer). Under torch.compile an int seed is a constant of the graph, the
+    same on every call: a seed drawn per call must be a tensor."""
     # Quantization has no gradient (the Linear's autograd function carries them): detached, the
     # float amax output does not claim one either.
     seed_tensor = sr_seed if isinstance(sr_seed, torch.Tensor) else None
     if seed_tensor is not None:
-        sr_seed = 0  # stochastic rounding on; the kernel reads the seed from seed_tensor
-    args = (scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise, amax_columnwise,
-            swizzle)
-    if torch.compiler.is_compiling():
-        if seed_tensor is not None:
-            raise _C.Error("microscale.torch.quantize: a seed tensor is for eager calls (and CUDA graphs of them); "
-                           "under torch.compile pass the seed as an int")
-        parts = _quantize_op(x.detach(), *args)
+        sr_seed = 0  # stochastic rounding on; the seed is read from seed_tensor
+    if torch.compiler.is_compiling():  # the op's body reads the seed tensor as the eager call below
+        parts = _quantize_op(x.detach(), scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset,
+                             amax_rowwise, amax_columnwise, swizzle, seed_tensor)
     else:
-        parts = quantize_parts(x.detach(), _options(*args, torch.get_num_threads()), seed_tensor)
+        sr_seed, seed_tensor = _seed_arguments(sr_seed, seed_tensor, x.device)
+        options = _options(scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
+                           amax_columnwise, swizzle, torch.get_num_threads())
+        parts = quantize_parts(x.detach(), options, seed_tensor)
     return quantized_tensor(parts, tuple(x.shape), QuantizeSpec(scheme, rowwise, columnwise, scale_mode, tile, rht,
                                                                 swizzle))
 

@@ -1,16 +1,25 @@
 """The quantized Linear as a function of its tensors, for every layer of this package that holds
 one (Linear, LayerNormLinear, LayerNormMLP): y = x W^T (+ b) under the autocast scope's recipe,
 the weight's quantization kept in a WeightCache, forward and backward through the C++ layer (CPU
-tensors) or linear_composed.py (CUDA tensors)."""
+tensors) or linear_composed.py (CUDA tensors).
+
+Traced by torch.compile, the layer is linear_composed.py's autograd function on either device,
+its quantize, gemm and column-sum calls the library's ops, so that dynamo records the layer whole
+in the model's graph (fullgraph=True works). There the weight is quantized inside the graph on
+every call (a traced function keeps no cache: the weight cache's checks read Python state that
+the graph could not guard), and fuse_wgrad_accumulation, whose backward writes weight.main_grad
+in place, runs the layer eagerly (a graph break on each side)."""
 
 import math
 
 import torch
 
 from .. import _C
-from ..recipe import HighPrecision, NVFP4BlockScaling
-from .autocast import autocast_enabled, current_recipe
+from .autocast import current_plan
 from .linear_composed import NO_CONTEXT, ComposedLinearFunction, main_grad_of, quantize_for, wgrad_result
+
+# Read once: under torch.compile a call into the C++ module would be a graph break.
+_CUDA_BUILT = _C.cuda_built()
 
 
 def _tensor(array):
@@ -21,15 +30,14 @@ class _LinearFunction(torch.autograd.Function):
     """The layer on CPU tensors: the C++ linear_forward / linear_backward (docs/training.md)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, recipe, cached_weight, training, fuse_wgrad_accumulation):
+    def forward(ctx, x, weight, bias, plan, cached_weight, training, fuse_wgrad_accumulation):
         # contiguous: the library folds x to [M, K] in place only where its strides allow
         y, context = _C.linear_forward(x.detach().contiguous(), weight.detach(),
-                                       None if bias is None else bias.detach(), recipe, training, cached_weight,
+                                       None if bias is None else bias.detach(), plan.recipe, training, cached_weight,
                                        weight_grad=weight.requires_grad)
         ctx.context = context
         # Only a quantized backward rounds stochastically (a backward_override's backward does not).
-        ctx.draws_seed = (isinstance(recipe, NVFP4BlockScaling) and not recipe.disable_stochastic_rounding
-                          and recipe.backward_override is None)
+        ctx.draws_seed = plan.grad_output.sr_seed is not None and plan.backward_override is None
         ctx.weight = weight if fuse_wgrad_accumulation else None  # its main_grad, read in backward
         ctx.weight_dtype = weight.dtype
         ctx.bias_dtype = None if bias is None else bias.dtype
@@ -70,24 +78,24 @@ class WeightCache:
         self.quantized = None  # a torch-level QuantizedTensor (CUDA) or the C++ one (CPU)
         self.quantizations = 0  # how many times the weight was quantized (the cache's tests)
 
-    def get(self, weight, recipe, is_first_microbatch):
-        """The weight quantized under `recipe` (both usages). is_first_microbatch: see Linear.forward."""
+    def get(self, weight, plan, is_first_microbatch):
+        """The weight quantized under `plan` (a LinearPlan; both usages). is_first_microbatch: see
+        Linear.forward."""
         if weight.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             # Captured into a CUDA graph: the weight is quantized inside the graph, so that each replay
             # quantizes what the weight holds then (an optimizer step between replays writes it in
             # place, unseen by any check made at capture). Not cached: the graph owns that memory, and
             # a cached quantization captured as a constant would be stale, or freed, later.
             self.quantizations += 1
-            return quantize_for(weight.detach(), _C.quantize_options(recipe, "weight"))
-        key = (weight._version, weight.data_ptr(), tuple(weight.shape), weight.dtype, weight.device, repr(recipe))
+            return quantize_for(weight.detach(), plan.weight)
+        key = (weight._version, weight.data_ptr(), tuple(weight.shape), weight.dtype, weight.device, plan)
         # Another shape, dtype, device or recipe needs a new quantization whatever the caller says.
         unusable = self.key is None or self.key[2:] != key[2:]
         if is_first_microbatch or unusable or (is_first_microbatch is None and key != self.key):
-            options = _C.quantize_options(recipe, "weight")
             if weight.device.type == "cuda":  # a torch-level QuantizedTensor on the weight's device
-                self.quantized = quantize_for(weight.detach(), options)
+                self.quantized = quantize_for(weight.detach(), plan.weight)
             else:  # the C++ QuantizedTensor that _C.linear_forward takes
-                self.quantized = _C.quantize(weight.detach(), options, False)
+                self.quantized = _C.quantize(weight.detach(), _C.quantize_options(plan.recipe, "weight"), False)
             self.key = key
             self.quantizations += 1
         return self.quantized
@@ -96,21 +104,39 @@ class WeightCache:
 def quantized_linear(x, weight, bias, cache, *, is_first_microbatch=None, fuse_wgrad_accumulation=False):
     """x W^T (+ bias) under the autocast scope's recipe: torch.nn.functional.linear outside an
     enabled scope, else the quantized layer's forward (and its backward through autograd), the
-    weight's quantization from `cache` (a WeightCache)."""
-    recipe = current_recipe() if autocast_enabled() else HighPrecision()
-    if isinstance(recipe, HighPrecision):
+    weight's quantization from `cache` (a WeightCache); traced by torch.compile, the composed
+    layer with the weight quantized in the graph (the module's docstring)."""
+    plan = current_plan()
+    if plan is None:  # no enabled scope, or HighPrecision
         return torch.nn.functional.linear(x, weight, bias)
     devices = {x.device.type, weight.device.type}
     if devices not in ({"cpu"}, {"cuda"}):
         raise _C.Error(f"microscale.torch.Linear: x is on {x.device} and the weight on {weight.device}; "
                        "the quantized Linear runs on CPU or CUDA tensors, both on one device")
-    if devices == {"cuda"} and not _C.cuda_built():
+    if devices == {"cuda"} and not _CUDA_BUILT:
         raise _C.Error("microscale.torch.Linear: this build has no CUDA backend")
     training = torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
-    quantized_weight = cache.get(weight, recipe, is_first_microbatch)
-    function = ComposedLinearFunction if devices == {"cuda"} else _LinearFunction
-    return function.apply(x, weight, bias, recipe, quantized_weight, training, fuse_wgrad_accumulation)
+    if torch.compiler.is_compiling():
+        if fuse_wgrad_accumulation:
+            return _untraced_linear(x, weight, bias, plan, cache, is_first_microbatch, training, True)
+        return ComposedLinearFunction.apply(x, weight, bias, plan, None, training, False)
+    return _eager_linear(x, weight, bias, plan, cache, is_first_microbatch, training, fuse_wgrad_accumulation)
+
+
+def _eager_linear(x, weight, bias, plan, cache, is_first_microbatch, training, fuse_wgrad_accumulation):
+    """The layer run eagerly: the C++ layer on CPU tensors, the composed one on CUDA tensors, the
+    weight's quantization from the cache."""
+    quantized_weight = cache.get(weight, plan, is_first_microbatch)
+    if x.device.type == "cuda":
+        return ComposedLinearFunction.apply(x, weight, bias, plan, quantized_weight, training,
+                                            fuse_wgrad_accumulation)
+    return _LinearFunction.apply(x, weight, bias, plan, quantized_weight, training, fuse_wgrad_accumulation)
+
+
+# What a traced layer calls for what it cannot trace: a graph break on each side. (Eager calls
+# take _eager_linear itself: the wrapper costs host time.)
+_untraced_linear = torch.compiler.disable(_eager_linear)
 
 
 def returned_bias(bias, x):

@@ -1,0 +1,74 @@
+"""A recipe as the quantized Linear reads it: quantize's arguments for each of its three operands
+(x, W, dy) and the backward override, as plain Python values.
+
+Recipes are C++ objects (microscale._C), which torch.compile cannot look into. The autocast scope
+keeps each recipe's plan beside it, made eagerly when the scope is entered, so that a Linear
+traced by torch.compile reads only Python values: dynamo guards on the plan, and a compiled model
+runs again under another recipe's scope by compiling again. The plan's values come from the C++
+`quantize_options` (the one place that says what a recipe quantizes, and how), never restated
+here.
+"""
+
+import functools
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from .. import _C
+from ..recipe import HighPrecision
+
+
+@dataclass(frozen=True)
+class OperandOptions:
+    """quantize's arguments for one operand of the Linear, under the attribute names of
+    _C.QuantizeOptions (quantize_for takes either). sr_seed: None, or 0 where the recipe rounds
+    this operand stochastically (the seed itself is drawn per call)."""
+
+    scheme: str
+    rowwise: bool
+    columnwise: bool
+    scale_mode: str
+    tile: str
+    rht: bool
+    swizzle: bool
+    sr_seed: Optional[int]
+
+
+@dataclass(frozen=True)
+class LinearPlan:
+    """What a quantized recipe makes of the Linear's operands. ``recipe`` is the C++ recipe (the
+    CPU layer and the weight cache take it); it takes no part in comparisons: two plans of equal
+    recipes are equal."""
+
+    input: OperandOptions
+    weight: OperandOptions
+    grad_output: OperandOptions
+    backward_override: Optional[str]  # None, "high_precision" or "dequantized" (TransformerEngine's)
+    recipe: object = field(compare=False, repr=False)
+
+
+def _operand_options(recipe, role):
+    o = _C.quantize_options(recipe, role)
+    return OperandOptions(o.scheme, o.rowwise, o.columnwise, o.scale_mode, o.tile, o.rht, o.swizzle,
+                          None if o.sr_seed is None else 0)
+
+
+@functools.lru_cache(maxsize=64)
+def _plan_of(key, recipe):
+    return LinearPlan(_operand_options(recipe, "input"), _operand_options(recipe, "weight"),
+                      _operand_options(recipe, "grad_output"), recipe.backward_override, recipe)
+
+
+# A scope entered inside traced code makes its plan here: dynamo calls this eagerly and keeps the
+# result as a constant of the graph, guarded on the recipe object's identity (it cannot trace into
+# the C++ recipe). A recipe made anew on every call there compiles anew: make it once.
+@torch.compiler.assume_constant_result
+def linear_plan(recipe):
+    """The plan of a quantized recipe; None for HighPrecision (the Linear is then
+    torch.nn.functional.linear). Recipes are immutable values: equal recipes (equal reprs) give
+    the same plan object, so a compiled model's guard on the plan of a scope entered outside it
+    holds across scopes that each make their recipe anew."""
+    if isinstance(recipe, HighPrecision):
+        return None
+    return _plan_of(repr(recipe), recipe)
