@@ -372,6 +372,30 @@ def test_gemm_op_on_cuda_passes_opcheck_and_compiles_in_one_graph():
                                                                                                            backend)
 
 
+@pytest.mark.parametrize("recipe_name", ["mxfp8", "nvfp4"])
+def test_linear_on_cuda_takes_broadcast_inputs_and_gradients(recipe_name):
+    # A broadcast x and the gradient of a mean (strides of zero, which the kernels refuse): the
+    # layer copies them, and gives what the same values laid out densely give.
+    recipe = LINEAR_RECIPES[recipe_name]()
+    torch.manual_seed(15)
+    layer = mst.Linear(64, 32, device="cuda", params_dtype=torch.bfloat16)
+    row = torch.linspace(-2, 2, 64, device="cuda").to(torch.bfloat16)
+    results = []
+    for x in (row.expand(32, 64), row.expand(32, 64).contiguous()):
+        x = x.detach().requires_grad_()
+        layer.zero_grad(set_to_none=True)
+        with mst.autocast(recipe=recipe):
+            y = layer(x)
+        torch.manual_seed(8)
+        if x.is_contiguous():
+            y.backward(torch.full_like(y, 1.0 / y.numel()))
+        else:
+            y.mean().backward()
+        results.append((y.detach(), x.grad, layer.weight.grad, layer.bias.grad))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
 def _compiled_step_outputs(model, x, dy, recipe, forward):
     """y, dx and every parameter's gradient of one step through forward(t) (the model, eager or
     compiled) under recipe's scope."""

@@ -64,6 +64,26 @@ def test_composed_linear_equals_the_cpp_linear_bit_for_bit(recipe_name, dtype):
     assert bool(((db.double() - want_db.double()).abs() <= ulp * want_db.double().abs()).all())
 
 
+@pytest.mark.parametrize("recipe_name", ["mxfp8", "nvfp4"])
+def test_composed_linear_takes_broadcast_inputs_and_gradients(recipe_name):
+    # A broadcast x (strides of zero) and the gradient of a mean (one value broadcast): the kernels
+    # refuse zero strides, so the composed layer copies such tensors; the C++ layer's results.
+    recipe = RECIPES[recipe_name]()
+    weight = torch.randn(32, 64, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    options = ms._C.quantize_options(recipe, "weight")
+    results = []
+    for function, cached in ((_LinearFunction, ms._C.quantize(weight, options, False)),
+                             (ComposedLinearFunction, quantize_for(weight, options))):
+        x = torch.linspace(-2, 2, 64).to(torch.bfloat16).expand(32, 64).requires_grad_()
+        w = weight.clone().requires_grad_()
+        y = function.apply(x, w, None, linear_plan(recipe), cached, True, False)
+        torch.manual_seed(8)
+        y.mean().backward()
+        results.append((y.detach(), x.grad, w.grad))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
 def test_composed_linear_skips_what_no_one_asked_for_and_runs_once(monkeypatch):
     recipe = NVFP4BlockScaling()
     x = torch.randn(32, 64, requires_grad=True)

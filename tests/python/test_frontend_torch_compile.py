@@ -211,3 +211,18 @@ def test_fuse_wgrad_accumulation_runs_eagerly_inside_compiled_code():
     layer = make()
     with mst.autocast(recipe=MXFP8BlockScaling()), pytest.raises(Exception, match="torch.compiler.disable"):
         torch.compile(layer, backend="aot_eager", fullgraph=True)(x)
+
+
+def test_traced_layer_takes_the_gradient_of_a_sum():
+    # dy is one value broadcast (strides of zero): traced, dynamo makes it contiguous; eagerly the
+    # layer does.
+    model = make_model()
+    x = torch.randn(32, 64, dtype=torch.bfloat16)
+    results = []
+    for forward in (model, torch.compile(model, backend="aot_eager", fullgraph=True)):
+        xg = x.clone().requires_grad_()
+        model.zero_grad(set_to_none=True)
+        with mst.autocast(recipe=MXFP8BlockScaling()):
+            forward(xg).sum().backward()
+        results.append([xg.grad, model[0].weight.grad, model[2].weight.grad])
+    assert all(torch.equal(a, b) for a, b in zip(*results))

@@ -1,11 +1,12 @@
 """The quantized Linear's bias gradient: dy [M, N]'s sums over its rows in float64, rounded to
-fp32 [N]. A torch.library op (microscale::column_sums), so that a Linear traced by torch.compile
+fp32 [N]. An op (microscale::column_sums, op_library.py), so that a Linear traced by torch.compile
 records the library's CUDA kernel, the eager layer's, and gets its bytes; eager calls run the
 body without the op's dispatch."""
 
 import torch
 
 from .. import _C
+from .op_library import define_op
 from .ops import _capsule, _on_device, _stream
 
 
@@ -25,14 +26,11 @@ def _column_sums_body(dy):
     return sums
 
 
-@torch.library.custom_op("microscale::column_sums", mutates_args=())
-def _column_sums_op(dy: torch.Tensor) -> torch.Tensor:
-    return _column_sums_body(dy)
-
-
-@_column_sums_op.register_fake
-def _(dy):
+def _column_sums_fake(dy):
     return dy.new_empty(dy.shape[1], dtype=torch.float32)
+
+
+_column_sums_op = define_op("column_sums(Tensor dy) -> Tensor", _column_sums_body, _column_sums_fake)
 
 
 def column_sums(dy):

@@ -5,11 +5,11 @@ float64 by torch). The result is a tensor of any float dtype. Under torch.compil
 torch.library op microscale::gemm (traced through its fake implementation); eager calls run its
 body without the op's dispatch."""
 
-from typing import List, Optional
 
 import torch
 
 from .. import _C
+from .op_library import define_op
 from .ops import (_DTYPE_NAMES, QuantizedTensor, QuantizeSpec, _capsule, _on_device, _stream, dequantize,
                   quantized_tensor)
 
@@ -200,28 +200,9 @@ def _operand_from_op(tensors, shape, scheme, flags, scale_mode, tile):
                                                                 swizzle))
 
 
-@torch.library.custom_op("microscale::gemm", mutates_args=())
-def _gemm_op(
-    a_tensors: List[torch.Tensor],
-    a_shape: List[int],
-    a_scheme: str,
-    a_flags: List[bool],
-    a_scale_mode: str,
-    a_tile: str,
-    b_tensors: List[torch.Tensor],
-    b_shape: List[int],
-    b_scheme: str,
-    b_flags: List[bool],
-    b_scale_mode: str,
-    b_tile: str,
-    a_usage: str,
-    b_usage: str,
-    alpha: float,
-    beta: float,
-    c: Optional[torch.Tensor],
-    bias: Optional[torch.Tensor],
-    out_dtype: torch.dtype,
-) -> torch.Tensor:
+def _gemm_body(a_tensors, a_shape, a_scheme, a_flags, a_scale_mode, a_tile, b_tensors, b_shape, b_scheme, b_flags,
+               b_scale_mode, b_tile, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
+    """The op microscale::gemm (below)."""
     a = _operand_from_op(a_tensors, a_shape, a_scheme, a_flags, a_scale_mode, a_tile)
     b = _operand_from_op(b_tensors, b_shape, b_scheme, b_flags, b_scale_mode, b_tile)
     return _run_gemm(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype)
@@ -235,13 +216,19 @@ def _rows_and_batches(x, usage):
     return _logical_rows_k(x, usage)[0], None
 
 
-@_gemm_op.register_fake
-def _(a_tensors, a_shape, a_scheme, a_flags, a_scale_mode, a_tile, b_tensors, b_shape, b_scheme, b_flags,
+def _gemm_fake(a_tensors, a_shape, a_scheme, a_flags, a_scale_mode, a_tile, b_tensors, b_shape, b_scheme, b_flags,
       b_scale_mode, b_tile, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
     m, la = _rows_and_batches(_operand_from_op(a_tensors, a_shape, a_scheme, a_flags, a_scale_mode, a_tile), a_usage)
     n, lb = _rows_and_batches(_operand_from_op(b_tensors, b_shape, b_scheme, b_flags, b_scale_mode, b_tile), b_usage)
     batches = la if la is not None else lb
     return a_tensors[0].new_empty([m, n] + ([batches] if batches is not None else []), dtype=out_dtype)
+
+
+_gemm_op = define_op(
+    "gemm(Tensor[] a_tensors, SymInt[] a_shape, str a_scheme, bool[] a_flags, str a_scale_mode, str a_tile, "
+    "Tensor[] b_tensors, SymInt[] b_shape, str b_scheme, bool[] b_flags, str b_scale_mode, str b_tile, str a_usage, "
+    "str b_usage, float alpha, float beta, Tensor? c, Tensor? bias, ScalarType out_dtype) -> Tensor",
+    _gemm_body, _gemm_fake)
 
 
 def gemm(a, b, *, a_usage="rowwise", b_usage="rowwise", alpha=1.0, beta=0.0, c=None, bias=None,

@@ -66,6 +66,12 @@ def wgrad_result(weight):
     return make(weight.shape, dtype=weight.dtype, device=weight.device)
 
 
+def _without_zero_strides(t):
+    """t itself, or a contiguous copy where a stride is zero (a broadcast view: the kernels read
+    any positive strides, and refuse a zero one)."""
+    return t.contiguous() if 0 in t.stride() else t
+
+
 def _require_same_device(name, t, device):
     if t is not None and t.device != device:
         raise _C.Error(f"microscale.torch.Linear: {name} is on {t.device}, x on {device}")
@@ -97,7 +103,7 @@ class ComposedLinearFunction(torch.autograd.Function):
         if x.shape[-1] != k:
             raise _C.Error(f"microscale.torch.Linear: x has K = {x.shape[-1]} but the weight {list(weight.shape)} "
                            f"has K = {k}")
-        x2 = x.detach().reshape(-1, k)  # [M, K]
+        x2 = _without_zero_strides(x.detach().reshape(-1, k))  # [M, K]
         # X^T (through the RHT for NVFP4) feeds the quantized wgrad only: none for a frozen weight or
         # under a backward override.
         override = plan.backward_override
@@ -130,6 +136,9 @@ class ComposedLinearFunction(torch.autograd.Function):
         x_q, weight_q = _saved_operands(ctx)
         ctx.saved_kinds = None  # used up: a second backward (retain_graph=True) is NO_CONTEXT's error
         dy = grad_output.detach().reshape(-1, grad_output.shape[-1])  # [M, N]
+        # The gradient of a sum or a mean is one value broadcast (strides of zero). Traced, dy's
+        # strides are unknown until the graph runs, and dynamo makes it contiguous itself.
+        dy = dy.contiguous() if torch.compiler.is_compiling() else _without_zero_strides(dy)
         if ctx.override is not None:
             grad_input, grad_weight = _overridden_backward(ctx, dy, x_q, weight_q)
             return grad_input, grad_weight, _bias_grad(ctx, dy, grad_output.dtype), None, None, None, None

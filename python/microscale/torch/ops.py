@@ -7,12 +7,13 @@ on a CUDA host (perf.md); under torch.compile the calls are the ops, which dynam
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Optional
 
 import torch
 from torch.utils.dlpack import to_dlpack
 
 from .. import _C
+from .op_library import define_op
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -99,22 +100,9 @@ def _empty_u8(device):
     return torch.empty(0, dtype=torch.uint8, device=device)
 
 
-@torch.library.custom_op("microscale::quantize", mutates_args=())
-def _quantize_op(
-    x: torch.Tensor,
-    scheme: str,
-    rowwise: bool,
-    columnwise: bool,
-    scale_mode: str,
-    tile: str,
-    rht: bool,
-    sr_seed: Optional[int],
-    sr_offset: int,
-    amax_rowwise: Optional[float],
-    amax_columnwise: Optional[float],
-    swizzle: bool,
-    sr_seed_tensor: Optional[torch.Tensor],
-) -> List[torch.Tensor]:
+def _quantize_body(x, scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
+                   amax_columnwise, swizzle, sr_seed_tensor):
+    """The op microscale::quantize (below)."""
     sr_seed, sr_seed_tensor = _seed_arguments(sr_seed, sr_seed_tensor, x.device)
     # CPU threads: as many as torch's intra-op pool (torch.set_num_threads), as torch's own ops use
     options = _options(scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
@@ -165,11 +153,17 @@ def quantize_parts(x, options, sr_seed_tensor=None):
     raise _C.Error(f"microscale.torch.quantize: tensors on {x.device.type} are not supported (cpu, cuda)")
 
 
-@_quantize_op.register_fake
-def _(x, *option_args):
+def _quantize_fake(x, *option_args):
     shapes = _C.quantized_shapes(list(x.shape), _options(*option_args[:-1]))  # the seed tensor left out
     outs = [x.new_empty(shapes[n] or [0], dtype=torch.uint8) for n in _PARTS]
     return outs + [x.new_empty(2, dtype=torch.float32)]
+
+
+# [rowwise_data, rowwise_scale, columnwise_data, columnwise_scale, amax]: quantize_parts' outputs.
+_quantize_op = define_op(
+    "quantize(Tensor x, str scheme, bool rowwise, bool columnwise, str scale_mode, str tile, bool rht, SymInt? "
+    "sr_seed, SymInt sr_offset, float? amax_rowwise, float? amax_columnwise, bool swizzle, Tensor? sr_seed_tensor) "
+    "-> Tensor[]", _quantize_body, _quantize_fake)
 
 
 def quantize(x, scheme="nvfp4", *, rowwise=True, columnwise=False, scale_mode="rceil", tile="1x16", rht=False,
@@ -222,28 +216,6 @@ def _dequantized_shape(shape, scheme, usage):
     return list(shape)
 
 
-@torch.library.custom_op("microscale::dequantize", mutates_args=())
-def _dequantize_op(
-    rowwise_data: torch.Tensor,
-    rowwise_scale: torch.Tensor,
-    columnwise_data: torch.Tensor,
-    columnwise_scale: torch.Tensor,
-    amax: torch.Tensor,
-    shape: List[int],
-    scheme: str,
-    rowwise: bool,
-    columnwise: bool,
-    scale_mode: str,
-    tile: str,
-    rht: bool,
-    swizzle: bool,
-    usage: str,
-    dtype: torch.dtype,
-) -> torch.Tensor:
-    return _dequantize_parts(rowwise_data, rowwise_scale, columnwise_data, columnwise_scale, amax, shape, scheme,
-                             rowwise, columnwise, scale_mode, tile, rht, swizzle, usage, dtype)
-
-
 def _dequantize_parts(rowwise_data, rowwise_scale, columnwise_data, columnwise_scale, amax, shape, scheme, rowwise,
                       columnwise, scale_mode, tile, rht, swizzle, usage, dtype):
     """The dequantize op's body."""
@@ -278,11 +250,16 @@ def _dequantize_parts(rowwise_data, rowwise_scale, columnwise_data, columnwise_s
     raise _C.Error(f"microscale.torch.dequantize: tensors on {device.type} are not supported (cpu, cuda)")
 
 
-@_dequantize_op.register_fake
-def _(rowwise_data, rowwise_scale, columnwise_data, columnwise_scale, amax, shape, scheme, rowwise, columnwise,
-      scale_mode, tile, rht, swizzle, usage, dtype):
+def _dequantize_fake(rowwise_data, rowwise_scale, columnwise_data, columnwise_scale, amax, shape, scheme, rowwise,
+                     columnwise, scale_mode, tile, rht, swizzle, usage, dtype):
     like = rowwise_data if rowwise else columnwise_data
     return like.new_empty(_dequantized_shape(shape, scheme, usage), dtype=dtype)
+
+
+_dequantize_op = define_op(
+    "dequantize(Tensor rowwise_data, Tensor rowwise_scale, Tensor columnwise_data, Tensor columnwise_scale, "
+    "Tensor amax, SymInt[] shape, str scheme, bool rowwise, bool columnwise, str scale_mode, str tile, bool rht, "
+    "bool swizzle, str usage, ScalarType dtype) -> Tensor", _dequantize_parts, _dequantize_fake)
 
 
 def dequantize(q, usage="rowwise", dtype=torch.float32):
