@@ -124,6 +124,18 @@ def test_scope_inside_the_compiled_function():
     assert_same_step(train_step(model, compiled, x), train_step(model, step, x))
 
 
+def test_scopes_around_the_compiled_model_may_make_their_recipes_anew():
+    # Equal recipes share one LinearPlan, which is what the compiled code guards on: one graph.
+    model = make_model()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, backend=counter, fullgraph=True)
+    x = torch.randn(32, 64)
+    for _ in range(10):
+        with torch.no_grad(), mst.autocast(recipe=MXFP8BlockScaling()):
+            assert torch.equal(compiled(x), model(x))
+    assert counter.frame_count == 1
+
+
 def test_each_call_follows_the_scope_it_runs_in():
     model = make_model()
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
