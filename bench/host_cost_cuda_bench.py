@@ -12,6 +12,9 @@ never blocks a timed call. Medians of --calls calls, microseconds.
   torch.mm             the baseline: torch's own op on the bf16 tensors (one cuBLAS launch)
   quantize, eager      microscale.torch.quantize as a user calls it (the op's body, no dispatch)
   quantize, the op     the torch.library op microscale::quantize (what torch.compile records), eagerly
+  quantize, custom_op  the same body registered with torch.library.custom_op instead of Library
+                       (how the ops were registered before the forty-second session: its autograd
+                       kernel and backend wrapper run in Python on every call)
   gemm, eager / op     the same pair for microscale.torch.gemm of two quantized operands
   ... the parts        what an eager call is made of: the C++ call alone (_C.quantize_cuda /
                        _C.gemm_cuda into buffers allocated once, the DLPack capsules made in the
@@ -20,7 +23,8 @@ never blocks a timed call. Medians of --calls calls, microseconds.
   Linear ...           a microscale.torch.Linear of [size, size] (bias, bf16): a forward under
                        torch.no_grad, and a training step (forward and backward), beside
                        torch.nn.Linear's; the step's host time is what bounds an eager step when
-                       it exceeds the GPU's (bench/linear_cuda_bench.py)
+                       it exceeds the GPU's (bench/linear_cuda_bench.py); "compiled": the layer
+                       compiled whole by torch.compile (fullgraph=True, the default mode)
 
 Usage: python3 bench/host_cost_cuda_bench.py [--size 4096] [--calls 200]
 """
@@ -28,6 +32,7 @@ Usage: python3 bench/host_cost_cuda_bench.py [--size 4096] [--calls 200]
 import argparse
 import statistics
 import time
+from typing import List, Optional
 
 import torch
 
@@ -35,7 +40,16 @@ import microscale.torch as mst
 from microscale import _C
 from microscale.recipe import MXFP8BlockScaling, NVFP4BlockScaling
 from microscale.torch.gemm import _gemm_op, _op_operand
-from microscale.torch.ops import _PARTS, _capsule, _options, _quantize_op, _stream
+from microscale.torch.ops import _PARTS, _capsule, _options, _quantize_body, _quantize_op, _stream
+
+
+@torch.library.custom_op("microscale_bench::quantize", mutates_args=())
+def _quantize_custom_op(x: torch.Tensor, scheme: str, rowwise: bool, columnwise: bool, scale_mode: str, tile: str,
+                        rht: bool, sr_seed: Optional[int], sr_offset: int, amax_rowwise: Optional[float],
+                        amax_columnwise: Optional[float], swizzle: bool,
+                        sr_seed_tensor: Optional[torch.Tensor]) -> List[torch.Tensor]:
+    return _quantize_body(x, scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
+                          amax_columnwise, swizzle, sr_seed_tensor)
 
 
 def host_us(fn, calls, drain_every=2):
@@ -123,10 +137,14 @@ def linear_rows(s):
             y.backward(dy)
         return run
 
+    compiled_reference = torch.compile(reference, fullgraph=True)
+    compiled_layer = torch.compile(layer, fullgraph=True)
     rows = [("Linear forward: torch BF16", forward(reference, None)),
-            ("Linear step: torch BF16", step(reference, None))]
+            ("Linear step: torch BF16", step(reference, None)),
+            ("Linear step, compiled: BF16", step(compiled_reference, None))]
     for name, recipe in (("NVFP4", NVFP4BlockScaling()), ("MXFP8", MXFP8BlockScaling())):
-        rows += [(f"Linear forward: {name}", forward(layer, recipe)), (f"Linear step: {name}", step(layer, recipe))]
+        rows += [(f"Linear forward: {name}", forward(layer, recipe)), (f"Linear step: {name}", step(layer, recipe)),
+                 (f"Linear step, compiled: {name}", step(compiled_layer, recipe))]
     return rows
 
 
@@ -140,12 +158,14 @@ def main():
     w = torch.randn(s, s, device="cuda", dtype=torch.bfloat16)
     rows = [("torch.mm (bf16)", lambda: torch.mm(x, w.t()))]
     for scheme, kw in (("nvfp4", dict(columnwise=True, rht=True)), ("mxfp8_e4m3", dict(columnwise=True))):
-        op_args = (scheme, True, kw["columnwise"], "rceil", "1x16", kw.get("rht", False), None, 0, None, None, False)
+        op_args = (scheme, True, kw["columnwise"], "rceil", "1x16", kw.get("rht", False), None, 0, None, None, False,
+                   None)
         qx, qw = mst.quantize(x, scheme), mst.quantize(w, scheme)
         gemm_args = (*_op_operand(qx), *_op_operand(qw), "rowwise", "rowwise", 1.0, 0.0, None, None, torch.bfloat16)
         rows += [
             (f"{scheme} quantize, eager", lambda scheme=scheme, kw=kw: mst.quantize(x, scheme, **kw)),
             (f"{scheme} quantize, the op", lambda op_args=op_args: _quantize_op(x, *op_args)),
+            (f"{scheme} quantize, custom_op", lambda op_args=op_args: _quantize_custom_op(x, *op_args)),
             (f"{scheme} gemm, eager", lambda qx=qx, qw=qw: mst.gemm(qx, qw, out_dtype=torch.bfloat16)),
             (f"{scheme} gemm, the op", lambda gemm_args=gemm_args: _gemm_op(*gemm_args)),
         ]
