@@ -1,7 +1,8 @@
 """microscale.torch's layers traced whole by torch.compile (fullgraph=True): the same outputs and
 gradients as eager, bit for bit, for every recipe (stochastic rounding included: the traced layer
 draws its seed from the same generator); the autocast scope entered around or inside the compiled
-code; the weight quantized again on every call; what runs eagerly (fuse_wgrad_accumulation).
+code; the weight quantized again on every call; what runs eagerly (fuse_wgrad_accumulation);
+torch.export of a quantized model.
 On CPU tensors here, where a traced layer is the composed one (linear_composed.py) and the eager
 one the C++ layer; tests/gpu/test_frontend_cuda.py runs the traced layer on CUDA.
 
@@ -238,3 +239,31 @@ def test_traced_layer_takes_the_gradient_of_a_sum():
             forward(xg).sum().backward()
         results.append([xg.grad, model[0].weight.grad, model[2].weight.grad])
     assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_torch_export_takes_a_quantized_model(strict):
+    # torch.export (dynamo's tracing with strict=True, torch's own without): the exported program
+    # runs the quantized layers' ops and gives eager's outputs.
+    model = make_model().eval()
+    recipe = NVFP4BlockScaling()
+
+    class UnderScope(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, t):
+            with mst.autocast(recipe=recipe):
+                return self.inner(t)
+
+    x = torch.randn(32, 64)
+    wrapped = UnderScope(model)
+    with torch.no_grad():
+        want = wrapped(x)
+    program = torch.export.export(wrapped, (x,), strict=strict)
+    assert torch.equal(program.module()(x), want)
+    assert not torch.equal(program.module()(x), model(x))  # not the high-precision layers
+    if not strict:  # dynamo's export wraps the layers in higher-order ops; torch's lists the ops
+        ops = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+        assert {"microscale.quantize.default", "microscale.gemm.default"} <= ops
