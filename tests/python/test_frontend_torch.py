@@ -169,6 +169,24 @@ def test_outside_autocast_and_high_precision_are_torch_linear():
         assert torch.equal(layer(x), want)
 
 
+def test_autocast_takes_transformer_engines_arguments():
+    # TransformerEngine's autocast(enabled, calibrating, recipe, amax_reduction_group, _graph) and
+    # its older fp8_autocast(enabled, calibrating, fp8_recipe, fp8_group, _graph).
+    for scope in (mst.autocast(True, False, MXFP8BlockScaling(), None, True),
+                  mst.fp8_autocast(enabled=True, fp8_recipe=MXFP8BlockScaling(), _graph=True)):
+        with scope:
+            assert mst.autocast_enabled() and isinstance(mst.current_recipe(), MXFP8BlockScaling)
+    with mst.fp8_autocast():  # TransformerEngine's default is its own; here NVFP4BlockScaling()
+        assert isinstance(mst.current_recipe(), NVFP4BlockScaling)
+    for scope, message in ((mst.autocast(calibrating=True), "calibrating is not supported"),
+                           (mst.autocast(amax_reduction_group=object()), "amax_reduction_group is not supported"),
+                           (mst.fp8_autocast(fp8_group=object()), "amax_reduction_group is not supported"),
+                           (mst.autocast(recipe="nvfp4"), "recipe must be NVFP4BlockScaling")):
+        with pytest.raises(ms.Error, match=message), scope:
+            pass
+        assert not mst.autocast_enabled()  # nothing entered
+
+
 def test_autocast_nests_and_restores_on_exceptions():
     assert not mst.autocast_enabled() and isinstance(mst.current_recipe(), HighPrecision)
     with mst.autocast(recipe=MXFP8BlockScaling()):

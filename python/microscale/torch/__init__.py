@@ -19,7 +19,7 @@ take CUDA tensors (the Hopper kernels: the same bytes; gemm runs the library's G
 MX pairs and emulates exactly a pair with a dense operand).
 """
 
-from .autocast import autocast, autocast_enabled, current_recipe
+from .autocast import autocast, autocast_enabled, current_recipe, fp8_autocast
 from .checkpoint import checkpoint
 from .convert import convert_linears
 from .gemm import gemm
@@ -39,6 +39,7 @@ __all__ = [
     "convert_linears",
     "current_recipe",
     "dequantize",
+    "fp8_autocast",
     "gemm",
     "quantize",
 ]
