@@ -679,3 +679,36 @@ def test_layernorm_mlp_on_cuda_is_its_pieces():
     assert torch.equal(y, want)
     y.float().sum().backward()
     assert all(p.grad is not None for p in module.parameters())
+
+
+@pytest.mark.parametrize("recipe_name", ["nvfp4", "mxfp8"])
+def test_grouped_linear_on_cuda_is_one_linear_per_expert(recipe_name):
+    """TransformerEngine's GroupedLinear on CUDA: each expert the CUDA Linear on its rows (one of
+    them empty), bit for bit against the same composition of microscale.torch.Linear layers."""
+    recipe = LINEAR_RECIPES[recipe_name]()
+    torch.manual_seed(16)
+    grouped = mst.GroupedLinear(3, 256, 128, params_dtype=torch.bfloat16, device="cuda")
+    linears = []
+    for weight, bias in zip(grouped.weights, grouped.biases):
+        linear = mst.Linear(256, 128, params_dtype=torch.bfloat16, device="cuda")
+        linear.load_state_dict({"weight": weight.detach(), "bias": bias.detach()})
+        linears.append(linear)
+    splits = [256, 0, 256]
+    x = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(512, 128, device="cuda", dtype=torch.bfloat16)
+    results = []
+    for forward, params in ((lambda t: grouped(t, splits), list(grouped.parameters())),
+                            (lambda t: torch.cat([linears[0](t[:256]), linears[2](t[256:])]),
+                             [p for i in (0, 2) for p in linears[i].parameters()])):
+        xg = x.clone().requires_grad_()
+        with mst.autocast(recipe=recipe):
+            y = forward(xg)
+        torch.manual_seed(17)
+        y.backward(dy)
+        results.append([y.detach(), xg.grad] + [p.grad for p in params if p.grad is not None])
+    got, want = results
+    assert len(got) == len(want) + 2  # the empty expert's zero gradients
+    assert not grouped.weight1.grad.any() and not grouped.bias1.grad.any()
+    got = got[:2] + [g for i, g in enumerate(got[2:]) if i not in (2, 3)]
+    for n, (a, b) in enumerate(zip(got, want)):
+        assert torch.equal(a, b), n

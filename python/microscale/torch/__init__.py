@@ -12,7 +12,8 @@ mst.checkpoint(fn, *args) is torch's activation checkpointing with the recomputa
 autocast scope of the call, as TransformerEngine's te.checkpoint. mst.convert_linears(model)
 swaps a model's torch.nn.Linear layers for this Linear, in place. LayerNormLinear and
 LayerNormMLP are TransformerEngine's modules of those names (the norm and activation in high
-precision, the Linears quantized), with its parameter names.
+precision, the Linears quantized), with its parameter names; GroupedLinear is its mixture-of-experts
+Linear (one quantized Linear per expert, the input split by rows).
 Outside an enabled autocast scope a Linear runs in high precision, as TransformerEngine's modules
 do outside theirs. With microscale's CUDA backend, the Linear, quantize / dequantize and gemm also
 take CUDA tensors (the Hopper kernels: the same bytes; gemm runs the library's GEMM for NVFP4 and
@@ -23,12 +24,14 @@ from .autocast import autocast, autocast_enabled, current_recipe, fp8_autocast
 from .checkpoint import checkpoint
 from .convert import convert_linears
 from .gemm import gemm
+from .grouped_linear import GroupedLinear
 from .layernorm_linear import LayerNormLinear
 from .layernorm_mlp import LayerNormMLP
 from .linear import Linear
 from .ops import QuantizedTensor, dequantize, quantize
 
 __all__ = [
+    "GroupedLinear",
     "LayerNormLinear",
     "LayerNormMLP",
     "Linear",

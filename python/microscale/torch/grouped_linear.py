@@ -1,0 +1,95 @@
+"""TransformerEngine's GroupedLinear (the experts of a mixture-of-experts layer): num_gemms
+Linears of one shape, each applied to its own consecutive rows of the input, y_i = x_i W_i^T + b_i,
+x split by m_splits. Each expert is this package's quantized Linear (quantized_linear.py), with its
+own weight cache: its x_i, W_i and dy_i are quantized on their own (their own amaxes), as
+TransformerEngine's split quantization does. Parameter names as TransformerEngine's (weight0, ...,
+bias0, ...), so its state dicts load."""
+
+import torch
+
+from .. import _C
+from .quantized_linear import QuantizedModule, WeightCache, init_linear_parameters, quantized_linear
+
+
+class GroupedLinear(QuantizedModule):
+    """num_gemms experts of [out_features, in_features] (weight{i}, and bias{i} with ``bias``),
+    parameters of params_dtype (default: torch's default dtype), initialised as
+    microscale.torch.Linear's (``init_method``: TransformerEngine's argument, as there).
+
+    forward(inp, m_splits, is_first_microbatch=None): inp [..., in_features] is read as [M,
+    in_features] (its leading dims flattened) and split into consecutive row blocks of m_splits
+    (a list of num_gemms ints, or an int64 tensor of them, summing to M); block i goes through
+    expert i; y [..., out_features] keeps inp's leading dims. Under a quantized recipe each
+    non-empty block's row count must be what the recipe blocks (NVFP4: a multiple of 16, MXFP8: of
+    32), as TransformerEngine requires (its Fp8Padding pads the splits); an empty block gives no
+    rows and a zero gradient for its expert's parameters. ``return_bias``: the biases are left out
+    of y and returned as a list, each in inp's dtype. ``fuse_wgrad_accumulation``: each weight's
+    gradient is added into its own ``main_grad`` (microscale.torch.Linear's rule)."""
+
+    # Keyword arguments after out_features: TransformerEngine's positions there hold other arguments.
+    def __init__(self, num_gemms, in_features, out_features, *, bias=True, init_method=None, return_bias=False,
+                 params_dtype=None, device=None, fuse_wgrad_accumulation=False):
+        super().__init__()
+        if num_gemms < 1:
+            raise _C.Error(f"microscale.torch.GroupedLinear: num_gemms must be at least 1, not {num_gemms}")
+        params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
+        self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
+        self.use_bias, self.return_bias = bias, return_bias
+        self.init_method, self.fuse_wgrad_accumulation = init_method, fuse_wgrad_accumulation
+        for i in range(num_gemms):
+            self.register_parameter(f"weight{i}", torch.nn.Parameter(
+                torch.empty(out_features, in_features, dtype=params_dtype, device=device)))
+            self.register_parameter(f"bias{i}", torch.nn.Parameter(
+                torch.empty(out_features, dtype=params_dtype, device=device)) if bias else None)
+        self._weight_caches = [WeightCache() for _ in range(num_gemms)]
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        for weight, bias in zip(self.weights, self.biases):
+            init_linear_parameters(weight, bias, self.init_method)
+
+    @property
+    def weights(self):
+        return [getattr(self, f"weight{i}") for i in range(self.num_gemms)]
+
+    @property
+    def biases(self):
+        return [getattr(self, f"bias{i}") for i in range(self.num_gemms)]
+
+    @property
+    def weight_quantizations(self):
+        """How many times the experts' weights were quantized, all together (the caches' tests)."""
+        return sum(cache.quantizations for cache in self._weight_caches)
+
+    def forward(self, inp, m_splits, is_first_microbatch=None):
+        """See the class. is_first_microbatch: microscale.torch.Linear's, for every expert."""
+        splits = m_splits.tolist() if isinstance(m_splits, torch.Tensor) else [int(m) for m in m_splits]
+        x = inp.reshape(-1, self.in_features) if inp.shape[-1] == self.in_features else None
+        if x is None:
+            raise _C.Error(f"microscale.torch.GroupedLinear: inp has {inp.shape[-1]} features, the experts take "
+                           f"{self.in_features}")
+        if len(splits) != self.num_gemms or any(m < 0 for m in splits) or sum(splits) != x.shape[0]:
+            raise _C.Error(f"microscale.torch.GroupedLinear: m_splits {splits} must be {self.num_gemms} row counts "
+                           f"(none negative) that add up to inp's {x.shape[0]} rows")
+        outputs = []
+        for i, x_i in enumerate(torch.split(x, splits)):
+            weight, bias = getattr(self, f"weight{i}"), getattr(self, f"bias{i}")
+            bias = None if self.return_bias else bias
+            if x_i.shape[0] == 0:  # no rows for this expert: nothing to quantize; zero gradients
+                if self.fuse_wgrad_accumulation:  # main_grad gets nothing added
+                    weight = weight.detach()
+                outputs.append(torch.nn.functional.linear(x_i, weight.to(x_i.dtype),
+                                                          None if bias is None else bias.to(x_i.dtype)))
+                continue
+            outputs.append(quantized_linear(x_i, weight, bias, self._weight_caches[i],
+                                            is_first_microbatch=is_first_microbatch,
+                                            fuse_wgrad_accumulation=self.fuse_wgrad_accumulation))
+        y = torch.cat(outputs).reshape(-1, *inp.shape[1:-1], self.out_features)
+        if self.return_bias:
+            return y, [torch.empty(0, dtype=inp.dtype, device=inp.device) if b is None else b.to(inp.dtype)
+                       for b in self.biases]
+        return y
+
+    def extra_repr(self):
+        return (f"num_gemms={self.num_gemms}, in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.use_bias}")
