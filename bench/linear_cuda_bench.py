@@ -99,6 +99,12 @@ def candidates(m, k, n):
     }
 
 
+def bf16_row(rows, r):
+    """The torch BF16 baseline's row of r's shape (every ratio is against it)."""
+    shape = (r["m"], r["k"], r["n"])
+    return next(b for b in rows if (b["m"], b["k"], b["n"]) == shape and b["candidate"] == "torch BF16")
+
+
 def main():
     out_path = sys.argv[1] if len(sys.argv) > 1 else None
     rows = []
@@ -124,8 +130,7 @@ def main():
     print(f"{'M x K x N':>20} {'candidate':>18} {'forward ms':>11} {'step ms':>9} {'TFLOP/s':>8} {'step vs BF16':>13}"
           f" {'graph step ms':>14} {'TFLOP/s':>8} {'vs BF16 graph':>14}")
     for r in rows:
-        base = next(b for b in rows if (b["m"], b["k"], b["n"]) == (r["m"], r["k"], r["n"])
-                    and b["candidate"] == "torch BF16")
+        base = bf16_row(rows, r)
         print(f"{r['m']:>6} x {r['k']:>5} x {r['n']:>5} {r['candidate']:>18} {r['forward_ms']:>11.3f} "
               f"{r['step_ms']:>9.3f} {r['step_tflops']:>8.1f} {base['step_ms'] / r['step_ms']:>12.2f}x"
               f" {r['graph_step_ms']:>14.3f} {r['graph_step_tflops']:>8.1f}"
@@ -134,8 +139,7 @@ def main():
     print(f"{'M x K x N':>20} {'candidate':>18} {'compiled ms':>12} {'vs BF16 compiled':>17}"
           f" {'reduce-overhead ms':>19} {'vs BF16 same':>13}")
     for r in rows:
-        base = next(b for b in rows if (b["m"], b["k"], b["n"]) == (r["m"], r["k"], r["n"])
-                    and b["candidate"] == "torch BF16")
+        base = bf16_row(rows, r)
         print(f"{r['m']:>6} x {r['k']:>5} x {r['n']:>5} {r['candidate']:>18} {r['compiled_step_ms']:>12.3f}"
               f" {base['compiled_step_ms'] / r['compiled_step_ms']:>16.2f}x"
               f" {r['compiled_reduce_overhead_step_ms']:>19.3f}"

@@ -159,7 +159,8 @@ def test_a_frozen_weight_gets_no_gradient_and_the_same_dx(function, recipe_name)
     cached = ms._C.quantize(weight, options, False) if function is _LinearFunction else quantize_for(weight, options)
     want = run_layer(function, cached, recipe, x, weight, bias, dy, 9)
     xg, bg = x.clone().requires_grad_(), bias.clone().requires_grad_()
-    y = function.apply(xg, weight.clone(), bg, linear_plan(recipe), cached, True, False)  # the weight does not require grad
+    # the weight does not require grad
+    y = function.apply(xg, weight.clone(), bg, linear_plan(recipe), cached, True, False)
     torch.manual_seed(9)
     y.backward(dy)
     assert torch.equal(y.detach(), want[0]) and torch.equal(xg.grad, want[1]) and torch.equal(bg.grad, want[3])

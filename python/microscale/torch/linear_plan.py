@@ -17,21 +17,16 @@ import torch
 
 from .. import _C
 from ..recipe import HighPrecision
+from .ops import QuantizeSpec
 
 
 @dataclass(frozen=True)
-class OperandOptions:
-    """quantize's arguments for one operand of the Linear, under the attribute names of
-    _C.QuantizeOptions (quantize_for takes either). sr_seed: None, or 0 where the recipe rounds
-    this operand stochastically (the seed itself is drawn per call)."""
+class OperandOptions(QuantizeSpec):
+    """quantize's arguments for one operand of the Linear (a QuantizeSpec's, and whether it rounds
+    stochastically), under the attribute names of _C.QuantizeOptions (quantize_for takes either).
+    sr_seed: None, or 0 where the recipe rounds this operand stochastically (the seed itself is
+    drawn per call)."""
 
-    scheme: str
-    rowwise: bool
-    columnwise: bool
-    scale_mode: str
-    tile: str
-    rht: bool
-    swizzle: bool
     sr_seed: Optional[int]
 
 
