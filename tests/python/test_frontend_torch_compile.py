@@ -227,8 +227,9 @@ def test_fuse_wgrad_accumulation_runs_eagerly_inside_compiled_code():
 
 
 def test_traced_layer_takes_the_gradient_of_a_sum():
-    # dy is one value broadcast (strides of zero): traced, dynamo makes it contiguous; eagerly the
-    # layer does.
+    # dy is one value broadcast (strides of zero): traced, dynamo makes it contiguous (eagerly on
+    # the CPU the C++ layer copies it; the composed layer's own copy is tested in
+    # test_frontend_linear_composed.py and on CUDA).
     model = make_model()
     x = torch.randn(32, 64, dtype=torch.bfloat16)
     results = []

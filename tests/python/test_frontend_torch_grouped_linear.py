@@ -121,6 +121,13 @@ def test_grouped_linear_fuse_wgrad_accumulation():
         linears[0](x).backward(dy)
     assert torch.equal(grouped.weight0.main_grad, linears[0].weight.main_grad)
     assert not grouped.weight1.main_grad.any() and grouped.weight0.grad is None
+    # Megatron-LM's attribute: every weight, the empty expert's too, gets TE's placeholder gradient.
+    for w in grouped.weights:
+        w.grad_added_to_main_grad = False
+    with mst.autocast(recipe=MXFP8BlockScaling()):
+        grouped(x, [64, 0]).backward(dy)
+    assert all(w.grad_added_to_main_grad and w.grad.shape == w.shape for w in grouped.weights)
+    assert not grouped.weight1.main_grad.any()
 
 
 def test_grouped_linear_traced_whole_by_torch_compile():
@@ -138,3 +145,14 @@ def test_grouped_linear_traced_whole_by_torch_compile():
         else:
             assert torch.equal(a, b), n
     torch._dynamo.reset()
+
+
+def test_grouped_linear_shapes_and_split_forms():
+    grouped = mst.GroupedLinear(2, 32, 64)
+    with mst.autocast(recipe=MXFP8BlockScaling()):
+        assert grouped(torch.randn(4, 0, 32), [0, 0]).shape == (4, 0, 64)  # no rows at all
+        y = grouped(torch.randn(2, 32, 32), torch.tensor([32, 32], dtype=torch.int32))
+    assert y.shape == (2, 32, 64)
+    for bad in (torch.tensor([32.0, 32.0]), [32.0, 32.0], torch.tensor([[32, 32]])):
+        with pytest.raises(ms.Error, match="m_splits must be"):
+            grouped(torch.randn(64, 32), bad)

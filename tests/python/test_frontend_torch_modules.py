@@ -88,17 +88,24 @@ def _sigmoid64(x):
     return 1 / (1 + torch.exp(-x))
 
 
+def _dsigmoid64(x):
+    s = _sigmoid64(x)
+    return s * (1 - s)
+
+
+def _dgelu64(x):
+    t = torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x))
+    return 0.5 * x * ((1 - t * t) * (0.79788456 + 0.1070322243 * x * x)) + 0.5 * (1 + t)
+
+
 REFERENCE = {
-    "gelu": (lambda x: x * (0.5 + 0.5 * torch.tanh(x * (0.79788456 + 0.03567741 * x * x))),
-             lambda x: 0.5 * x * ((1 - torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)) ** 2)
-                                  * (0.79788456 + 0.1070322243 * x * x))
-             + 0.5 * (1 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))),
+    "gelu": (lambda x: x * (0.5 + 0.5 * torch.tanh(x * (0.79788456 + 0.03567741 * x * x))), _dgelu64),
     "qgelu": (lambda x: x * _sigmoid64(1.702 * x),
-              lambda x: 1.702 * x * _sigmoid64(1.702 * x) * (1 - _sigmoid64(1.702 * x)) + _sigmoid64(1.702 * x)),
+              lambda x: 1.702 * x * _dsigmoid64(1.702 * x) + _sigmoid64(1.702 * x)),
     "relu": (lambda x: torch.where(x > 0, x, 0.0), lambda x: (x > 0).double()),
     "srelu": (lambda x: torch.where(x > 0, x * x, 0.0), lambda x: torch.where(x > 0, 2 * x, 0.0)),
-    "silu": (lambda x: x * _sigmoid64(x), lambda x: x * _sigmoid64(x) * (1 - _sigmoid64(x)) + _sigmoid64(x)),
-    "sigmoid": (_sigmoid64, lambda x: _sigmoid64(x) * (1 - _sigmoid64(x))),
+    "silu": (lambda x: x * _sigmoid64(x), lambda x: x * _dsigmoid64(x) + _sigmoid64(x)),
+    "sigmoid": (_sigmoid64, _dsigmoid64),
 }
 BASE = {"gelu": "gelu", "geglu": "gelu", "qgelu": "qgelu", "qgeglu": "qgelu", "relu": "relu", "reglu": "relu",
         "srelu": "srelu", "sreglu": "srelu", "silu": "silu", "swiglu": "silu", "glu": "sigmoid"}

@@ -5,10 +5,51 @@ own weight cache: its x_i, W_i and dy_i are quantized on their own (their own am
 TransformerEngine's split quantization does. Parameter names as TransformerEngine's (weight0, ...,
 bias0, ...), so its state dicts load."""
 
+import operator
+
 import torch
 
 from .. import _C
+from .linear_composed import wgrad_result
 from .quantized_linear import QuantizedModule, WeightCache, init_linear_parameters, quantized_linear
+
+
+def _row_counts(m_splits):
+    """m_splits (a list of ints, or an integer tensor of them) as a list of ints."""
+    if isinstance(m_splits, torch.Tensor):
+        if m_splits.dtype.is_floating_point or m_splits.dtype.is_complex or m_splits.dim() != 1:
+            raise _C.Error(f"microscale.torch.GroupedLinear: m_splits must be one dim of integers, not "
+                           f"{m_splits.dtype} {list(m_splits.shape)}")
+        return m_splits.tolist()
+    try:
+        return [operator.index(m) for m in m_splits]
+    except TypeError:
+        raise _C.Error(f"microscale.torch.GroupedLinear: m_splits must be integers, not {m_splits}") from None
+
+
+class _EmptyExpert(torch.autograd.Function):
+    """An expert given no rows: y [0, N] in x's dtype. Its parameters stay in the graph and get a
+    zero gradient, or, with fuse_wgrad_accumulation, nothing added to main_grad and the weight's
+    gradient as the Linear returns it then (wgrad_result: Megatron-LM's hooks see every weight)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, fuse_wgrad_accumulation):
+        ctx.weight, ctx.fused = weight, fuse_wgrad_accumulation
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
+        return x.new_empty((0, weight.shape[0]))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output):
+        weight = ctx.weight
+        grad_weight = None
+        if ctx.needs_input_grad[1]:
+            grad_weight = wgrad_result(weight) if ctx.fused else torch.zeros_like(weight)
+        grad_bias = None
+        if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
+            grad_bias = torch.zeros(weight.shape[0], dtype=ctx.bias_dtype, device=weight.device)
+        return grad_output.new_empty(ctx.x_shape, dtype=ctx.x_dtype), grad_weight, grad_bias, None
 
 
 class GroupedLinear(QuantizedModule):
@@ -22,7 +63,8 @@ class GroupedLinear(QuantizedModule):
     expert i; y [..., out_features] keeps inp's leading dims. Under a quantized recipe each
     non-empty block's row count must be what the recipe blocks (NVFP4: a multiple of 16, MXFP8: of
     32), as TransformerEngine requires (its Fp8Padding pads the splits); an empty block gives no
-    rows and a zero gradient for its expert's parameters. ``return_bias``: the biases are left out
+    rows and a zero gradient for its expert's parameters (with fuse_wgrad_accumulation: nothing
+    added to main_grad). ``return_bias``: the biases are left out
     of y and returned as a list, each in inp's dtype. ``fuse_wgrad_accumulation``: each weight's
     gradient is added into its own ``main_grad`` (microscale.torch.Linear's rule)."""
 
@@ -63,11 +105,11 @@ class GroupedLinear(QuantizedModule):
 
     def forward(self, inp, m_splits, is_first_microbatch=None):
         """See the class. is_first_microbatch: microscale.torch.Linear's, for every expert."""
-        splits = m_splits.tolist() if isinstance(m_splits, torch.Tensor) else [int(m) for m in m_splits]
-        x = inp.reshape(-1, self.in_features) if inp.shape[-1] == self.in_features else None
-        if x is None:
+        splits = _row_counts(m_splits)
+        if inp.shape[-1] != self.in_features:
             raise _C.Error(f"microscale.torch.GroupedLinear: inp has {inp.shape[-1]} features, the experts take "
                            f"{self.in_features}")
+        x = inp.reshape(-1, self.in_features)  # [M, K]
         if len(splits) != self.num_gemms or any(m < 0 for m in splits) or sum(splits) != x.shape[0]:
             raise _C.Error(f"microscale.torch.GroupedLinear: m_splits {splits} must be {self.num_gemms} row counts "
                            f"(none negative) that add up to inp's {x.shape[0]} rows")
@@ -75,16 +117,13 @@ class GroupedLinear(QuantizedModule):
         for i, x_i in enumerate(torch.split(x, splits)):
             weight, bias = getattr(self, f"weight{i}"), getattr(self, f"bias{i}")
             bias = None if self.return_bias else bias
-            if x_i.shape[0] == 0:  # no rows for this expert: nothing to quantize; zero gradients
-                if self.fuse_wgrad_accumulation:  # main_grad gets nothing added
-                    weight = weight.detach()
-                outputs.append(torch.nn.functional.linear(x_i, weight.to(x_i.dtype),
-                                                          None if bias is None else bias.to(x_i.dtype)))
+            if x_i.shape[0] == 0:  # no rows for this expert: nothing to quantize
+                outputs.append(_EmptyExpert.apply(x_i, weight, bias, self.fuse_wgrad_accumulation))
                 continue
             outputs.append(quantized_linear(x_i, weight, bias, self._weight_caches[i],
                                             is_first_microbatch=is_first_microbatch,
                                             fuse_wgrad_accumulation=self.fuse_wgrad_accumulation))
-        y = torch.cat(outputs).reshape(-1, *inp.shape[1:-1], self.out_features)
+        y = torch.cat(outputs).reshape(*inp.shape[:-1], self.out_features)
         if self.return_bias:
             return y, [torch.empty(0, dtype=inp.dtype, device=inp.device) if b is None else b.to(inp.dtype)
                        for b in self.biases]

@@ -107,8 +107,9 @@ class ComposedLinearFunction(torch.autograd.Function):
         # X^T (through the RHT for NVFP4) feeds the quantized wgrad only: none for a frozen weight or
         # under a backward override.
         override = plan.backward_override
-        if weight_q is None:
-            weight_q = quantize_for(weight.detach(), plan.weight)
+        if weight_q is None:  # traced: W^T (its columnwise output) feeds dgrad only
+            weight_q = quantize_for(weight.detach(), plan.weight,
+                                    columnwise=training and x.requires_grad and override is None)
         x_q = quantize_for(x2, plan.input, columnwise=training and weight.requires_grad and override is None)
         y = gemm(x_q, weight_q, bias=None if bias is None else bias.detach(), out_dtype=x.dtype)  # [M, N]
         ctx.plan, ctx.override = plan, override

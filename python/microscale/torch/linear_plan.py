@@ -9,7 +9,8 @@ runs again under another recipe's scope by compiling again. The plan's values co
 here.
 """
 
-import functools
+import collections
+import threading
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -49,10 +50,27 @@ def _operand_options(recipe, role):
                           None if o.sr_seed is None else 0)
 
 
-@functools.lru_cache(maxsize=64)
-def _plan_of(key, recipe):
-    return LinearPlan(_operand_options(recipe, "input"), _operand_options(recipe, "weight"),
+# Plans by their recipe's repr (recipes are immutable values: equal reprs, equal recipes), the
+# most recent _PLANS_KEPT: equal recipes made anew (a scope per step) share one plan, made once.
+_PLANS_KEPT = 64
+_plans = collections.OrderedDict()
+_plans_lock = threading.Lock()
+
+
+def _plan_of(recipe):
+    key = repr(recipe)
+    with _plans_lock:
+        plan = _plans.get(key)
+        if plan is not None:
+            _plans.move_to_end(key)
+            return plan
+    plan = LinearPlan(_operand_options(recipe, "input"), _operand_options(recipe, "weight"),
                       _operand_options(recipe, "grad_output"), recipe.backward_override, recipe)
+    with _plans_lock:
+        plan = _plans.setdefault(key, plan)  # another thread's, if it got there first
+        if len(_plans) > _PLANS_KEPT:
+            _plans.popitem(last=False)
+    return plan
 
 
 # A scope entered inside traced code makes its plan here: dynamo calls this eagerly and keeps the
@@ -61,9 +79,9 @@ def _plan_of(key, recipe):
 @torch.compiler.assume_constant_result
 def linear_plan(recipe):
     """The plan of a quantized recipe; None for HighPrecision (the Linear is then
-    torch.nn.functional.linear). Recipes are immutable values: equal recipes (equal reprs) give
-    the same plan object, so a compiled model's guard on the plan of a scope entered outside it
-    holds across scopes that each make their recipe anew."""
+    torch.nn.functional.linear). Equal recipes (equal reprs) give the same plan object, so a
+    compiled model's guard on the plan of a scope entered outside it holds across scopes that each
+    make their recipe anew. The plan's `recipe` is the first of them (an equal value)."""
     if isinstance(recipe, HighPrecision):
         return None
-    return _plan_of(repr(recipe), recipe)
+    return _plan_of(recipe)
