@@ -323,7 +323,7 @@ def test_linear_on_cuda_matches_the_cpu_linear(recipe_name, m, k, n, dtype):
         _assert_near(a, b, name, ulp)  # dW too: rounded to x's dtype before the weight's f32
 
 
-def test_linear_on_cuda_caches_the_weight_and_repeats_with_the_seed():
+def test_linear_on_cuda_keeps_the_weight_when_asked_and_repeats_with_the_seed():
     torch.manual_seed(2)
     layer = mst.Linear(128, 64, device="cuda")
     x = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
@@ -332,15 +332,16 @@ def test_linear_on_cuda_caches_the_weight_and_repeats_with_the_seed():
         layer.zero_grad()
         grads.append(_linear_step(layer, x, torch.ones(64, 64, device="cuda", dtype=torch.bfloat16),
                                   NVFP4BlockScaling(), 8))
-    assert layer.weight_quantizations == 1  # the weight did not change between the steps
-    assert layer._cached_weight.rowwise_data.is_cuda
+    assert layer.weight_quantizations == 2 and layer._cached_weight is None  # None: on every call
     for a, b in zip(*grads):
         assert torch.equal(a, b)  # one seed, one result
-    with torch.no_grad():
-        layer.weight.add_(1.0)
     with mst.autocast(recipe=NVFP4BlockScaling()), torch.no_grad():
-        assert layer(x).is_cuda
-    assert layer.weight_quantizations == 2
+        kept = layer(x, is_first_microbatch=True)
+        assert layer._cached_weight.rowwise_data.is_cuda
+        layer.weight.add_(1.0)
+        assert torch.equal(layer(x, is_first_microbatch=False), kept)  # reused, as asked
+        assert not torch.equal(layer(x), kept)
+    assert layer.weight_quantizations == 4
 
 
 def test_linear_on_cuda_errors():
@@ -657,7 +658,9 @@ def test_linear_on_cuda_under_checkpointing_and_cpu_offload(recipe_name, monkeyp
         assert len(calls) == plain_calls + (0 if offload else 1)  # checkpointing quantized x again
         for name, a, b in zip(("y", "dx", "dW", "db"), got, want):
             assert torch.equal(a, b), name
-    assert layer.weight_quantizations == quantizations  # the recomputation reused the cached weight
+    # Every forward quantized the weight (is_first_microbatch None), the checkpoint's recomputation
+    # too: 2 for the checkpointed step, 1 for the offloaded one, the same bytes each time.
+    assert layer.weight_quantizations == quantizations + 3
 
 
 def test_layernorm_mlp_on_cuda_is_its_pieces():

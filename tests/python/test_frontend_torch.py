@@ -201,22 +201,29 @@ def test_autocast_nests_and_restores_on_exceptions():
     assert not mst.autocast_enabled()
 
 
-def test_weight_quantized_once_until_it_changes():
+def test_weight_kept_as_is_first_microbatch_says():
+    # TransformerEngine's rule: None quantizes on every call and keeps nothing; True quantizes and
+    # keeps; False reuses what was kept (for this recipe), even after the weight changed.
     torch.manual_seed(3)
-    layer = mst.Linear(32, 32)
+    layer = mst.Linear(32, 32, bias=False)  # the optimizer changes only what is quantized
     opt = torch.optim.SGD(layer.parameters(), lr=0.1)
     x = torch.randn(32, 32)
     with mst.autocast(recipe=NVFP4BlockScaling()):
         first = layer(x)
         layer(x).sum().backward()
-        assert layer.weight_quantizations == 1
+        assert layer.weight_quantizations == 2 and layer._cached_weight is None
+        kept = layer(x, is_first_microbatch=True)
+        assert torch.equal(kept, first) and layer.weight_quantizations == 3
         opt.step()  # updates the weight in place
-        second = layer(x)
-        assert layer.weight_quantizations == 2 and not torch.equal(first, second)
-        layer(x)
-        with mst.autocast(recipe=MXFP8BlockScaling()):  # another recipe quantizes again
-            layer(x)
+        assert torch.equal(layer(x, is_first_microbatch=False), kept)  # reused as asked: the old weight
         assert layer.weight_quantizations == 3
+        fresh = layer(x)
+        assert layer.weight_quantizations == 4 and not torch.equal(fresh, first)
+        assert layer._cached_weight is None  # None let go of what was kept
+        layer(x, is_first_microbatch=True)
+        with mst.autocast(recipe=MXFP8BlockScaling()):  # another recipe: quantizes (and keeps) anew
+            layer(x, is_first_microbatch=False)
+        assert layer.weight_quantizations == 6
 
 
 def test_is_first_microbatch_and_writes_through_data():
@@ -224,13 +231,13 @@ def test_is_first_microbatch_and_writes_through_data():
     layer = mst.Linear(32, 32)
     x = torch.randn(32, 32)
     with mst.autocast(recipe=MXFP8BlockScaling()):
-        first = layer(x, is_first_microbatch=False)  # nothing cached yet: quantizes
+        first = layer(x, is_first_microbatch=False)  # nothing kept yet: quantizes and keeps
         with torch.no_grad():
-            layer.weight.data.mul_(2)  # the version counter does not see this
-        assert torch.equal(layer(x), first) and layer.weight_quantizations == 1
-        assert torch.equal(layer(x, is_first_microbatch=False), first)
-        second = layer(x, is_first_microbatch=True)
+            layer.weight.data.mul_(2)  # the version counter does not see this; None quantizes anyway
+        assert torch.equal(layer(x, is_first_microbatch=False), first) and layer.weight_quantizations == 1
+        second = layer(x)
         assert layer.weight_quantizations == 2 and not torch.equal(second, first)
+        assert torch.equal(layer(x, is_first_microbatch=True), second)
 
 
 def test_backward_is_once_differentiable_and_takes_strided_inputs():

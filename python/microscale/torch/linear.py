@@ -8,10 +8,10 @@ each GEMM accumulates in fp32 over exactly dequantized blocks and rounds once to
 draws its seed from torch's default generator, so torch.manual_seed makes a run repeatable (under
 CUDA-graph capture, from torch's CUDA generator inside the graph: a new seed per replay).
 
-The weight's quantization is cached until the weight changes (its version counter or storage),
-so micro-batches between optimizer steps quantize it once; forward's is_first_microbatch
-(TransformerEngine's argument) forces or skips the check; under CUDA-graph capture the weight is
-quantized inside the graph, on every replay. A frozen weight (requires_grad False)
+The weight is quantized on every forward unless forward's is_first_microbatch
+(TransformerEngine's argument) says to keep its quantization (True) or to reuse the kept one
+(False), as TransformerEngine does: micro-batches between optimizer steps then quantize it once
+(WeightCache); under CUDA-graph capture the weight is quantized inside the graph, on every replay. A frozen weight (requires_grad False)
 skips the wgrad GEMM and what only it needs (x's and dy's columnwise quantizations). With
 fuse_wgrad_accumulation (TransformerEngine's argument) dW is added into weight.main_grad.
 """
@@ -61,12 +61,11 @@ class Linear(QuantizedModule):
         init_linear_parameters(self.weight, self.bias, self.init_method)
 
     def forward(self, x, is_first_microbatch=None):
-        """``is_first_microbatch`` (TransformerEngine's argument): None finds out from the weight's
-        version counter and storage whether to quantize it again; True quantizes it (say so after
-        writing the weight through ``.data``, which its version counter does not see); False reuses
-        the cached quantization (of the same recipe) even if the weight changed. Under CUDA-graph
-        capture (CUDA tensors) and traced by torch.compile the weight is quantized inside the graph,
-        on every call, whatever it says."""
+        """``is_first_microbatch`` (TransformerEngine's argument): None quantizes the weight and
+        keeps nothing; True quantizes it and keeps its quantization; False reuses the kept one (of
+        the same recipe, shape, dtype and device; else it quantizes and keeps) even if the weight
+        changed since. Under CUDA-graph capture (CUDA tensors) and traced by torch.compile the
+        weight is quantized inside the graph, on every call, whatever it says."""
         y = quantized_linear(x, self.weight, None if self.return_bias else self.bias, self._weight_cache,
                              is_first_microbatch=is_first_microbatch,
                              fuse_wgrad_accumulation=self.fuse_wgrad_accumulation)

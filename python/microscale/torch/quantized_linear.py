@@ -1,13 +1,13 @@
 """The quantized Linear as a function of its tensors, for every layer of this package that holds
-one (Linear, LayerNormLinear, LayerNormMLP): y = x W^T (+ b) under the autocast scope's recipe,
-the weight's quantization kept in a WeightCache, forward and backward through the C++ layer (CPU
-tensors) or linear_composed.py (CUDA tensors).
+one (Linear, LayerNormLinear, LayerNormMLP, GroupedLinear): y = x W^T (+ b) under the autocast
+scope's recipe, the weight's quantization kept in a WeightCache when is_first_microbatch says so,
+forward and backward through the C++ layer (CPU tensors) or linear_composed.py (CUDA tensors).
 
 Traced by torch.compile, the layer is linear_composed.py's autograd function on either device,
 its quantize, gemm and column-sum calls the library's ops, so that dynamo records the layer whole
 in the model's graph (fullgraph=True works). There the weight is quantized inside the graph on
-every call (a traced function keeps no cache: the weight cache's checks read Python state that
-the graph could not guard), and fuse_wgrad_accumulation, whose backward writes weight.main_grad
+every call, whatever is_first_microbatch says (the kept quantization is Python state, which a
+graph does not read), and fuse_wgrad_accumulation, whose backward writes weight.main_grad
 in place, runs the layer eagerly (a graph break on each side)."""
 
 import math
@@ -69,9 +69,14 @@ class _LinearFunction(torch.autograd.Function):
 
 
 class WeightCache:
-    """A weight's quantization under a recipe, kept until the weight changes: its version counter
-    (an optimizer step's in-place update) or its storage, or another recipe, shape, dtype or
-    device. Micro-batches between optimizer steps quantize the weight once."""
+    """A weight's quantization under a recipe, kept when the caller says so, as TransformerEngine
+    decides (its forward's is_first_microbatch): None quantizes the weight on every call and keeps
+    nothing; True quantizes it and keeps the result; False reuses what was kept (and quantizes and
+    keeps it when nothing usable was: none yet, or another shape, dtype, device or recipe).
+
+    Nothing is kept unasked because no check of the weight can be trusted to see every change:
+    FSDP2 writes the gathered weight into the same storage without moving its version counter,
+    and a write through .data moves nothing either."""
 
     def __init__(self):
         self.key = None
@@ -80,25 +85,25 @@ class WeightCache:
 
     def get(self, weight, plan, is_first_microbatch):
         """The weight quantized under `plan` (a LinearPlan; both usages). is_first_microbatch: see
-        Linear.forward."""
+        the class."""
         if weight.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             # Captured into a CUDA graph: the weight is quantized inside the graph, so that each replay
             # quantizes what the weight holds then (an optimizer step between replays writes it in
-            # place, unseen by any check made at capture). Not cached: the graph owns that memory, and
-            # a cached quantization captured as a constant would be stale, or freed, later.
+            # place, unseen by any check made at capture). Not kept: the graph owns that memory, and
+            # a kept quantization captured as a constant would be stale, or freed, later.
             self.quantizations += 1
             return quantize_for(weight.detach(), plan.weight)
-        key = (weight._version, weight.data_ptr(), tuple(weight.shape), weight.dtype, weight.device, plan)
-        # Another shape, dtype, device or recipe needs a new quantization whatever the caller says.
-        unusable = self.key is None or self.key[2:] != key[2:]
-        if is_first_microbatch or unusable or (is_first_microbatch is None and key != self.key):
-            if weight.device.type == "cuda":  # a torch-level QuantizedTensor on the weight's device
-                self.quantized = quantize_for(weight.detach(), plan.weight)
-            else:  # the C++ QuantizedTensor that _C.linear_forward takes
-                self.quantized = _C.quantize(weight.detach(), _C.quantize_options(plan.recipe, "weight"), False)
-            self.key = key
-            self.quantizations += 1
-        return self.quantized
+        key = (tuple(weight.shape), weight.dtype, weight.device, plan)
+        if is_first_microbatch is False and key == self.key:
+            return self.quantized
+        if weight.device.type == "cuda":  # a torch-level QuantizedTensor on the weight's device
+            quantized = quantize_for(weight.detach(), plan.weight)
+        else:  # the C++ QuantizedTensor that _C.linear_forward takes
+            quantized = _C.quantize(weight.detach(), _C.quantize_options(plan.recipe, "weight"), False)
+        self.quantizations += 1
+        # None keeps nothing, and lets go of what an earlier call kept (its memory, and a stale value).
+        self.key, self.quantized = (None, None) if is_first_microbatch is None else (key, quantized)
+        return quantized
 
 
 def quantized_linear(x, weight, bias, cache, *, is_first_microbatch=None, fuse_wgrad_accumulation=False):
