@@ -5,10 +5,11 @@ A training step is y = layer(x); y.backward(dy). Timed eagerly, as a user runs i
 per-call cost included), as the median over several runs of back-to-back steps:
 
   torch BF16       torch.nn.Linear: cuBLAS BF16 for the three GEMMs
-  microscale NVFP4 microscale.torch.Linear under NVFP4BlockScaling(): two CUDA quantize calls
+  microscale NVFP4 microscale.torch.Linear under NVFP4BlockScaling(): three CUDA quantize calls
                    per step (x and dy, each rowwise and columnwise with the RHT, dy with stochastic
-                   rounding; the weight's quantization cached) and three NVFP4 GEMMs through
-                   mst.gemm (the expanded path at these shapes: exact bf16 copies and cuBLAS)
+                   rounding; the weight in 16x16 tiles, on every step as TransformerEngine does
+                   when is_first_microbatch is None) and three NVFP4 GEMMs through mst.gemm (the
+                   expanded path at these shapes: exact bf16 copies and cuBLAS)
   microscale MXFP8 the same under MXFP8BlockScaling(): MXFP8 E4M3 operands (rowwise and the
                    untransposed columnwise outputs), the GEMMs on the same expanded path
 
@@ -17,8 +18,8 @@ whole into a CUDA graph (torch.cuda.graph, after warm-up steps on a side stream)
 step without the host's per-call cost, beside torch's BF16 step captured the same way (the
 baseline a user of CUDA graphs has). Then each layer compiled whole by torch.compile
 (fullgraph=True), with the default mode and with mode="reduce-overhead" (inductor's CUDA graphs),
-beside torch's BF16 layer compiled the same way; compiled, the quantized layer quantizes its
-weight on every step (eagerly and in torch.cuda.graph captures the cache keeps it). Writes JSON.
+beside torch's BF16 layer compiled the same way. Every mode quantizes the weight on every step.
+Writes JSON.
 Usage: python3 bench/linear_cuda_bench.py [OUT.json] (torch with CUDA, microscale built with it)
 """
 
