@@ -171,3 +171,28 @@ def test_module_options_and_errors():
         assert "_extra_state" not in layer.state_dict()
     with pytest.raises(TypeError):
         mst.LayerNormLinear(64, 32, 1e-5, False)  # TE's 4th positional argument is sequence_parallel
+
+
+@pytest.mark.parametrize("module_class", [mst.LayerNorm, mst.RMSNorm])
+@pytest.mark.parametrize("zero_centered_gamma", [False, True])
+def test_standalone_norms(module_class, zero_centered_gamma):
+    """TransformerEngine's LayerNorm and RMSNorm: its parameter names, gamma 1 and beta 0 to begin
+    with, against float64 rounded once (within one bf16 ulp), and gradients for the parameters."""
+    module = module_class(64, eps=1e-6, params_dtype=torch.bfloat16, zero_centered_gamma=zero_centered_gamma)
+    layer_norm = module_class is mst.LayerNorm
+    assert set(module.state_dict()) == ({"weight", "bias"} if layer_norm else {"weight"})
+    assert bool((module.weight == (0 if zero_centered_gamma else 1)).all())
+    with torch.no_grad():
+        module.weight.add_(torch.linspace(-0.5, 0.5, 64).to(torch.bfloat16))
+        if layer_norm:
+            module.bias.add_(0.25)
+    x = (torch.randn(2, 16, 64) * 3 + 1).to(torch.bfloat16).requires_grad_()
+    y = module(x)
+    gamma = module.weight.float() + (1 if zero_centered_gamma else 0)
+    want = reference_norm(x.detach(), "LayerNorm" if layer_norm else "RMSNorm", gamma, module.bias, module.eps)
+    assert y.dtype == torch.bfloat16 and y.shape == x.shape
+    assert bool(((y.double() - want.double()).abs() <= 2.0**-7 * want.double().abs() + 1e-6).all())
+    y.float().sum().backward()
+    assert x.grad is not None and module.weight.grad is not None
+    with pytest.raises(TypeError):
+        module_class(64, 1e-5, False)  # TE's third positional argument is sequence_parallel

@@ -13,7 +13,8 @@ autocast scope of the call, as TransformerEngine's te.checkpoint. mst.convert_li
 swaps a model's torch.nn.Linear layers for this Linear, in place. LayerNormLinear and
 LayerNormMLP are TransformerEngine's modules of those names (the norm and activation in high
 precision, the Linears quantized), with its parameter names; GroupedLinear is its mixture-of-experts
-Linear (one quantized Linear per expert, the input split by rows).
+Linear (one quantized Linear per expert, the input split by rows); LayerNorm and RMSNorm its
+standalone normalizations (in high precision, as its).
 Outside an enabled autocast scope a Linear runs in high precision, as TransformerEngine's modules
 do outside theirs. With microscale's CUDA backend, the Linear, quantize / dequantize and gemm also
 take CUDA tensors (the Hopper kernels: the same bytes; gemm runs the library's GEMM for NVFP4 and
@@ -28,14 +29,17 @@ from .grouped_linear import GroupedLinear
 from .layernorm_linear import LayerNormLinear
 from .layernorm_mlp import LayerNormMLP
 from .linear import Linear
+from .normalization import LayerNorm, RMSNorm
 from .ops import QuantizedTensor, dequantize, quantize
 
 __all__ = [
     "GroupedLinear",
+    "LayerNorm",
     "LayerNormLinear",
     "LayerNormMLP",
     "Linear",
     "QuantizedTensor",
+    "RMSNorm",
     "autocast",
     "autocast_enabled",
     "checkpoint",

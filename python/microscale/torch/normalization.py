@@ -1,8 +1,9 @@
 """The normalizations of LayerNormLinear and LayerNormMLP, as TransformerEngine defines them
 (its modules' `normalization`, `eps` and `zero_centered_gamma`): computed in fp32 from the input
 and fp32 copies of the parameters, the result rounded once to the input's dtype. The quantized
-GEMM after it quantizes that result (TransformerEngine's fused kernels may quantize the fp32
-result directly; its own PyTorch reference in its tests rounds first, as here)."""
+GEMM after it quantizes that result, as TransformerEngine does (its normalization kernels write
+the input's dtype, and its fused NVFP4 path takes the amax of those rounded values). Also its
+standalone LayerNorm and RMSNorm modules, in high precision as its are."""
 
 import torch
 
@@ -44,3 +45,49 @@ def normalize(x, normalization, weight, bias, eps, zero_centered_gamma):
     else:
         out = torch.nn.functional.rms_norm(x.float(), features, gamma, eps)
     return out.to(x.dtype)
+
+
+class _Norm(torch.nn.Module):
+    """TransformerEngine's standalone normalization modules: parameters `weight` (gamma; gamma - 1
+    with zero_centered_gamma) and, for LayerNorm, `bias`, of params_dtype (default: torch's
+    default dtype), gamma 1 and beta 0 to begin with; forward in fp32, rounded once to x's dtype."""
+
+    normalization = None  # "LayerNorm" or "RMSNorm"
+
+    # Keyword arguments after eps: TransformerEngine's third position holds sequence_parallel.
+    def __init__(self, hidden_size, eps=1e-5, *, params_dtype=None, zero_centered_gamma=False, device=None):
+        super().__init__()
+        params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
+        self.hidden_size, self.eps, self.zero_centered_gamma = hidden_size, eps, zero_centered_gamma
+        self.weight = torch.nn.Parameter(torch.empty(hidden_size, dtype=params_dtype, device=device))
+        if self.normalization == "LayerNorm":
+            self.bias = torch.nn.Parameter(torch.empty(hidden_size, dtype=params_dtype, device=device))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        with torch.no_grad():
+            self.weight.fill_(0.0 if self.zero_centered_gamma else 1.0)
+            if self.bias is not None:
+                self.bias.zero_()
+
+    def forward(self, x):
+        return normalize(x, self.normalization, self.weight, self.bias, self.eps, self.zero_centered_gamma)
+
+    def extra_repr(self):
+        return f"{self.hidden_size}, eps={self.eps}, zero_centered_gamma={self.zero_centered_gamma}"
+
+
+class LayerNorm(_Norm):
+    """TransformerEngine's LayerNorm(hidden_size, eps): (x - mean) / sqrt(var + eps) * gamma + beta
+    over the last dim."""
+
+    normalization = "LayerNorm"
+
+
+class RMSNorm(_Norm):
+    """TransformerEngine's RMSNorm(hidden_size, eps): x / sqrt(mean(x^2) + eps) * gamma over the last
+    dim."""
+
+    normalization = "RMSNorm"
