@@ -238,6 +238,13 @@ def test_is_first_microbatch_and_writes_through_data():
         second = layer(x)
         assert layer.weight_quantizations == 2 and not torch.equal(second, first)
         assert torch.equal(layer(x, is_first_microbatch=True), second)
+    # A call in high precision (outside a scope) with is_first_microbatch True lets go of what was
+    # kept: a later False quantizes the weight as it is then.
+    with torch.no_grad():
+        layer.weight.mul_(2)
+    layer(x, is_first_microbatch=True)
+    with mst.autocast(recipe=MXFP8BlockScaling()):
+        assert torch.equal(layer(x, is_first_microbatch=False), layer(x))
 
 
 def test_backward_is_once_differentiable_and_takes_strided_inputs():

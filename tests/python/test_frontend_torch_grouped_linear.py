@@ -156,3 +156,45 @@ def test_grouped_linear_shapes_and_split_forms():
     for bad in (torch.tensor([32.0, 32.0]), [32.0, 32.0], torch.tensor([[32, 32]])):
         with pytest.raises(ms.Error, match="m_splits must be"):
             grouped(torch.randn(64, 32), bad)
+
+
+def test_an_empty_expert_keeps_no_older_weight():
+    # Step k keeps expert 1's quantization (True); the optimizer changes the weights; on step k+1
+    # expert 1 gets no rows on the first micro-batch (True), then rows on the next (False): it must
+    # quantize its new weight, not reuse step k's (TransformerEngine quantizes every expert's
+    # weight on a first micro-batch).
+    torch.manual_seed(6)
+    grouped = mst.GroupedLinear(2, 32, 64, bias=False)
+    optimizer = torch.optim.SGD(grouped.parameters(), lr=0.5)
+    x = torch.randn(64, 32)
+    with mst.autocast(recipe=MXFP8BlockScaling()):
+        grouped(x, [32, 32], is_first_microbatch=True).square().sum().backward()
+        optimizer.step()
+        grouped(x, [64, 0], is_first_microbatch=True)
+        got = grouped(x, [32, 32], is_first_microbatch=False)
+        want = grouped(x, [32, 32])  # quantizes both weights as they are now
+    assert torch.equal(got, want)
+
+
+def test_traced_grouped_linear_with_an_empty_expert():
+    torch._dynamo.reset()
+    torch.manual_seed(7)
+    x, dy = torch.randn(64, 64), torch.randn(64, 32)
+    for fused in (False, True):
+        grouped = mst.GroupedLinear(2, 64, 32, fuse_wgrad_accumulation=fused)
+        for w in grouped.weights:
+            w.main_grad = torch.zeros(32, 64)
+        compiled = torch.compile(grouped, backend="aot_eager", fullgraph=not fused)
+        results = []
+        for forward in (grouped, compiled):
+            with mst.autocast(recipe=MXFP8BlockScaling()):
+                y = forward(x, [64, 0])
+            y.backward(dy)
+            results.append([y.detach()] + [t.clone() for w in grouped.weights
+                                            for t in ((w.main_grad,) if fused else (w.grad,))])
+            for w in grouped.weights:
+                w.grad = None
+                w.main_grad.zero_()
+        for a, b in zip(*results):
+            assert torch.equal(a, b), fused
+        torch._dynamo.reset()

@@ -52,6 +52,11 @@ class _EmptyExpert(torch.autograd.Function):
         return grad_output.new_empty(ctx.x_shape, dtype=ctx.x_dtype), grad_weight, grad_bias, None
 
 
+# With fuse_wgrad_accumulation the empty expert's backward sets Megatron-LM's attribute on the
+# weight, which traced code cannot: it runs eagerly (a graph break), as the experts with rows do.
+_untraced_empty_expert = torch.compiler.disable(_EmptyExpert.apply)
+
+
 class GroupedLinear(QuantizedModule):
     """num_gemms experts of [out_features, in_features] (weight{i}, and bias{i} with ``bias``),
     parameters of params_dtype (default: torch's default dtype), initialised as
@@ -118,7 +123,10 @@ class GroupedLinear(QuantizedModule):
             weight, bias = getattr(self, f"weight{i}"), getattr(self, f"bias{i}")
             bias = None if self.return_bias else bias
             if x_i.shape[0] == 0:  # no rows for this expert: nothing to quantize
-                outputs.append(_EmptyExpert.apply(x_i, weight, bias, self.fuse_wgrad_accumulation))
+                if not torch.compiler.is_compiling():
+                    self._weight_caches[i].forget_unless_reused(is_first_microbatch)
+                empty = _untraced_empty_expert if self.fuse_wgrad_accumulation else _EmptyExpert.apply
+                outputs.append(empty(x_i, weight, bias, self.fuse_wgrad_accumulation))
                 continue
             outputs.append(quantized_linear(x_i, weight, bias, self._weight_caches[i],
                                             is_first_microbatch=is_first_microbatch,

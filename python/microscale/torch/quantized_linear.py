@@ -91,10 +91,11 @@ class WeightCache:
             # quantizes what the weight holds then (an optimizer step between replays writes it in
             # place, unseen by any check made at capture). Not kept: the graph owns that memory, and
             # a kept quantization captured as a constant would be stale, or freed, later.
+            self.forget_unless_reused(is_first_microbatch)
             self.quantizations += 1
             return quantize_for(weight.detach(), plan.weight)
         key = (tuple(weight.shape), weight.dtype, weight.device, plan)
-        if is_first_microbatch is False and key == self.key:
+        if _reuses(is_first_microbatch) and key == self.key:
             return self.quantized
         if weight.device.type == "cuda":  # a torch-level QuantizedTensor on the weight's device
             quantized = quantize_for(weight.detach(), plan.weight)
@@ -105,6 +106,19 @@ class WeightCache:
         self.key, self.quantized = (None, None) if is_first_microbatch is None else (key, quantized)
         return quantized
 
+    def forget_unless_reused(self, is_first_microbatch):
+        """Lets go of the kept quantization, for a call that does not quantize the weight into the
+        cache (high precision, an expert given no rows, a CUDA-graph capture) where the caller did
+        not ask to reuse it: a later call asking to reuse it must not get an older weight."""
+        if not _reuses(is_first_microbatch):
+            self.key = self.quantized = None
+
+
+def _reuses(is_first_microbatch):
+    """TransformerEngine's reading of is_first_microbatch: False (or another falsy value but None)
+    reuses the kept quantization."""
+    return is_first_microbatch is not None and not is_first_microbatch
+
 
 def quantized_linear(x, weight, bias, cache, *, is_first_microbatch=None, fuse_wgrad_accumulation=False):
     """x W^T (+ bias) under the autocast scope's recipe: torch.nn.functional.linear outside an
@@ -113,6 +127,8 @@ def quantized_linear(x, weight, bias, cache, *, is_first_microbatch=None, fuse_w
     layer with the weight quantized in the graph (the module's docstring)."""
     plan = current_plan()
     if plan is None:  # no enabled scope, or HighPrecision
+        if not torch.compiler.is_compiling():
+            cache.forget_unless_reused(is_first_microbatch)
         return torch.nn.functional.linear(x, weight, bias)
     devices = {x.device.type, weight.device.type}
     if devices not in ({"cpu"}, {"cuda"}):
