@@ -268,3 +268,23 @@ def test_torch_export_takes_a_quantized_model(strict):
     if not strict:  # dynamo's export wraps the layers in higher-order ops; torch's lists the ops
         ops = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
         assert {"microscale.quantize.default", "microscale.gemm.default"} <= ops
+
+
+def test_checkpoint_inside_compiled_code():
+    # mst.checkpoint traced: the region is part of the graph (its recomputation the traced
+    # operations), with eager's results.
+    model = make_model()
+    x = torch.randn(32, 64)
+    recipe = MXFP8BlockScaling()
+
+    def forward(t):
+        return mst.checkpoint(model, t)
+
+    want = train_step(model, lambda t: _under(recipe, forward, t), x)
+    compiled = torch.compile(forward, backend="aot_eager", fullgraph=True)
+    assert_same_step(train_step(model, lambda t: _under(recipe, compiled, t), x), want)
+
+
+def _under(recipe, fn, t):
+    with mst.autocast(recipe=recipe):
+        return fn(t)

@@ -24,6 +24,11 @@ def checkpoint(function, *args, **kwargs):
     for name in ("use_reentrant", "context_fn"):
         if name in kwargs:
             raise TypeError(f"microscale.torch.checkpoint sets {name} itself")
+    if torch.compiler.is_compiling():
+        # Traced, the region becomes part of the graph and its recomputation is the traced
+        # operations, made under the scope in force when they were traced: no scope to re-enter
+        # (and dynamo takes no context_fn of this kind).
+        return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)
     enabled, recipe = autocast_enabled(), current_recipe()
 
     def contexts():
