@@ -33,7 +33,7 @@ class LayerNormLinear(QuantizedModule):
         self.reset_parameters()
 
     def reset_parameters(self):
-        reset_norm_parameters(self, self.zero_centered_gamma)
+        reset_norm_parameters(self.layer_norm_weight, self.layer_norm_bias, self.zero_centered_gamma)
         init_linear_parameters(self.weight, self.bias, self.init_method)
 
     @property

@@ -45,7 +45,7 @@ class LayerNormMLP(QuantizedModule):
         self.reset_parameters()
 
     def reset_parameters(self):
-        reset_norm_parameters(self, self.zero_centered_gamma)
+        reset_norm_parameters(self.layer_norm_weight, self.layer_norm_bias, self.zero_centered_gamma)
         init_linear_parameters(self.fc1_weight, self.fc1_bias, self.init_method)
         init_linear_parameters(self.fc2_weight, self.fc2_bias, self.output_layer_init_method)
 

@@ -28,12 +28,13 @@ def norm_parameters(module, features, normalization, params_dtype, device):
         module.register_parameter("layer_norm_bias", None)
 
 
-def reset_norm_parameters(module, zero_centered_gamma):
-    """gamma = 1 (stored as 0 when zero_centered_gamma, which stores gamma - 1), beta = 0."""
+def reset_norm_parameters(weight, bias, zero_centered_gamma):
+    """gamma = 1 (stored as 0 when zero_centered_gamma, which stores gamma - 1), beta = 0 (bias
+    None for RMSNorm)."""
     with torch.no_grad():
-        module.layer_norm_weight.fill_(0.0 if zero_centered_gamma else 1.0)
-        if module.layer_norm_bias is not None:
-            module.layer_norm_bias.zero_()
+        weight.fill_(0.0 if zero_centered_gamma else 1.0)
+        if bias is not None:
+            bias.zero_()
 
 
 def normalize(x, normalization, weight, bias, eps, zero_centered_gamma):
@@ -67,10 +68,7 @@ class _Norm(torch.nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self):
-        with torch.no_grad():
-            self.weight.fill_(0.0 if self.zero_centered_gamma else 1.0)
-            if self.bias is not None:
-                self.bias.zero_()
+        reset_norm_parameters(self.weight, self.bias, self.zero_centered_gamma)
 
     def forward(self, x):
         return normalize(x, self.normalization, self.weight, self.bias, self.eps, self.zero_centered_gamma)
