@@ -12,6 +12,7 @@ import torch
 from .. import _C
 from .linear_composed import wgrad_result
 from .quantized_linear import QuantizedModule, WeightCache, init_linear_parameters, quantized_linear
+from .tensor_parallel import attach, mark_sequence_parallel, mark_split
 
 
 def _row_counts(m_splits):
@@ -71,15 +72,25 @@ class GroupedLinear(QuantizedModule):
     rows and a zero gradient for its expert's parameters (with fuse_wgrad_accumulation: nothing
     added to main_grad). ``return_bias``: the biases are left out
     of y and returned as a list, each in inp's dtype. ``fuse_wgrad_accumulation``: each weight's
-    gradient is added into its own ``main_grad`` (microscale.torch.Linear's rule)."""
+    gradient is added into its own ``main_grad`` (microscale.torch.Linear's rule).
+
+    ``parallel_mode``, ``tp_size`` and ``tp_group`` (TransformerEngine's arguments) split each
+    expert's weight as microscale.torch.Linear's are split, and that is all they do: as in
+    TransformerEngine, the mixture-of-experts layer's dispatch and combine steps move the tokens
+    between ranks, not this layer. ``get_rng_state_tracker`` / ``rng_tracker_name``: as Linear's."""
 
     # Keyword arguments after out_features: TransformerEngine's positions there hold other arguments.
     def __init__(self, num_gemms, in_features, out_features, *, bias=True, init_method=None, return_bias=False,
-                 params_dtype=None, device=None, fuse_wgrad_accumulation=False):
+                 params_dtype=None, device=None, fuse_wgrad_accumulation=False, tp_group=None, tp_size=1,
+                 parallel_mode=None, sequence_parallel=False, get_rng_state_tracker=None, rng_tracker_name=None):
         super().__init__()
         if num_gemms < 1:
             raise _C.Error(f"microscale.torch.GroupedLinear: num_gemms must be at least 1, not {num_gemms}")
         params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
+        attach(self, "GroupedLinear", tp_group, tp_size, parallel_mode, sequence_parallel, get_rng_state_tracker,
+               rng_tracker_name)
+        self.fan_in = in_features  # the whole layer's, for the default initialisation
+        in_features, out_features = self.tp.local_features(in_features, out_features, parallel_mode)
         self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
         self.use_bias, self.return_bias = bias, return_bias
         self.init_method, self.fuse_wgrad_accumulation = init_method, fuse_wgrad_accumulation
@@ -93,7 +104,14 @@ class GroupedLinear(QuantizedModule):
 
     def reset_parameters(self):
         for weight, bias in zip(self.weights, self.biases):
-            init_linear_parameters(weight, bias, self.init_method)
+            init_linear_parameters(weight, bias, self.init_method, fan_in=self.fan_in,
+                                   get_rng_state_tracker=self.get_rng_state_tracker,
+                                   rng_tracker_name=self.rng_tracker_name)
+            mark_split(weight, 1 if self.parallel_mode == "row" else 0)
+            if bias is not None and self.parallel_mode == "row":
+                mark_sequence_parallel(bias, self.sequence_parallel)
+            elif bias is not None and self.parallel_mode == "column":
+                mark_split(bias, 0)
 
     @property
     def weights(self):

@@ -5,8 +5,10 @@ state dicts load."""
 
 import torch
 
+from .. import _C
 from .normalization import norm_parameters, normalize, reset_norm_parameters
 from .quantized_linear import QuantizedModule, WeightCache, init_linear_parameters, quantized_linear, te_outputs
+from .tensor_parallel import attach, mark_sequence_parallel, mark_split
 
 
 class LayerNormLinear(QuantizedModule):
@@ -14,14 +16,28 @@ class LayerNormLinear(QuantizedModule):
     (microscale.torch.Linear's numerics, weight cache and arguments). ``return_layernorm_output``:
     forward also returns the normalization's output (x's dtype); with ``return_bias`` the bias is
     left out of y and returned. Outputs in TransformerEngine's order: y, then the bias (with
-    return_bias), then the normalization's output (with return_layernorm_output)."""
+    return_bias), then the normalization's output (with return_layernorm_output).
+
+    Tensor parallelism (microscale.torch.Linear's arguments): ``parallel_mode`` None or "column"
+    (TransformerEngine has no row-parallel normalization either); with ``sequence_parallel`` the
+    normalization runs on this rank's rows of x and its output is gathered for the GEMM, and
+    ``return_layernorm_output_gathered`` returns that gathered output instead of this rank's."""
 
     # Keyword arguments after eps: TransformerEngine's positions there hold other arguments.
     def __init__(self, in_features, out_features, eps=1e-5, *, bias=True, normalization="LayerNorm",
-                 return_layernorm_output=False, zero_centered_gamma=False, init_method=None, return_bias=False,
-                 params_dtype=None, device=None, fuse_wgrad_accumulation=False):
+                 return_layernorm_output=False, return_layernorm_output_gathered=False, zero_centered_gamma=False,
+                 init_method=None, return_bias=False, params_dtype=None, device=None, fuse_wgrad_accumulation=False,
+                 tp_group=None, tp_size=1, parallel_mode=None, sequence_parallel=False, get_rng_state_tracker=None,
+                 rng_tracker_name=None):
         super().__init__()
         params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
+        attach(self, "LayerNormLinear", tp_group, tp_size, parallel_mode, sequence_parallel, get_rng_state_tracker,
+               rng_tracker_name)
+        if parallel_mode == "row":
+            raise _C.Error("microscale.torch.LayerNormLinear: parallel_mode 'row' is not supported: the normalization "
+                           "needs whole rows of x (TransformerEngine has no row-parallel LayerNormLinear either)")
+        in_features, out_features = self.tp.local_features(in_features, out_features, parallel_mode)
+        self.return_layernorm_output_gathered = return_layernorm_output and return_layernorm_output_gathered
         self.in_features, self.out_features, self.eps = in_features, out_features, eps
         self.normalization, self.zero_centered_gamma = normalization, zero_centered_gamma
         self.return_layernorm_output, self.return_bias = return_layernorm_output, return_bias
@@ -34,7 +50,13 @@ class LayerNormLinear(QuantizedModule):
 
     def reset_parameters(self):
         reset_norm_parameters(self.layer_norm_weight, self.layer_norm_bias, self.zero_centered_gamma)
-        init_linear_parameters(self.weight, self.bias, self.init_method)
+        init_linear_parameters(self.weight, self.bias, self.init_method,
+                               get_rng_state_tracker=self.get_rng_state_tracker, rng_tracker_name=self.rng_tracker_name)
+        mark_sequence_parallel(self.layer_norm_weight, self.sequence_parallel)
+        mark_sequence_parallel(self.layer_norm_bias, self.sequence_parallel)
+        mark_split(self.weight, 0)
+        if self.bias is not None and self.parallel_mode == "column":
+            mark_split(self.bias, 0)
 
     @property
     def weight_quantizations(self):
@@ -43,10 +65,12 @@ class LayerNormLinear(QuantizedModule):
     def forward(self, x, is_first_microbatch=None):
         ln_out = normalize(x, self.normalization, self.layer_norm_weight, self.layer_norm_bias, self.eps,
                            self.zero_centered_gamma)
-        y = quantized_linear(ln_out, self.weight, None if self.return_bias else self.bias, self._weight_cache,
+        ln_total = self.tp.column_input(ln_out) if self.parallel_mode == "column" else ln_out
+        y = quantized_linear(ln_total, self.weight, None if self.return_bias else self.bias, self._weight_cache,
                              is_first_microbatch=is_first_microbatch,
                              fuse_wgrad_accumulation=self.fuse_wgrad_accumulation)
-        return te_outputs(y, x, self.bias, ln_out, self.return_bias, self.return_layernorm_output)
+        ln_returned = ln_total if self.return_layernorm_output_gathered and self.sequence_parallel else ln_out
+        return te_outputs(y, x, self.bias, ln_returned, self.return_bias, self.return_layernorm_output)
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

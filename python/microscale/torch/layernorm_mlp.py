@@ -6,9 +6,11 @@ dicts load."""
 
 import torch
 
+from .. import _C
 from .activations import activate, is_gated
 from .normalization import norm_parameters, normalize, reset_norm_parameters
 from .quantized_linear import QuantizedModule, WeightCache, init_linear_parameters, quantized_linear, te_outputs
+from .tensor_parallel import attach, mark_sequence_parallel, mark_split
 
 
 class LayerNormMLP(QuantizedModule):
@@ -17,16 +19,34 @@ class LayerNormMLP(QuantizedModule):
     hidden_size]. FC1's weight is initialised by ``init_method``, FC2's by
     ``output_layer_init_method`` (each torch.nn.Linear's initialisation when None). Outputs in
     TransformerEngine's order: y, then FC2's bias (with return_bias, which leaves it out of y),
-    then the normalization's output (with return_layernorm_output)."""
+    then the normalization's output (with return_layernorm_output).
+
+    Tensor parallelism (TransformerEngine's arguments; tensor_parallel.py): with a ``tp_group`` or
+    ``tp_size`` above 1 each rank holds ffn_hidden_size / tp_size of the hidden features (FC1's
+    rows, both halves of a gated FC1 for its share, FC2's columns); ``set_parallel_mode`` runs FC1
+    column-parallel and FC2 row-parallel, with their collectives, and adds FC2's bias after the
+    ranks' partial products are summed (outside the GEMM, as TransformerEngine does). With
+    ``sequence_parallel`` (which needs set_parallel_mode) x holds this rank's rows: the
+    normalization's output is gathered for FC1, FC2's output reduce-scattered back to these
+    rows, and ``return_layernorm_output_gathered`` returns the gathered normalization output."""
 
     # Keyword arguments after eps: TransformerEngine's positions there hold other arguments.
     def __init__(self, hidden_size, ffn_hidden_size, eps=1e-5, *, bias=True, normalization="LayerNorm",
-                 activation="gelu", return_layernorm_output=False, zero_centered_gamma=False, init_method=None,
-                 output_layer_init_method=None, return_bias=False, params_dtype=None, device=None,
-                 fuse_wgrad_accumulation=False):
+                 activation="gelu", return_layernorm_output=False, return_layernorm_output_gathered=False,
+                 zero_centered_gamma=False, init_method=None, output_layer_init_method=None, return_bias=False,
+                 params_dtype=None, device=None, fuse_wgrad_accumulation=False, tp_group=None, tp_size=1,
+                 set_parallel_mode=False, sequence_parallel=False, get_rng_state_tracker=None, rng_tracker_name=None):
         super().__init__()
         params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
-        fc1_features = ffn_hidden_size * (2 if is_gated(activation) else 1)
+        attach(self, "LayerNormMLP", tp_group, tp_size, None, sequence_parallel, get_rng_state_tracker,
+               rng_tracker_name)
+        if self.sequence_parallel and not set_parallel_mode:
+            raise _C.Error("microscale.torch.LayerNormMLP: sequence_parallel needs set_parallel_mode (the collectives "
+                           "that gather x's rows and scatter them back)")
+        self.set_parallel_mode = set_parallel_mode
+        self.return_layernorm_output_gathered = return_layernorm_output and return_layernorm_output_gathered
+        self.size_per_partition = self.tp.split(ffn_hidden_size, "ffn_hidden_size")
+        fc1_features = self.size_per_partition * (2 if is_gated(activation) else 1)
         self.hidden_size, self.ffn_hidden_size, self.eps = hidden_size, ffn_hidden_size, eps
         self.normalization, self.activation, self.zero_centered_gamma = normalization, activation, zero_centered_gamma
         self.return_layernorm_output, self.return_bias = return_layernorm_output, return_bias
@@ -39,15 +59,25 @@ class LayerNormMLP(QuantizedModule):
 
         self.fc1_weight = parameter(fc1_features, hidden_size)
         self.fc1_bias = parameter(fc1_features) if bias else None
-        self.fc2_weight = parameter(hidden_size, ffn_hidden_size)
+        self.fc2_weight = parameter(hidden_size, self.size_per_partition)
         self.fc2_bias = parameter(hidden_size) if bias else None
         self._fc1_cache, self._fc2_cache = WeightCache(), WeightCache()
         self.reset_parameters()
 
     def reset_parameters(self):
         reset_norm_parameters(self.layer_norm_weight, self.layer_norm_bias, self.zero_centered_gamma)
-        init_linear_parameters(self.fc1_weight, self.fc1_bias, self.init_method)
-        init_linear_parameters(self.fc2_weight, self.fc2_bias, self.output_layer_init_method)
+        tracker = dict(get_rng_state_tracker=self.get_rng_state_tracker, rng_tracker_name=self.rng_tracker_name)
+        init_linear_parameters(self.fc1_weight, self.fc1_bias, self.init_method, **tracker)
+        init_linear_parameters(self.fc2_weight, self.fc2_bias, self.output_layer_init_method,
+                               fan_in=self.ffn_hidden_size, **tracker)
+        mark_sequence_parallel(self.layer_norm_weight, self.sequence_parallel)
+        mark_sequence_parallel(self.layer_norm_bias, self.sequence_parallel)
+        mark_split(self.fc1_weight, 0)
+        mark_split(self.fc2_weight, 1)
+        if self.fc1_bias is not None:
+            mark_split(self.fc1_bias, 0)
+            if self.set_parallel_mode:
+                mark_sequence_parallel(self.fc2_bias, self.sequence_parallel)
 
     @property
     def weight_quantizations(self):
@@ -58,11 +88,18 @@ class LayerNormMLP(QuantizedModule):
         ln_out = normalize(x, self.normalization, self.layer_norm_weight, self.layer_norm_bias, self.eps,
                            self.zero_centered_gamma)
         options = dict(is_first_microbatch=is_first_microbatch, fuse_wgrad_accumulation=self.fuse_wgrad_accumulation)
-        hidden = activate(quantized_linear(ln_out, self.fc1_weight, self.fc1_bias, self._fc1_cache, **options),
+        ln_total = self.tp.column_input(ln_out) if self.set_parallel_mode else ln_out
+        hidden = activate(quantized_linear(ln_total, self.fc1_weight, self.fc1_bias, self._fc1_cache, **options),
                           self.activation)
-        y = quantized_linear(hidden, self.fc2_weight, None if self.return_bias else self.fc2_bias, self._fc2_cache,
-                             **options)
-        return te_outputs(y, x, self.fc2_bias, ln_out, self.return_bias, self.return_layernorm_output)
+        unfused_bias = self.set_parallel_mode  # added after the row-parallel sum, as TransformerEngine adds it
+        y = quantized_linear(hidden, self.fc2_weight, None if self.return_bias or unfused_bias else self.fc2_bias,
+                             self._fc2_cache, **options)
+        if self.set_parallel_mode:
+            y = self.tp.row_output(y)
+            if self.fc2_bias is not None and not self.return_bias:
+                y = y + self.fc2_bias.to(y.dtype)
+        ln_returned = ln_total if self.return_layernorm_output_gathered and self.sequence_parallel else ln_out
+        return te_outputs(y, x, self.fc2_bias, ln_returned, self.return_bias, self.return_layernorm_output)
 
     def extra_repr(self):
         return (f"hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "

@@ -19,6 +19,7 @@ fuse_wgrad_accumulation (TransformerEngine's argument) dW is added into weight.m
 import torch
 
 from .quantized_linear import QuantizedModule, WeightCache, init_linear_parameters, quantized_linear, te_outputs
+from .tensor_parallel import attach, mark_sequence_parallel, mark_split
 
 
 class Linear(QuantizedModule):
@@ -37,18 +38,32 @@ class Linear(QuantizedModule):
     weight gradient is added in fp32 into ``weight.main_grad`` (float32 [out_features,
     in_features] on the weight's device, which the caller allocates) instead of being returned;
     weight.grad stays None, or, for a weight with Megatron-LM's grad_added_to_main_grad attribute,
-    gets TransformerEngine's placeholder (docs/python.md)."""
+    gets TransformerEngine's placeholder (docs/python.md).
 
+    Tensor parallelism (TransformerEngine's arguments; tensor_parallel.py): ``parallel_mode``
+    "column" keeps out_features / tp_size rows of the weight and bias on each rank, "row"
+    in_features / tp_size columns of the weight (the bias whole, added after the ranks' partial
+    products are summed, outside the GEMM as TransformerEngine adds it); ``tp_group`` (or, without
+    one, ``tp_size`` on torch.distributed's default group) and ``sequence_parallel`` (x's first dim
+    split over the ranks). in_features and out_features are the whole layer's; the attributes of
+    those names hold this rank's. ``get_rng_state_tracker`` and ``rng_tracker_name``: the weight's
+    initialisation runs under that RNG tracker's fork, as TransformerEngine's does."""
+
+    # Keyword arguments after bias: TransformerEngine's positions there hold other arguments.
     def __init__(self, in_features, out_features, bias=True, *, init_method=None, return_bias=False,
-                 params_dtype=None, device=None, fuse_wgrad_accumulation=False):
+                 params_dtype=None, device=None, fuse_wgrad_accumulation=False, tp_group=None, tp_size=1,
+                 parallel_mode=None, sequence_parallel=False, get_rng_state_tracker=None, rng_tracker_name=None):
         super().__init__()
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
         self.init_method = init_method
         self.return_bias = return_bias
         if params_dtype is None:  # as TransformerEngine's modules
             params_dtype = torch.get_default_dtype()
-        self.in_features = in_features
-        self.out_features = out_features
+        attach(self, "Linear", tp_group, tp_size, parallel_mode, sequence_parallel, get_rng_state_tracker,
+               rng_tracker_name)
+        self.fan_in = in_features  # the whole layer's, for the default initialisation
+        in_features, out_features = self.tp.local_features(in_features, out_features, parallel_mode)
+        self.in_features, self.out_features = in_features, out_features
         self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, dtype=params_dtype, device=device))
         if bias:
             self.bias = torch.nn.Parameter(torch.empty(out_features, dtype=params_dtype, device=device))
@@ -58,7 +73,14 @@ class Linear(QuantizedModule):
         self.reset_parameters()
 
     def reset_parameters(self):
-        init_linear_parameters(self.weight, self.bias, self.init_method)
+        init_linear_parameters(self.weight, self.bias, self.init_method, fan_in=self.fan_in,
+                               get_rng_state_tracker=self.get_rng_state_tracker, rng_tracker_name=self.rng_tracker_name)
+        mark_split(self.weight, 1 if self.parallel_mode == "row" else 0)
+        if self.bias is not None:
+            if self.parallel_mode == "row":
+                mark_sequence_parallel(self.bias, self.sequence_parallel)
+            elif self.parallel_mode == "column":
+                mark_split(self.bias, 0)
 
     def forward(self, x, is_first_microbatch=None):
         """``is_first_microbatch`` (TransformerEngine's argument): None quantizes the weight and
@@ -66,9 +88,16 @@ class Linear(QuantizedModule):
         the same recipe, shape, dtype and device; else it quantizes and keeps) even if the weight
         changed since. Under CUDA-graph capture (CUDA tensors) and traced by torch.compile the
         weight is quantized inside the graph, on every call, whatever it says."""
-        y = quantized_linear(x, self.weight, None if self.return_bias else self.bias, self._weight_cache,
+        row = self.parallel_mode == "row"
+        if self.parallel_mode == "column":
+            x = self.tp.column_input(x)
+        y = quantized_linear(x, self.weight, None if self.return_bias or row else self.bias, self._weight_cache,
                              is_first_microbatch=is_first_microbatch,
                              fuse_wgrad_accumulation=self.fuse_wgrad_accumulation)
+        if row:
+            y = self.tp.row_output(y)
+            if self.bias is not None and not self.return_bias:
+                y = y + self.bias.to(y.dtype)
         return te_outputs(y, x, self.bias, None, self.return_bias, False)
 
     @property
@@ -82,4 +111,7 @@ class Linear(QuantizedModule):
 
     def extra_repr(self):
         extra = "".join(f", {name}=True" for name in ("return_bias", "fuse_wgrad_accumulation") if getattr(self, name))
+        if self.parallel_mode is not None:
+            extra += f", parallel_mode={self.parallel_mode}, tp_size={self.tp_size}"
+            extra += ", sequence_parallel=True" if self.sequence_parallel else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}{extra}"

@@ -8,6 +8,7 @@ standalone LayerNorm and RMSNorm modules, in high precision as its are."""
 import torch
 
 from .. import _C
+from .tensor_parallel import mark_sequence_parallel
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 
@@ -51,13 +52,17 @@ def normalize(x, normalization, weight, bias, eps, zero_centered_gamma):
 class _Norm(torch.nn.Module):
     """TransformerEngine's standalone normalization modules: parameters `weight` (gamma; gamma - 1
     with zero_centered_gamma) and, for LayerNorm, `bias`, of params_dtype (default: torch's
-    default dtype), gamma 1 and beta 0 to begin with; forward in fp32, rounded once to x's dtype."""
+    default dtype), gamma 1 and beta 0 to begin with; forward in fp32, rounded once to x's dtype.
+    ``sequence_parallel`` marks the parameters for Megatron-LM's gradient sum over the
+    tensor-parallel group (tensor_parallel.mark_sequence_parallel), as TransformerEngine does."""
 
     normalization = None  # "LayerNorm" or "RMSNorm"
 
     # Keyword arguments after eps: TransformerEngine's third position holds sequence_parallel.
-    def __init__(self, hidden_size, eps=1e-5, *, params_dtype=None, zero_centered_gamma=False, device=None):
+    def __init__(self, hidden_size, eps=1e-5, *, sequence_parallel=False, params_dtype=None, zero_centered_gamma=False,
+                 device=None):
         super().__init__()
+        self.sequence_parallel = sequence_parallel
         params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
         self.hidden_size, self.eps, self.zero_centered_gamma = hidden_size, eps, zero_centered_gamma
         self.weight = torch.nn.Parameter(torch.empty(hidden_size, dtype=params_dtype, device=device))
@@ -69,6 +74,8 @@ class _Norm(torch.nn.Module):
 
     def reset_parameters(self):
         reset_norm_parameters(self.weight, self.bias, self.zero_centered_gamma)
+        mark_sequence_parallel(self.weight, self.sequence_parallel)
+        mark_sequence_parallel(self.bias, self.sequence_parallel)
 
     def forward(self, x):
         return normalize(x, self.normalization, self.weight, self.bias, self.eps, self.zero_centered_gamma)

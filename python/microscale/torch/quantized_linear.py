@@ -17,6 +17,7 @@ import torch
 from .. import _C
 from .autocast import current_plan
 from .linear_composed import NO_CONTEXT, ComposedLinearFunction, main_grad_of, quantize_for, wgrad_result
+from .tensor_parallel import initialise
 
 # Read once: under torch.compile a call into the C++ module would be a graph break.
 _CUDA_BUILT = _C.cuda_built()
@@ -168,21 +169,33 @@ def returned_bias(bias, x):
     return bias.to(x.dtype)
 
 
-def init_linear_parameters(weight, bias, init_method=None):
+def init_linear_parameters(weight, bias, init_method=None, *, fan_in=None, get_rng_state_tracker=None,
+                           rng_tracker_name=None):
     """A layer's weight [out, in] and bias [out] (or None) initialised as torch.nn.Linear's
-    (U(-1/sqrt(in), 1/sqrt(in)) both), or, with TransformerEngine's init_method, the weight by
-    init_method(weight) and the bias to zeros, as TransformerEngine does."""
+    (U(-1/sqrt(fan_in), 1/sqrt(fan_in)) both, fan_in the weight's columns unless given: a
+    row-parallel shard's is the whole layer's in_features), or, with TransformerEngine's
+    init_method, the weight by init_method(weight) and the bias to zeros, as TransformerEngine
+    does. The random draws run under TransformerEngine's RNG tracker when one is given
+    (tensor_parallel.initialise)."""
     if init_method is not None:
         with torch.no_grad():
-            init_method(weight)
+            initialise(weight, init_method, get_rng_state_tracker, rng_tracker_name)
             if bias is not None:
                 bias.zero_()
         return
-    torch.nn.init.kaiming_uniform_(weight, a=math.sqrt(5))  # U(-1/sqrt(K), 1/sqrt(K))
-    if bias is not None:
-        bound = 1 / math.sqrt(weight.shape[1]) if weight.shape[1] > 0 else 0
-        torch.nn.init.uniform_(bias, -bound, bound)
+    fan_in = weight.shape[1] if fan_in is None else fan_in
+    # torch.nn.init.kaiming_uniform_(weight, a=sqrt(5))'s bound, for the given fan-in: 1/sqrt(fan_in)
+    gain = torch.nn.init.calculate_gain("leaky_relu", math.sqrt(5))
+    weight_bound = math.sqrt(3.0) * gain / math.sqrt(fan_in) if fan_in > 0 else 0.0
+    bias_bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
 
+    def draw(tensor, bound):
+        with torch.no_grad():
+            tensor.uniform_(-bound, bound)
+
+    initialise(weight, lambda w: draw(w, weight_bound), get_rng_state_tracker, rng_tracker_name)
+    if bias is not None:
+        initialise(bias, lambda b: draw(b, bias_bound), get_rng_state_tracker, rng_tracker_name)
 
 
 def te_outputs(y, x, bias, ln_out, return_bias, return_layernorm_output):
@@ -195,8 +208,13 @@ def te_outputs(y, x, bias, ln_out, return_bias, return_layernorm_output):
 
 class QuantizedModule(torch.nn.Module):
     """The base of this package's layers: a TransformerEngine module's state dict loads into them
-    strictly, its `_extra_state` entry (TE's FP8 metadata; nothing here reads it) dropped."""
+    strictly, its `_extra_state` entry (TE's FP8 metadata; nothing here reads it) dropped. Each
+    layer has its tensor-parallel setup as `self.tp` (tensor_parallel.attach)."""
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         state_dict.pop(prefix + "_extra_state", None)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def set_tensor_parallel_group(self, tp_group):
+        """TransformerEngine's: the group the layer's tensor-parallel collectives run on."""
+        self.tp.set_group(tp_group)

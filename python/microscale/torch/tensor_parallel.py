@@ -1,0 +1,234 @@
+"""Tensor and sequence parallelism for this package's layers, as TransformerEngine's modules take
+them (their tp_group, tp_size, parallel_mode and sequence_parallel arguments; Megatron-LM's
+scheme). A layer's weight is split over the ranks of a tensor-parallel group, and
+torch.distributed collectives move its activations between them:
+
+- column-parallel: each rank holds out_features / tp_size rows of the weight (and of the bias).
+  The input is the whole x on every rank; backward all-reduces dx. With sequence_parallel each
+  rank holds x's rows [r M / tp_size, (r + 1) M / tp_size) (x's first dim split): the forward
+  all-gathers them and the backward reduce-scatters dx.
+- row-parallel: each rank holds in_features / tp_size columns of the weight and of x (the
+  column-parallel layer before it makes those); the partial products are all-reduced (with
+  sequence_parallel: reduce-scattered over x's first dim) and the bias, whole on every rank, is
+  added after that sum.
+
+The quantized GEMMs then quantize what they are given, so a gathered input is quantized whole:
+where TransformerEngine quantizes each rank's rows with the amax all-reduced over the group and
+gathers the quantized data, this gives the same bytes (a block never straddles two ranks' rows when
+each rank's row count is a multiple of the block, which the recipes require), at the cost of
+gathering 16-bit values instead of 4- or 8-bit ones."""
+
+import torch
+import torch.distributed as dist
+
+from .. import _C
+
+PARALLEL_MODES = (None, "column", "row")
+
+
+def _world_size(group):
+    """The size of `group` (None: torch.distributed's default group); 1 without torch.distributed."""
+    if not dist.is_available() or not dist.is_initialized():
+        return 1
+    return dist.get_world_size(group)
+
+
+def _all_reduce(t, group):
+    """The sum of `t` over the group's ranks, in a new tensor (t is an autograd input: left as it is)."""
+    out = t.clone(memory_format=torch.contiguous_format)
+    dist.all_reduce(out, group=group)
+    return out
+
+
+def _gather_first_dim(t, group):
+    """The ranks' tensors stacked along their first dim, in rank order."""
+    t = t.contiguous()
+    out = t.new_empty((_world_size(group) * t.shape[0],) + tuple(t.shape[1:]))
+    dist.all_gather_into_tensor(out, t, group=group)
+    return out
+
+
+def _reduce_scatter_first_dim(t, group):
+    """The sum of `t` over the ranks, split along its first dim: rank r gets part r."""
+    size = _world_size(group)
+    if t.shape[0] % size != 0:
+        raise _C.Error(f"microscale.torch: sequence parallelism splits dim 0 of a {list(t.shape)} tensor over {size} "
+                       "ranks: it must be a multiple of the group's size")
+    t = t.contiguous()
+    out = t.new_empty((t.shape[0] // size,) + tuple(t.shape[1:]))
+    dist.reduce_scatter_tensor(out, t, group=group)
+    return out
+
+
+class _CopyToTensorParallelRegion(torch.autograd.Function):
+    """Forward: x as it is (every rank has it whole). Backward: the ranks' partial dx summed."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_reduce(grad, ctx.group), None
+
+
+class _ReduceFromTensorParallelRegion(torch.autograd.Function):
+    """Forward: the ranks' partial products summed. Backward: dy as it is (every rank has it whole)."""
+
+    @staticmethod
+    def forward(ctx, y, group):
+        return _all_reduce(y, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _GatherFromSequenceParallelRegion(torch.autograd.Function):
+    """Forward: the ranks' rows of x gathered. Backward: the ranks' partial dx summed and split back."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _gather_first_dim(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _reduce_scatter_first_dim(grad, ctx.group), None
+
+
+class _ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
+    """Forward: the ranks' partial products summed, each rank keeping its rows. Backward: dy's rows
+    gathered."""
+
+    @staticmethod
+    def forward(ctx, y, group):
+        ctx.group = group
+        return _reduce_scatter_first_dim(y, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_first_dim(grad, ctx.group), None
+
+
+def _require_rows(x, layer):
+    if x.dim() < 2:
+        raise _C.Error(f"microscale.torch.{layer}: sequence parallelism splits x's first dim, and x is "
+                       f"{list(x.shape)}: it needs at least 2 dims")
+
+
+# The collectives run eagerly under torch.compile (a graph break on each side).
+@torch.compiler.disable
+def _column_input(x, group, sequence_parallel, layer):
+    if sequence_parallel:
+        _require_rows(x, layer)
+        return _GatherFromSequenceParallelRegion.apply(x, group)
+    return _CopyToTensorParallelRegion.apply(x, group)
+
+
+@torch.compiler.disable
+def _row_output(y, group, sequence_parallel, layer):
+    if sequence_parallel:
+        _require_rows(y, layer)
+        return _ReduceScatterToSequenceParallelRegion.apply(y, group)
+    return _ReduceFromTensorParallelRegion.apply(y, group)
+
+
+class TensorParallel:
+    """A layer's place in a tensor-parallel group, from TransformerEngine's arguments: ``tp_group``
+    (a torch.distributed group; None: ``tp_size`` says the size, and the collectives run on the
+    default group), ``sequence_parallel`` (on only where the size is above 1, as TE has it).
+    ``layer`` names the layer in errors."""
+
+    def __init__(self, layer, tp_group=None, tp_size=1, sequence_parallel=False):
+        self.layer = layer
+        self.group = tp_group
+        self.size = tp_size if tp_group is None else _world_size(tp_group)
+        if not isinstance(self.size, int) or self.size < 1:
+            raise _C.Error(f"microscale.torch.{layer}: tp_size must be a positive int, not {tp_size!r}")
+        self.sequence_parallel = self.size > 1 and bool(sequence_parallel)
+
+    def set_group(self, tp_group):
+        """TransformerEngine's set_tensor_parallel_group: the group the collectives run on."""
+        self.group = tp_group
+
+    def local_features(self, in_features, out_features, parallel_mode):
+        """This rank's (in_features, out_features) of a Linear split as parallel_mode says."""
+        if parallel_mode == "column":
+            return in_features, self.split(out_features, "out_features")
+        if parallel_mode == "row":
+            return self.split(in_features, "in_features"), out_features
+        return in_features, out_features
+
+    def split(self, features, name):
+        """A rank's share of `features` (name: the argument, for the error)."""
+        if features % self.size != 0:
+            raise _C.Error(f"microscale.torch.{self.layer}: {name}={features} cannot be split over {self.size} "
+                           "tensor-parallel ranks")
+        return features // self.size
+
+    def _require_group(self):
+        """The collectives need torch.distributed, and a group of the size the weight was split for."""
+        if not dist.is_available() or not dist.is_initialized():
+            raise _C.Error(f"microscale.torch.{self.layer}: tp_size is {self.size}, and torch.distributed is not "
+                           "initialised (torch.distributed.init_process_group)")
+        if _world_size(self.group) != self.size:
+            raise _C.Error(f"microscale.torch.{self.layer}: the weight is split over {self.size} ranks, and the "
+                           f"tensor-parallel group has {_world_size(self.group)}")
+
+    def column_input(self, x):
+        """A column-parallel layer's input: gathered (sequence_parallel) or taken whole, dx summed
+        over the ranks in backward; x itself when the group has one rank."""
+        if self.size == 1:
+            return x
+        self._require_group()
+        return _column_input(x, self.group, self.sequence_parallel, self.layer)
+
+    def row_output(self, y):
+        """A row-parallel layer's output: the ranks' partial products summed (sequence_parallel:
+        and split along the first dim); y itself when the group has one rank."""
+        if self.size == 1:
+            return y
+        self._require_group()
+        return _row_output(y, self.group, self.sequence_parallel, self.layer)
+
+
+def attach(module, layer, tp_group, tp_size, parallel_mode, sequence_parallel, get_rng_state_tracker,
+           rng_tracker_name):
+    """Gives `module` (a layer named `layer`) its TensorParallel as `module.tp`, and
+    TransformerEngine's attributes: parallel_mode, sequence_parallel (on only where the group has
+    more than one rank), tp_size, get_rng_state_tracker, rng_tracker_name."""
+    if parallel_mode not in PARALLEL_MODES:
+        raise _C.Error(f"microscale.torch.{layer}: parallel_mode must be None, 'column' or 'row', "
+                       f"not {parallel_mode!r}")
+    module.tp = TensorParallel(layer, tp_group, tp_size, sequence_parallel)
+    module.parallel_mode, module.sequence_parallel, module.tp_size = parallel_mode, module.tp.sequence_parallel, \
+        module.tp.size
+    module.get_rng_state_tracker, module.rng_tracker_name = get_rng_state_tracker, rng_tracker_name
+
+
+def mark_split(parameter, dim):
+    """Megatron-LM's attributes on a parameter split over the tensor-parallel ranks along `dim` (its
+    checkpointing and gradient code read them), as TransformerEngine sets them."""
+    parameter.tensor_model_parallel = True
+    parameter.partition_dim = dim
+    parameter.partition_stride = 1
+
+
+def mark_sequence_parallel(parameter, sequence_parallel):
+    """Megatron-LM's flag on a parameter whole on every rank whose gradient, under sequence
+    parallelism, each rank computes from its own rows: the caller sums it over the group."""
+    if parameter is not None:
+        parameter.sequence_parallel = sequence_parallel
+
+
+def initialise(parameter, init, get_rng_state_tracker, rng_tracker_name):
+    """init(parameter), under TransformerEngine's RNG tracker when one is given (Megatron-LM's
+    CudaRNGStatesTracker: its fork gives each tensor-parallel rank its own random stream)."""
+    if get_rng_state_tracker is None:
+        init(parameter)
+        return
+    tracker = get_rng_state_tracker()
+    with tracker.fork(rng_tracker_name) if rng_tracker_name else tracker.fork():
+        init(parameter)

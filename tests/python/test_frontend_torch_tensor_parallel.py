@@ -1,0 +1,345 @@
+"""microscale.torch's tensor and sequence parallelism (TransformerEngine's tp_group, tp_size,
+parallel_mode, sequence_parallel, set_parallel_mode), on CPU tensors in two processes (gloo).
+
+Each rank's layer is checked bit for bit against what the same shard gives without tensor
+parallelism: a plain layer of the rank's shape holding the rank's weight, fed the whole input,
+its partial results summed over the ranks here by hand. With two ranks that sum is one addition,
+the same whichever rank adds, so the bytes must match. LayerNormLinear and LayerNormMLP are
+checked against the standalone LayerNorm and the tensor-parallel Linears they are made of.
+
+Needs the extension built (scripts/test.sh sets PYTHONPATH=build/release/python) and torch. With
+MICROSCALE_TEST_TP_DEVICE=cuda the two-process tests run on two GPUs over NCCL instead (the CUDA
+layers; a build with the CUDA backend and a machine with two GPUs)."""
+
+import contextlib
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import microscale
+import microscale.torch as mst
+from microscale.recipe import MXFP8BlockScaling, NVFP4BlockScaling
+from microscale.torch.activations import activate
+
+if not dist.is_available():
+    pytest.skip("torch.distributed is not available", allow_module_level=True)
+
+WORLD = 2
+DEVICE = os.environ.get("MICROSCALE_TEST_TP_DEVICE", "cpu")
+M, K, N = 64, 64, 128  # x [M, K], W [N, K]: each rank's share of M, K and N is whole NVFP4 and MXFP8 blocks
+RECIPES = {"nvfp4": NVFP4BlockScaling, "mxfp8": MXFP8BlockScaling, "high_precision": None}
+
+
+def _scope(recipe_name):
+    recipe = RECIPES[recipe_name]
+    return mst.autocast(recipe=recipe()) if recipe is not None else contextlib.nullcontext()
+
+
+def _sum_over_ranks(t):
+    """The ranks' tensors added in rank order (with two ranks: one addition)."""
+    parts = [torch.empty_like(t) for _ in range(WORLD)]
+    dist.all_gather(parts, t.contiguous())
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total
+
+
+def _rows(t, rank):
+    """Rank `rank`'s share of t's first dim."""
+    share = t.shape[0] // WORLD
+    return t[rank * share:(rank + 1) * share]
+
+
+def _columns(t, rank):
+    share = t.shape[-1] // WORLD
+    return t[..., rank * share:(rank + 1) * share]
+
+
+def _data():
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(M, K, generator=g).bfloat16()
+    dy = torch.randn(M, N, generator=g).bfloat16()
+    return x.to(DEVICE), dy.to(DEVICE)
+
+
+def _leaf(t):
+    return t.detach().clone().requires_grad_()
+
+
+def _equal(name, got, expected):
+    assert got.shape == expected.shape, f"{name}: {list(got.shape)} against {list(expected.shape)}"
+    assert torch.equal(got, expected), f"{name}: {(got.float() - expected.float()).abs().max()} max difference"
+
+
+def _step(layer, x, dy, recipe_name, seed=11):
+    """y = layer(x), backward from dy, under the recipe; the gradients' stochastic rounding seeded alike."""
+    torch.manual_seed(seed)
+    with _scope(recipe_name):
+        y = layer(x)
+    y.backward(dy)
+    return y.detach()
+
+
+def _check_linear(rank, parallel_mode, sequence_parallel, recipe_name, group):
+    x, dy = _data()
+    layer = mst.Linear(K, N, parallel_mode=parallel_mode, sequence_parallel=sequence_parallel,
+                       params_dtype=torch.bfloat16, device=DEVICE, **group)
+    with torch.no_grad():  # a bias unlike 0, each rank's its own
+        layer.bias.copy_(torch.randn(layer.bias.shape, generator=torch.Generator().manual_seed(3 + rank)))
+    if parallel_mode == "column":
+        assert list(layer.weight.shape) == [N // WORLD, K] and list(layer.bias.shape) == [N // WORLD]
+        x_in = _leaf(_rows(x, rank) if sequence_parallel else x)
+        dy_local = _columns(dy, rank)  # this rank's output features
+        y = _step(layer, x_in, dy_local, recipe_name)
+        plain = mst.Linear(K, N // WORLD, params_dtype=torch.bfloat16, device=DEVICE)
+        plain.load_state_dict(layer.state_dict())
+        x_ref = _leaf(x)
+        y_ref = _step(plain, x_ref, dy_local, recipe_name)
+        dx_ref = _sum_over_ranks(x_ref.grad)
+        _equal("y", y, y_ref)
+        _equal("dx", x_in.grad, _rows(dx_ref, rank) if sequence_parallel else dx_ref)
+        _equal("dW", layer.weight.grad, plain.weight.grad)
+        _equal("db", layer.bias.grad, plain.bias.grad)
+    else:
+        assert list(layer.weight.shape) == [N, K // WORLD] and list(layer.bias.shape) == [N]
+        x_in = _leaf(_columns(x, rank))  # the column-parallel layer before makes this rank's features
+        dy_in = _rows(dy, rank) if sequence_parallel else dy
+        y = _step(layer, x_in, dy_in, recipe_name)
+        plain = mst.Linear(K // WORLD, N, bias=False, params_dtype=torch.bfloat16, device=DEVICE)
+        with torch.no_grad():
+            plain.weight.copy_(layer.weight)
+        x_ref = _leaf(x_in)
+        torch.manual_seed(11)
+        with _scope(recipe_name):
+            partial = plain(x_ref)  # this rank's share of the product, rounded to bf16
+        total = _sum_over_ranks(partial.detach())
+        bias = _leaf(layer.bias)
+        y_ref = (_rows(total, rank) if sequence_parallel else total) + bias
+        y_ref.backward(dy_in)
+        partial.backward(dy)  # the gathered dy: the whole of it
+        _equal("y", y, y_ref.detach())
+        _equal("dx", x_in.grad, x_ref.grad)
+        _equal("dW", layer.weight.grad, plain.weight.grad)
+        _equal("db", layer.bias.grad, bias.grad)
+
+
+def _check_layernorm_linear(rank, recipe_name):
+    x, dy = _data()
+    options = dict(parallel_mode="column", sequence_parallel=True, tp_size=WORLD, params_dtype=torch.bfloat16,
+                   device=DEVICE)
+    fused = mst.LayerNormLinear(K, N, return_layernorm_output=True, return_layernorm_output_gathered=True, **options)
+    norm, linear = mst.LayerNorm(K, params_dtype=torch.bfloat16, device=DEVICE), mst.Linear(K, N, **options)
+    with torch.no_grad():
+        fused.layer_norm_weight.normal_(1.0, 0.1)
+        fused.layer_norm_bias.normal_(0.0, 0.1)
+        norm.weight.copy_(fused.layer_norm_weight)
+        norm.bias.copy_(fused.layer_norm_bias)
+        linear.weight.copy_(fused.weight)
+        linear.bias.copy_(fused.bias)
+    x_local = _rows(x, rank)
+    x_fused, x_parts = _leaf(x_local), _leaf(x_local)
+    torch.manual_seed(11)
+    with _scope(recipe_name):
+        y, ln_out = fused(x_fused)
+    y.backward(_columns(dy, rank))
+    y_parts = _step(lambda t: linear(norm(t)), x_parts, _columns(dy, rank), recipe_name)
+    assert list(ln_out.shape) == [M, K]  # gathered
+    _equal("y", y.detach(), y_parts)
+    _equal("dx", x_fused.grad, x_parts.grad)
+    _equal("dW", fused.weight.grad, linear.weight.grad)
+    _equal("d gamma", fused.layer_norm_weight.grad, norm.weight.grad)
+    assert fused.layer_norm_weight.sequence_parallel and fused.weight.partition_dim == 0
+
+
+def _check_layernorm_mlp(rank, recipe_name, activation):
+    x, dy = _data()
+    ffn = 128
+    options = dict(tp_size=WORLD, sequence_parallel=True, params_dtype=torch.bfloat16, device=DEVICE)
+    mlp = mst.LayerNormMLP(K, ffn, activation=activation, set_parallel_mode=True, **options)
+    gated = activation in ("swiglu", "geglu", "reglu")
+    fc1 = mst.Linear(K, 2 * ffn if gated else ffn, parallel_mode="column", **options)
+    fc2 = mst.Linear(ffn, K, parallel_mode="row", **options)
+    norm = mst.LayerNorm(K, params_dtype=torch.bfloat16, device=DEVICE)
+    with torch.no_grad():
+        for parameter in mlp.parameters():
+            parameter.normal_(0.0, 0.1)
+        norm.weight.copy_(mlp.layer_norm_weight)
+        norm.bias.copy_(mlp.layer_norm_bias)
+        fc1.weight.copy_(mlp.fc1_weight)
+        fc1.bias.copy_(mlp.fc1_bias)
+        fc2.weight.copy_(mlp.fc2_weight)
+        fc2.bias.copy_(mlp.fc2_bias)
+    assert list(mlp.fc2_weight.shape) == [K, ffn // WORLD] and mlp.fc2_weight.partition_dim == 1
+    x_local, dy_local = _rows(x, rank), _rows(dy[:, :K], rank)
+    x_mlp, x_parts = _leaf(x_local), _leaf(x_local)
+    y = _step(mlp, x_mlp, dy_local, recipe_name)
+    y_parts = _step(lambda t: fc2(activate(fc1(norm(t)), activation)), x_parts, dy_local, recipe_name)
+    _equal("y", y, y_parts)
+    _equal("dx", x_mlp.grad, x_parts.grad)
+    _equal("fc1 dW", mlp.fc1_weight.grad, fc1.weight.grad)
+    _equal("fc2 dW", mlp.fc2_weight.grad, fc2.weight.grad)
+    _equal("fc2 db", mlp.fc2_bias.grad, fc2.bias.grad)
+
+
+def _check_compiled(rank):
+    """A column-parallel then a row-parallel Linear under torch.compile: the collectives run eagerly
+    between the traced layers (graph breaks), the results eager's. (MXFP8 on CUDA: there a compiled
+    NVFP4 step draws its rounding seeds from the CUDA generator, an eager one from the CPU's.)"""
+    x, dy = _data()
+    torch.manual_seed(0)
+    options = dict(tp_size=WORLD, sequence_parallel=True, params_dtype=torch.bfloat16, device=DEVICE)
+    model = torch.nn.Sequential(mst.Linear(K, N, parallel_mode="column", **options),
+                                mst.Linear(N, K, parallel_mode="row", **options))
+    compiled = torch.compile(model, backend="aot_eager")
+    x_local, dy_local = _rows(x, rank), _rows(dy[:, :K], rank)
+    results = []
+    for run in (model, compiled):
+        x_in = _leaf(x_local)
+        y = _step(run, x_in, dy_local, "mxfp8" if DEVICE == "cuda" else "nvfp4")
+        results.append([y, x_in.grad] + [p.grad.clone() for p in model.parameters()])
+        model.zero_grad()
+    for name, got, expected in zip(["y", "dx", "W1", "b1", "W2", "b2"], results[1], results[0]):
+        _equal(name, got, expected)
+
+
+def _check_errors(rank):
+    layer = mst.Linear(K, N, parallel_mode="row", sequence_parallel=True, tp_size=WORLD, device=DEVICE)
+    with pytest.raises(microscale.Error, match="multiple of the group's size"):
+        layer(torch.randn(3, K // WORLD, device=DEVICE))  # 3 rows do not split over 2 ranks
+    with pytest.raises(microscale.Error, match="split over 4 ranks, and the tensor-parallel group has 2"):
+        mst.Linear(K, N, parallel_mode="column", tp_size=4, device=DEVICE)(torch.randn(4, K, device=DEVICE))
+    with pytest.raises(microscale.Error, match="at least 2 dims"):
+        mst.Linear(K, N, parallel_mode="column", sequence_parallel=True, tp_size=WORLD, device=DEVICE)(
+            torch.randn(K, device=DEVICE))
+
+
+def _worker(rank, store, check, args):
+    if DEVICE == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo", init_method=f"file://{store}", world_size=WORLD,
+                            rank=rank)
+    torch.set_num_threads(1)
+    try:
+        group = {"tp_group": dist.new_group(list(range(WORLD)))} if args and args[-1] == "group" else {}
+        if check is _check_linear:
+            check(rank, *args[:3], group if group else {"tp_size": WORLD})
+        else:
+            check(rank, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(tmp_path, check, *args):
+    mp.spawn(_worker, args=(str(tmp_path / "store"), check, args), nprocs=WORLD)
+
+
+@pytest.mark.parametrize("recipe_name", list(RECIPES))
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+@pytest.mark.parametrize("parallel_mode", ["column", "row"])
+def test_linear_equals_its_shard_without_tensor_parallelism(tmp_path, parallel_mode, sequence_parallel, recipe_name):
+    _spawn(tmp_path, _check_linear, parallel_mode, sequence_parallel, recipe_name)
+
+
+def test_linear_on_a_group_given(tmp_path):
+    _spawn(tmp_path, _check_linear, "column", True, "nvfp4", "group")
+
+
+@pytest.mark.parametrize("recipe_name", ["nvfp4", "mxfp8"])
+def test_layernorm_linear_is_the_norm_then_the_column_parallel_linear(tmp_path, recipe_name):
+    _spawn(tmp_path, _check_layernorm_linear, recipe_name)
+
+
+@pytest.mark.parametrize("recipe_name,activation", [("nvfp4", "gelu"), ("mxfp8", "swiglu")])
+def test_layernorm_mlp_is_column_then_row_parallel(tmp_path, recipe_name, activation):
+    _spawn(tmp_path, _check_layernorm_mlp, recipe_name, activation)
+
+
+def test_compiled_layers_equal_eager(tmp_path):
+    _spawn(tmp_path, _check_compiled)
+
+
+def test_collective_errors(tmp_path):
+    _spawn(tmp_path, _check_errors)
+
+
+# In this process: construction, and what needs no collective.
+
+
+@pytest.mark.parametrize("make,shape", [
+    (lambda: mst.Linear(K, N, parallel_mode="column", tp_size=2), [N // 2, K]),
+    (lambda: mst.Linear(K, N, parallel_mode="row", tp_size=2), [N, K // 2]),
+    (lambda: mst.LayerNormLinear(K, N, parallel_mode="column", tp_size=2), [N // 2, K]),
+    (lambda: mst.GroupedLinear(3, K, N, parallel_mode="row", tp_size=2), [N, K // 2]),
+])
+def test_shard_shapes(make, shape):
+    layer = make()
+    assert list(layer.weight.shape if hasattr(layer, "weight") else layer.weight0.shape) == shape
+
+
+def test_megatron_attributes():
+    column = mst.Linear(K, N, parallel_mode="column", tp_size=2, sequence_parallel=True)
+    assert column.weight.tensor_model_parallel and column.weight.partition_dim == 0
+    assert column.bias.partition_dim == 0 and column.sequence_parallel
+    row = mst.Linear(K, N, parallel_mode="row", tp_size=2, sequence_parallel=True)
+    assert row.weight.partition_dim == 1 and row.bias.sequence_parallel is True
+    assert mst.LayerNorm(K, sequence_parallel=True).weight.sequence_parallel
+    assert mst.Linear(K, N, sequence_parallel=True).sequence_parallel is False  # one rank: nothing to split
+
+
+def test_row_parallel_default_init_takes_the_whole_layers_fan_in():
+    torch.manual_seed(0)
+    row = mst.Linear(256, 64, parallel_mode="row", tp_size=4)  # 64 of the 256 input features here
+    bound = 1 / 256**0.5
+    assert row.weight.abs().max() <= bound and row.weight.abs().max() > 0.95 * bound
+    torch.manual_seed(0)
+    plain = mst.Linear(48, 32)
+    torch.manual_seed(0)
+    reference = torch.nn.Linear(48, 32)
+    assert torch.equal(plain.weight, reference.weight) and torch.equal(plain.bias, reference.bias)
+
+
+def test_rng_tracker_forks_around_the_initialisation():
+    forks = []
+
+    class Tracker:
+        @contextlib.contextmanager
+        def fork(self, name="model-parallel-rng"):
+            forks.append(name)
+            yield
+
+    mst.Linear(K, N, parallel_mode="column", tp_size=2, get_rng_state_tracker=Tracker, init_method=torch.nn.init.zeros_)
+    mst.LayerNormMLP(K, 128, tp_size=2, get_rng_state_tracker=Tracker, rng_tracker_name="expert-rng")
+    assert forks == ["model-parallel-rng", "expert-rng", "expert-rng", "expert-rng", "expert-rng"]
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: mst.Linear(K, N, parallel_mode="diagonal"), "parallel_mode must be None, 'column' or 'row'"),
+    (lambda: mst.Linear(K, 90, parallel_mode="column", tp_size=4), "out_features=90 cannot be split over 4"),
+    (lambda: mst.Linear(K, N, tp_size=0), "tp_size must be a positive int"),
+    (lambda: mst.LayerNormLinear(K, N, parallel_mode="row"), "parallel_mode 'row' is not supported"),
+    (lambda: mst.LayerNormMLP(K, 128, tp_size=2, sequence_parallel=True), "needs set_parallel_mode"),
+    (lambda: mst.LayerNormMLP(K, 100, tp_size=3), "ffn_hidden_size=100 cannot be split over 3"),
+])
+def test_bad_arguments(make, match):
+    with pytest.raises(microscale.Error, match=match):
+        make()
+
+
+def test_collectives_need_torch_distributed():
+    assert not dist.is_initialized()
+    layer = mst.Linear(K, N, parallel_mode="column", tp_size=2)
+    with pytest.raises(microscale.Error, match="torch.distributed is not initialised"):
+        layer(torch.randn(4, K))
+    # A group of one rank runs no collective at all.
+    assert mst.Linear(K, N, parallel_mode="row")(torch.ones(2, K)).shape == (2, N)
+
+
+def test_set_tensor_parallel_group():
+    layer = mst.LayerNormMLP(K, 128, tp_size=2, set_parallel_mode=True)
+    sentinel = object()
+    layer.set_tensor_parallel_group(sentinel)
+    assert layer.tp.group is sentinel
