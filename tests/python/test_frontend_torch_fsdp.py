@@ -1,15 +1,20 @@
-"""microscale.torch's layers under FSDP2 (torch.distributed.fsdp.fully_shard), on CPU tensors in
-one process (gloo): training steps with an optimizer give the unsharded model's outputs and
-gradients, bit for bit. FSDP2 writes each step's gathered weight into the same storage without
-moving its version counter, so a weight cache keyed on them would serve the first step's weight
-(it did: the layers now keep a quantization only when is_first_microbatch asks, as
+"""microscale.torch's layers under FSDP2 (torch.distributed.fsdp.fully_shard), on CPU tensors
+(gloo; with MICROSCALE_TEST_TP_DEVICE=cuda the two-process test runs on two GPUs over NCCL):
+training steps with an optimizer give the unsharded model's outputs and gradients, bit for bit,
+in one process, and in two, each with its own batch, against the plain model whose gradients are
+averaged over the ranks by hand. FSDP2 writes each step's gathered weight into the same storage
+without moving its version counter, so a weight cache keyed on them would serve the first step's
+weight (it did: the layers now keep a quantization only when is_first_microbatch asks, as
 TransformerEngine's do).
 
 Needs the extension built (scripts/test.sh sets PYTHONPATH=build/release/python) and torch."""
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
 import microscale.torch as mst
 from microscale.recipe import MXFP8BlockScaling, NVFP4BlockScaling
@@ -62,3 +67,51 @@ def test_fully_sharded_training_equals_the_plain_model(process_group, recipe, mi
             optimizer.zero_grad()
         for a, b in zip(*results):
             assert torch.equal(a, b), step
+
+
+# Two processes: FSDP2 shards each weight over the ranks, gathers it before each layer runs and
+# reduce-scatters the gradients, each rank training on its own micro-batch.
+WORLD = 2
+DEVICE = os.environ.get("MICROSCALE_TEST_TP_DEVICE", "cpu")  # "cuda": two GPUs over NCCL
+
+
+def _data_parallel_worker(rank, store, recipe_name):
+    if DEVICE == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo", init_method=f"file://{store}",
+                            world_size=WORLD, rank=rank)
+    torch.set_num_threads(1)
+    try:
+        recipe = {"nvfp4": NVFP4BlockScaling, "mxfp8": MXFP8BlockScaling}[recipe_name]()
+        plain, sharded = make_model().to(DEVICE), make_model().to(DEVICE)
+        for layer in sharded:
+            if isinstance(layer, mst.Linear):
+                fully_shard(layer)
+        fully_shard(sharded)
+        optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (plain, sharded)]
+        g = torch.Generator().manual_seed(1)
+        for step in range(3):
+            x = [torch.randn(32, 64, generator=g) for _ in range(WORLD)][rank].to(DEVICE)  # this rank's batch
+            outputs = []
+            for model in (plain, sharded):
+                torch.manual_seed(10 + step + 100 * rank)  # the gradients' stochastic rounding (NVFP4)
+                with mst.autocast(recipe=recipe):
+                    y = model(x)
+                y.square().mean().backward()
+                outputs.append(y.detach())
+            assert torch.equal(outputs[0], outputs[1]), step
+            for p_plain, p_sharded in zip(plain.parameters(), sharded.parameters()):
+                # the plain model's gradients averaged over the ranks by hand (halving is exact)
+                dist.all_reduce(p_plain.grad)
+                p_plain.grad.div_(WORLD)
+                assert torch.equal(p_sharded.grad.full_tensor(), p_plain.grad), step
+            for optimizer in optimizers:
+                optimizer.step()
+                optimizer.zero_grad()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("recipe_name", ["mxfp8", "nvfp4"])
+def test_two_ranks_train_as_the_plain_model_with_averaged_gradients(tmp_path, recipe_name):
+    mp.spawn(_data_parallel_worker, args=(str(tmp_path / "store"), recipe_name), nprocs=WORLD)
