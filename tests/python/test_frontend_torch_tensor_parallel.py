@@ -12,7 +12,9 @@ MICROSCALE_TEST_TP_DEVICE=cuda the two-process tests run on two GPUs over NCCL i
 layers; a build with the CUDA backend and a machine with two GPUs)."""
 
 import contextlib
+import copy
 import os
+import pickle
 
 import pytest
 import torch
@@ -84,88 +86,154 @@ def _step(layer, x, dy, recipe_name, seed=11):
     return y.detach()
 
 
-def _check_linear(rank, parallel_mode, sequence_parallel, recipe_name, group):
+class _GroupSpy:
+    """Records the group argument of every torch.distributed collective the layers call."""
+
+    NAMES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
+
+    def __init__(self):
+        self.groups, self.saved = [], {}
+
+    def __enter__(self):
+        for name in self.NAMES:
+            self.saved[name] = original = getattr(dist, name)
+            setattr(dist, name, lambda *a, _f=original, **k: (self.groups.append(k.get("group")), _f(*a, **k))[1])
+        return self
+
+    def __exit__(self, *exc):
+        for name, original in self.saved.items():
+            setattr(dist, name, original)
+
+
+def _group_options(group_kind):
+    """How the layer is given its group: "world" (tp_group=the default group), "default" (tp_size,
+    then set_tensor_parallel_group(None)), "new" (a group made for it)."""
+    if group_kind == "world":
+        return {"tp_group": dist.group.WORLD}
+    if group_kind == "new":
+        return {"tp_group": dist.new_group(list(range(WORLD)))}
+    return {"tp_size": WORLD}
+
+
+def _check_linear(rank, parallel_mode, sequence_parallel, recipe_name, group_kind="world", dims=2):
     x, dy = _data()
+    if dims == 3:  # [s, b, h]: sequence parallelism splits s
+        x, dy = x.reshape(M // 2, 2, K), dy.reshape(M // 2, 2, N)
+    group = _group_options(group_kind)
+    torch.manual_seed(100 + rank)  # each rank its own weight shard
     layer = mst.Linear(K, N, parallel_mode=parallel_mode, sequence_parallel=sequence_parallel,
                        params_dtype=torch.bfloat16, device=DEVICE, **group)
-    with torch.no_grad():  # a bias unlike 0, each rank's its own
-        layer.bias.copy_(torch.randn(layer.bias.shape, generator=torch.Generator().manual_seed(3 + rank)))
-    if parallel_mode == "column":
-        assert list(layer.weight.shape) == [N // WORLD, K] and list(layer.bias.shape) == [N // WORLD]
-        x_in = _leaf(_rows(x, rank) if sequence_parallel else x)
-        dy_local = _columns(dy, rank)  # this rank's output features
-        y = _step(layer, x_in, dy_local, recipe_name)
-        plain = mst.Linear(K, N // WORLD, params_dtype=torch.bfloat16, device=DEVICE)
-        plain.load_state_dict(layer.state_dict())
-        x_ref = _leaf(x)
-        y_ref = _step(plain, x_ref, dy_local, recipe_name)
-        dx_ref = _sum_over_ranks(x_ref.grad)
-        _equal("y", y, y_ref)
-        _equal("dx", x_in.grad, _rows(dx_ref, rank) if sequence_parallel else dx_ref)
-        _equal("dW", layer.weight.grad, plain.weight.grad)
-        _equal("db", layer.bias.grad, plain.bias.grad)
-    else:
-        assert list(layer.weight.shape) == [N, K // WORLD] and list(layer.bias.shape) == [N]
-        x_in = _leaf(_columns(x, rank))  # the column-parallel layer before makes this rank's features
-        dy_in = _rows(dy, rank) if sequence_parallel else dy
-        y = _step(layer, x_in, dy_in, recipe_name)
-        plain = mst.Linear(K // WORLD, N, bias=False, params_dtype=torch.bfloat16, device=DEVICE)
-        with torch.no_grad():
-            plain.weight.copy_(layer.weight)
-        x_ref = _leaf(x_in)
-        torch.manual_seed(11)
-        with _scope(recipe_name):
-            partial = plain(x_ref)  # this rank's share of the product, rounded to bf16
-        total = _sum_over_ranks(partial.detach())
-        bias = _leaf(layer.bias)
-        y_ref = (_rows(total, rank) if sequence_parallel else total) + bias
-        y_ref.backward(dy_in)
-        partial.backward(dy)  # the gathered dy: the whole of it
-        _equal("y", y, y_ref.detach())
-        _equal("dx", x_in.grad, x_ref.grad)
-        _equal("dW", layer.weight.grad, plain.weight.grad)
-        _equal("db", layer.bias.grad, bias.grad)
+    if group_kind == "default":
+        with pytest.raises(microscale.Error, match="no tp_group was given"):
+            layer(x)
+        layer.set_tensor_parallel_group(None)
+    with torch.no_grad():  # a bias unlike 0: a column-parallel rank's own, a row-parallel one alike on all
+        seed = 3 + rank if parallel_mode == "column" else 3
+        layer.bias.copy_(torch.randn(layer.bias.shape, generator=torch.Generator().manual_seed(seed)))
+    with _GroupSpy() as spy:
+        if parallel_mode == "column":
+            assert list(layer.weight.shape) == [N // WORLD, K] and list(layer.bias.shape) == [N // WORLD]
+            x_in = _leaf(_rows(x, rank) if sequence_parallel else x)
+            dy_local = _columns(dy, rank)  # this rank's output features
+            y = _step(layer, x_in, dy_local, recipe_name)
+            plain = mst.Linear(K, N // WORLD, params_dtype=torch.bfloat16, device=DEVICE)
+            plain.load_state_dict(layer.state_dict())
+            x_ref = _leaf(x)
+            y_ref = _step(plain, x_ref, dy_local, recipe_name)
+            dx_ref = _sum_over_ranks(x_ref.grad)
+            _equal("y", y, y_ref)
+            _equal("dx", x_in.grad, _rows(dx_ref, rank) if sequence_parallel else dx_ref)
+            _equal("dW", layer.weight.grad, plain.weight.grad)
+            _equal("db", layer.bias.grad, plain.bias.grad)
+        else:
+            assert list(layer.weight.shape) == [N, K // WORLD] and list(layer.bias.shape) == [N]
+            x_in = _leaf(_columns(x, rank))  # the column-parallel layer before makes this rank's features
+            dy_in = _rows(dy, rank) if sequence_parallel else dy
+            y = _step(layer, x_in, dy_in, recipe_name)
+            plain = mst.Linear(K // WORLD, N, bias=False, params_dtype=torch.bfloat16, device=DEVICE)
+            with torch.no_grad():
+                plain.weight.copy_(layer.weight)
+            x_ref = _leaf(x_in)
+            torch.manual_seed(11)
+            with _scope(recipe_name):
+                partial = plain(x_ref)  # this rank's share of the product, rounded to bf16
+            total = _sum_over_ranks(partial.detach())
+            bias = _leaf(layer.bias)
+            y_ref = (_rows(total, rank) if sequence_parallel else total) + bias
+            y_ref.backward(dy_in)
+            partial.backward(dy)  # the gathered dy: the whole of it
+            _equal("y", y, y_ref.detach())
+            _equal("dx", x_in.grad, x_ref.grad)
+            _equal("dW", layer.weight.grad, plain.weight.grad)
+            _equal("db", layer.bias.grad, bias.grad)
+    # The layer's collectives (the reference's sums use dist.all_gather, which the spy leaves alone):
+    # with sequence parallelism one in forward and one in backward, else one (column: dx's
+    # all-reduce; row: y's), each on the layer's group.
+    assert len(spy.groups) == (2 if sequence_parallel else 1), spy.groups
+    assert all(g is group.get("tp_group") for g in spy.groups), spy.groups
 
 
-def _check_layernorm_linear(rank, recipe_name):
+def _check_layernorm_linear(rank, recipe_name, sequence_parallel):
     x, dy = _data()
-    options = dict(parallel_mode="column", sequence_parallel=True, tp_size=WORLD, params_dtype=torch.bfloat16,
-                   device=DEVICE)
+    options = dict(parallel_mode="column", sequence_parallel=sequence_parallel, tp_group=dist.group.WORLD,
+                   params_dtype=torch.bfloat16, device=DEVICE)
+    torch.manual_seed(100 + rank)
     fused = mst.LayerNormLinear(K, N, return_layernorm_output=True, return_layernorm_output_gathered=True, **options)
     norm, linear = mst.LayerNorm(K, params_dtype=torch.bfloat16, device=DEVICE), mst.Linear(K, N, **options)
     with torch.no_grad():
+        torch.manual_seed(5)  # the normalization's parameters alike on every rank
         fused.layer_norm_weight.normal_(1.0, 0.1)
         fused.layer_norm_bias.normal_(0.0, 0.1)
         norm.weight.copy_(fused.layer_norm_weight)
         norm.bias.copy_(fused.layer_norm_bias)
         linear.weight.copy_(fused.weight)
         linear.bias.copy_(fused.bias)
-    x_local = _rows(x, rank)
+    x_local = _rows(x, rank) if sequence_parallel else x
     x_fused, x_parts = _leaf(x_local), _leaf(x_local)
     torch.manual_seed(11)
     with _scope(recipe_name):
         y, ln_out = fused(x_fused)
     y.backward(_columns(dy, rank))
     y_parts = _step(lambda t: linear(norm(t)), x_parts, _columns(dy, rank), recipe_name)
-    assert list(ln_out.shape) == [M, K]  # gathered
+    _equal("ln_out", ln_out.detach(), norm(x).detach())  # gathered with sequence parallelism: all M rows
     _equal("y", y.detach(), y_parts)
     _equal("dx", x_fused.grad, x_parts.grad)
     _equal("dW", fused.weight.grad, linear.weight.grad)
+    _equal("db", fused.bias.grad, linear.bias.grad)
     _equal("d gamma", fused.layer_norm_weight.grad, norm.weight.grad)
-    assert fused.layer_norm_weight.sequence_parallel and fused.weight.partition_dim == 0
+    _equal("d beta", fused.layer_norm_bias.grad, norm.bias.grad)
+    assert fused.layer_norm_weight.sequence_parallel == sequence_parallel and fused.weight.partition_dim == 0
+    # A gradient into the returned normalization output: as TransformerEngine's LayerNormMLP treats
+    # it, the gathered output's (sequence parallelism) is a rank's share, summed over the ranks and
+    # scattered back to the rows as the GEMM's input gradient is; the rank's own output's is added
+    # after that sum, the rank's alone.
+    x_fused.grad = None
+    share = torch.full_like(ln_out, 0.5 * (rank + 1))  # sums of these are exact: equal bits expected
+    with _scope(recipe_name):
+        _, ln_out = fused(x_fused)
+    ln_out.backward(share)
+    x_ref = _leaf(x_local)
+    norm(x_ref).backward(_rows(_sum_over_ranks(share), rank) if sequence_parallel else share)
+    _equal("dx from ln_out", x_fused.grad, x_ref.grad)
 
 
-def _check_layernorm_mlp(rank, recipe_name, activation):
+def _check_layernorm_mlp(rank, recipe_name, activation, sequence_parallel):
     x, dy = _data()
     ffn = 128
-    options = dict(tp_size=WORLD, sequence_parallel=True, params_dtype=torch.bfloat16, device=DEVICE)
-    mlp = mst.LayerNormMLP(K, ffn, activation=activation, set_parallel_mode=True, **options)
+    options = dict(tp_group=dist.group.WORLD, sequence_parallel=sequence_parallel, params_dtype=torch.bfloat16,
+                   device=DEVICE)
+    torch.manual_seed(100 + rank)
+    mlp = mst.LayerNormMLP(K, ffn, activation=activation, set_parallel_mode=True, return_bias=True,
+                           return_layernorm_output=True, **options)
     gated = activation in ("swiglu", "geglu", "reglu")
     fc1 = mst.Linear(K, 2 * ffn if gated else ffn, parallel_mode="column", **options)
-    fc2 = mst.Linear(ffn, K, parallel_mode="row", **options)
+    fc2 = mst.Linear(ffn, K, parallel_mode="row", return_bias=True, **options)
     norm = mst.LayerNorm(K, params_dtype=torch.bfloat16, device=DEVICE)
     with torch.no_grad():
         for parameter in mlp.parameters():
+            parameter.normal_(0.0, 0.1)
+        torch.manual_seed(5)  # the parameters whole on every rank: alike on every rank
+        for parameter in (mlp.layer_norm_weight, mlp.layer_norm_bias, mlp.fc2_bias):
             parameter.normal_(0.0, 0.1)
         norm.weight.copy_(mlp.layer_norm_weight)
         norm.bias.copy_(mlp.layer_norm_bias)
@@ -174,27 +242,41 @@ def _check_layernorm_mlp(rank, recipe_name, activation):
         fc2.weight.copy_(mlp.fc2_weight)
         fc2.bias.copy_(mlp.fc2_bias)
     assert list(mlp.fc2_weight.shape) == [K, ffn // WORLD] and mlp.fc2_weight.partition_dim == 1
-    x_local, dy_local = _rows(x, rank), _rows(dy[:, :K], rank)
+    x_local = _rows(x, rank) if sequence_parallel else x
+    dy_local = _rows(dy[:, :K], rank) if sequence_parallel else dy[:, :K]
     x_mlp, x_parts = _leaf(x_local), _leaf(x_local)
-    y = _step(mlp, x_mlp, dy_local, recipe_name)
-    y_parts = _step(lambda t: fc2(activate(fc1(norm(t)), activation)), x_parts, dy_local, recipe_name)
-    _equal("y", y, y_parts)
+    torch.manual_seed(11)
+    with _scope(recipe_name):
+        y, bias, ln_out = mlp(x_mlp)
+    y.backward(dy_local)
+
+    def parts(t):
+        out, out_bias = fc2(activate(fc1(norm(t)), activation))
+        return out
+
+    y_parts = _step(parts, x_parts, dy_local, recipe_name)
+    _equal("y", y.detach(), y_parts)
+    _equal("returned bias", bias, mlp.fc2_bias)
+    _equal("ln_out", ln_out.detach(), norm(x_local).detach())  # this rank's rows (not asked gathered)
     _equal("dx", x_mlp.grad, x_parts.grad)
     _equal("fc1 dW", mlp.fc1_weight.grad, fc1.weight.grad)
+    _equal("fc1 db", mlp.fc1_bias.grad, fc1.bias.grad)
     _equal("fc2 dW", mlp.fc2_weight.grad, fc2.weight.grad)
-    _equal("fc2 db", mlp.fc2_bias.grad, fc2.bias.grad)
 
 
 def _check_compiled(rank):
-    """A column-parallel then a row-parallel Linear under torch.compile: the collectives run eagerly
-    between the traced layers (graph breaks), the results eager's. (MXFP8 on CUDA: there a compiled
-    NVFP4 step draws its rounding seeds from the CUDA generator, an eager one from the CPU's.)"""
+    """A column-parallel then a row-parallel Linear traced whole by torch.compile (fullgraph=True:
+    the collectives are torch's functional ones in the graph), the results eager's. (MXFP8 on
+    CUDA: there a compiled NVFP4 step draws its rounding seeds from the CUDA generator, an eager one
+    from the CPU's.)"""
     x, dy = _data()
-    torch.manual_seed(0)
-    options = dict(tp_size=WORLD, sequence_parallel=True, params_dtype=torch.bfloat16, device=DEVICE)
+    torch.manual_seed(100 + rank)
+    options = dict(tp_group=dist.group.WORLD, sequence_parallel=True, params_dtype=torch.bfloat16, device=DEVICE)
     model = torch.nn.Sequential(mst.Linear(K, N, parallel_mode="column", **options),
                                 mst.Linear(N, K, parallel_mode="row", **options))
-    compiled = torch.compile(model, backend="aot_eager")
+    with torch.no_grad():
+        model[1].bias.copy_(torch.randn(K, generator=torch.Generator().manual_seed(3)))  # alike on every rank
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     x_local, dy_local = _rows(x, rank), _rows(dy[:, :K], rank)
     results = []
     for run in (model, compiled):
@@ -206,15 +288,47 @@ def _check_compiled(rank):
         _equal(name, got, expected)
 
 
-def _check_errors(rank):
-    layer = mst.Linear(K, N, parallel_mode="row", sequence_parallel=True, tp_size=WORLD, device=DEVICE)
+def _check_setup(rank):
+    """Errors, replicated parameters, and a layer that splits nothing."""
+    layer = mst.Linear(K, N, parallel_mode="row", sequence_parallel=True, tp_group=dist.group.WORLD, device=DEVICE)
     with pytest.raises(microscale.Error, match="multiple of the group's size"):
         layer(torch.randn(3, K // WORLD, device=DEVICE))  # 3 rows do not split over 2 ranks
+    layer = mst.Linear(K, N, parallel_mode="column", tp_size=4, device=DEVICE)
+    layer.set_tensor_parallel_group(None)
     with pytest.raises(microscale.Error, match="split over 4 ranks, and the tensor-parallel group has 2"):
-        mst.Linear(K, N, parallel_mode="column", tp_size=4, device=DEVICE)(torch.randn(4, K, device=DEVICE))
+        layer(torch.randn(4, K, device=DEVICE))
     with pytest.raises(microscale.Error, match="at least 2 dims"):
-        mst.Linear(K, N, parallel_mode="column", sequence_parallel=True, tp_size=WORLD, device=DEVICE)(
+        mst.Linear(K, N, parallel_mode="column", sequence_parallel=True, tp_group=dist.group.WORLD, device=DEVICE)(
             torch.randn(K, device=DEVICE))
+
+    class Tracker:  # Megatron-LM's tracker: a random stream of each rank's own in its fork
+        @contextlib.contextmanager
+        def fork(self, name="model-parallel-rng"):
+            state = torch.random.get_rng_state()
+            torch.manual_seed(1000 + rank)
+            yield
+            torch.random.set_rng_state(state)
+
+    torch.manual_seed(0)
+    row = mst.Linear(K, N, parallel_mode="row", tp_group=dist.group.WORLD, get_rng_state_tracker=Tracker)
+    weights, biases = _gather_list(row.weight), _gather_list(row.bias)
+    assert not torch.equal(weights[0], weights[1]), "each rank draws its own shard"
+    assert torch.equal(biases[0], biases[1]), "a bias whole on every rank starts alike on every rank"
+    # parallel_mode None with a group of two: nothing split, no collective
+    torch.manual_seed(0)
+    whole, plain = mst.Linear(K, N, tp_group=dist.group.WORLD), None
+    torch.manual_seed(0)
+    plain = mst.Linear(K, N)
+    x = torch.randn(4, K)
+    with _GroupSpy() as spy:
+        _equal("y", whole(x), plain(x))
+    assert spy.groups == []
+
+
+def _gather_list(t):
+    parts = [torch.empty_like(t) for _ in range(WORLD)]
+    dist.all_gather(parts, t.detach().contiguous())
+    return parts
 
 
 def _worker(rank, store, check, args):
@@ -224,11 +338,7 @@ def _worker(rank, store, check, args):
                             rank=rank)
     torch.set_num_threads(1)
     try:
-        group = {"tp_group": dist.new_group(list(range(WORLD)))} if args and args[-1] == "group" else {}
-        if check is _check_linear:
-            check(rank, *args[:3], group if group else {"tp_size": WORLD})
-        else:
-            check(rank, *args)
+        check(rank, *args)
     finally:
         dist.destroy_process_group()
 
@@ -244,26 +354,33 @@ def test_linear_equals_its_shard_without_tensor_parallelism(tmp_path, parallel_m
     _spawn(tmp_path, _check_linear, parallel_mode, sequence_parallel, recipe_name)
 
 
-def test_linear_on_a_group_given(tmp_path):
-    _spawn(tmp_path, _check_linear, "column", True, "nvfp4", "group")
+@pytest.mark.parametrize("group_kind", ["default", "new"])
+def test_linear_on_the_group_it_is_given(tmp_path, group_kind):
+    _spawn(tmp_path, _check_linear, "column", True, "nvfp4", group_kind)
 
 
-@pytest.mark.parametrize("recipe_name", ["nvfp4", "mxfp8"])
-def test_layernorm_linear_is_the_norm_then_the_column_parallel_linear(tmp_path, recipe_name):
-    _spawn(tmp_path, _check_layernorm_linear, recipe_name)
+@pytest.mark.parametrize("parallel_mode", ["column", "row"])
+def test_linear_takes_three_dim_inputs(tmp_path, parallel_mode):
+    _spawn(tmp_path, _check_linear, parallel_mode, True, "mxfp8", "world", 3)
 
 
-@pytest.mark.parametrize("recipe_name,activation", [("nvfp4", "gelu"), ("mxfp8", "swiglu")])
-def test_layernorm_mlp_is_column_then_row_parallel(tmp_path, recipe_name, activation):
-    _spawn(tmp_path, _check_layernorm_mlp, recipe_name, activation)
+@pytest.mark.parametrize("recipe_name,sequence_parallel", [("nvfp4", True), ("mxfp8", True), ("nvfp4", False)])
+def test_layernorm_linear_is_the_norm_then_the_column_parallel_linear(tmp_path, recipe_name, sequence_parallel):
+    _spawn(tmp_path, _check_layernorm_linear, recipe_name, sequence_parallel)
+
+
+@pytest.mark.parametrize("recipe_name,activation,sequence_parallel",
+                         [("nvfp4", "gelu", True), ("mxfp8", "swiglu", True), ("nvfp4", "swiglu", False)])
+def test_layernorm_mlp_is_column_then_row_parallel(tmp_path, recipe_name, activation, sequence_parallel):
+    _spawn(tmp_path, _check_layernorm_mlp, recipe_name, activation, sequence_parallel)
 
 
 def test_compiled_layers_equal_eager(tmp_path):
     _spawn(tmp_path, _check_compiled)
 
 
-def test_collective_errors(tmp_path):
-    _spawn(tmp_path, _check_errors)
+def test_setup_errors_and_replicated_parameters(tmp_path):
+    _spawn(tmp_path, _check_setup)
 
 
 # In this process: construction, and what needs no collective.
@@ -273,7 +390,7 @@ def test_collective_errors(tmp_path):
     (lambda: mst.Linear(K, N, parallel_mode="column", tp_size=2), [N // 2, K]),
     (lambda: mst.Linear(K, N, parallel_mode="row", tp_size=2), [N, K // 2]),
     (lambda: mst.LayerNormLinear(K, N, parallel_mode="column", tp_size=2), [N // 2, K]),
-    (lambda: mst.GroupedLinear(3, K, N, parallel_mode="row", tp_size=2), [N, K // 2]),
+    (lambda: mst.GroupedLinear(3, K, N, bias=False, parallel_mode="row", tp_size=2), [N, K // 2]),
 ])
 def test_shard_shapes(make, shape):
     layer = make()
@@ -313,7 +430,8 @@ def test_rng_tracker_forks_around_the_initialisation():
 
     mst.Linear(K, N, parallel_mode="column", tp_size=2, get_rng_state_tracker=Tracker, init_method=torch.nn.init.zeros_)
     mst.LayerNormMLP(K, 128, tp_size=2, get_rng_state_tracker=Tracker, rng_tracker_name="expert-rng")
-    assert forks == ["model-parallel-rng", "expert-rng", "expert-rng", "expert-rng", "expert-rng"]
+    # the weights, and FC1's bias (split over the ranks); not FC2's bias, whole on every rank
+    assert forks == ["model-parallel-rng", "expert-rng", "expert-rng", "expert-rng"]
 
 
 @pytest.mark.parametrize("make,match", [
@@ -323,6 +441,7 @@ def test_rng_tracker_forks_around_the_initialisation():
     (lambda: mst.LayerNormLinear(K, N, parallel_mode="row"), "parallel_mode 'row' is not supported"),
     (lambda: mst.LayerNormMLP(K, 128, tp_size=2, sequence_parallel=True), "needs set_parallel_mode"),
     (lambda: mst.LayerNormMLP(K, 100, tp_size=3), "ffn_hidden_size=100 cannot be split over 3"),
+    (lambda: mst.GroupedLinear(2, K, N, tp_size=2), "bias is not supported with tp_size > 1"),
 ])
 def test_bad_arguments(make, match):
     with pytest.raises(microscale.Error, match=match):
@@ -332,14 +451,18 @@ def test_bad_arguments(make, match):
 def test_collectives_need_torch_distributed():
     assert not dist.is_initialized()
     layer = mst.Linear(K, N, parallel_mode="column", tp_size=2)
+    layer.set_tensor_parallel_group(None)  # the default group
     with pytest.raises(microscale.Error, match="torch.distributed is not initialised"):
         layer(torch.randn(4, K))
     # A group of one rank runs no collective at all.
     assert mst.Linear(K, N, parallel_mode="row")(torch.ones(2, K)).shape == (2, N)
 
 
-def test_set_tensor_parallel_group():
+def test_set_tensor_parallel_group_and_copies():
     layer = mst.LayerNormMLP(K, 128, tp_size=2, set_parallel_mode=True)
-    sentinel = object()
+    sentinel = object()  # a process group cannot be copied nor pickled: nor can this
     layer.set_tensor_parallel_group(sentinel)
-    assert layer.tp.group is sentinel
+    assert layer.tp_group is sentinel
+    assert copy.deepcopy(layer).tp_group is sentinel  # a copy shares the group
+    restored = pickle.loads(pickle.dumps(layer))  # a pickled layer leaves it out, to be set again
+    assert restored.tp_group is None and not restored.tp.group_set

@@ -77,7 +77,8 @@ class GroupedLinear(QuantizedModule):
     ``parallel_mode``, ``tp_size`` and ``tp_group`` (TransformerEngine's arguments) split each
     expert's weight as microscale.torch.Linear's are split, and that is all they do: as in
     TransformerEngine, the mixture-of-experts layer's dispatch and combine steps move the tokens
-    between ranks, not this layer. ``get_rng_state_tracker`` / ``rng_tracker_name``: as Linear's."""
+    between ranks, not this layer, and a bias is refused with tp_size above 1.
+    ``get_rng_state_tracker`` / ``rng_tracker_name``: as Linear's."""
 
     # Keyword arguments after out_features: TransformerEngine's positions there hold other arguments.
     def __init__(self, num_gemms, in_features, out_features, *, bias=True, init_method=None, return_bias=False,
@@ -89,6 +90,9 @@ class GroupedLinear(QuantizedModule):
         params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
         attach(self, "GroupedLinear", tp_group, tp_size, parallel_mode, sequence_parallel, get_rng_state_tracker,
                rng_tracker_name)
+        if self.tp_size > 1 and bias:  # the ranks' partial products are summed outside: each would add it
+            raise _C.Error("microscale.torch.GroupedLinear: bias is not supported with tp_size > 1 (the mixture-of-"
+                           "experts layer sums the ranks' outputs outside this layer), as in TransformerEngine")
         self.fan_in = in_features  # the whole layer's, for the default initialisation
         in_features, out_features = self.tp.local_features(in_features, out_features, parallel_mode)
         self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
@@ -106,7 +110,7 @@ class GroupedLinear(QuantizedModule):
         for weight, bias in zip(self.weights, self.biases):
             init_linear_parameters(weight, bias, self.init_method, fan_in=self.fan_in,
                                    get_rng_state_tracker=self.get_rng_state_tracker,
-                                   rng_tracker_name=self.rng_tracker_name)
+                                   rng_tracker_name=self.rng_tracker_name, bias_split=self.parallel_mode == "column")
             mark_split(weight, 1 if self.parallel_mode == "row" else 0)
             if bias is not None and self.parallel_mode == "row":
                 mark_sequence_parallel(bias, self.sequence_parallel)

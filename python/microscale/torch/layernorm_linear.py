@@ -51,7 +51,8 @@ class LayerNormLinear(QuantizedModule):
     def reset_parameters(self):
         reset_norm_parameters(self.layer_norm_weight, self.layer_norm_bias, self.zero_centered_gamma)
         init_linear_parameters(self.weight, self.bias, self.init_method,
-                               get_rng_state_tracker=self.get_rng_state_tracker, rng_tracker_name=self.rng_tracker_name)
+                               get_rng_state_tracker=self.get_rng_state_tracker, rng_tracker_name=self.rng_tracker_name,
+                               bias_split=self.parallel_mode == "column")
         mark_sequence_parallel(self.layer_norm_weight, self.sequence_parallel)
         mark_sequence_parallel(self.layer_norm_bias, self.sequence_parallel)
         mark_split(self.weight, 0)

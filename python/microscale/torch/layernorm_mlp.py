@@ -67,7 +67,7 @@ class LayerNormMLP(QuantizedModule):
     def reset_parameters(self):
         reset_norm_parameters(self.layer_norm_weight, self.layer_norm_bias, self.zero_centered_gamma)
         tracker = dict(get_rng_state_tracker=self.get_rng_state_tracker, rng_tracker_name=self.rng_tracker_name)
-        init_linear_parameters(self.fc1_weight, self.fc1_bias, self.init_method, **tracker)
+        init_linear_parameters(self.fc1_weight, self.fc1_bias, self.init_method, bias_split=True, **tracker)
         init_linear_parameters(self.fc2_weight, self.fc2_bias, self.output_layer_init_method,
                                fan_in=self.ffn_hidden_size, **tracker)
         mark_sequence_parallel(self.layer_norm_weight, self.sequence_parallel)

@@ -74,7 +74,8 @@ class Linear(QuantizedModule):
 
     def reset_parameters(self):
         init_linear_parameters(self.weight, self.bias, self.init_method, fan_in=self.fan_in,
-                               get_rng_state_tracker=self.get_rng_state_tracker, rng_tracker_name=self.rng_tracker_name)
+                               get_rng_state_tracker=self.get_rng_state_tracker, rng_tracker_name=self.rng_tracker_name,
+                               bias_split=self.parallel_mode == "column")
         mark_split(self.weight, 1 if self.parallel_mode == "row" else 0)
         if self.bias is not None:
             if self.parallel_mode == "row":

@@ -170,13 +170,15 @@ def returned_bias(bias, x):
 
 
 def init_linear_parameters(weight, bias, init_method=None, *, fan_in=None, get_rng_state_tracker=None,
-                           rng_tracker_name=None):
+                           rng_tracker_name=None, bias_split=False):
     """A layer's weight [out, in] and bias [out] (or None) initialised as torch.nn.Linear's
     (U(-1/sqrt(fan_in), 1/sqrt(fan_in)) both, fan_in the weight's columns unless given: a
     row-parallel shard's is the whole layer's in_features), or, with TransformerEngine's
     init_method, the weight by init_method(weight) and the bias to zeros, as TransformerEngine
-    does. The random draws run under TransformerEngine's RNG tracker when one is given
-    (tensor_parallel.initialise)."""
+    does. The weight's random draws run under TransformerEngine's RNG tracker when one is given
+    (tensor_parallel.initialise: each tensor-parallel rank draws its own shard), and so does the
+    bias's where it is split over the ranks too (`bias_split`); a bias whole on every rank is
+    drawn from torch's generator, alike on every rank."""
     if init_method is not None:
         with torch.no_grad():
             initialise(weight, init_method, get_rng_state_tracker, rng_tracker_name)
@@ -184,18 +186,21 @@ def init_linear_parameters(weight, bias, init_method=None, *, fan_in=None, get_r
                 bias.zero_()
         return
     fan_in = weight.shape[1] if fan_in is None else fan_in
-    # torch.nn.init.kaiming_uniform_(weight, a=sqrt(5))'s bound, for the given fan-in: 1/sqrt(fan_in)
-    gain = torch.nn.init.calculate_gain("leaky_relu", math.sqrt(5))
-    weight_bound = math.sqrt(3.0) * gain / math.sqrt(fan_in) if fan_in > 0 else 0.0
-    bias_bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
 
-    def draw(tensor, bound):
-        with torch.no_grad():
-            tensor.uniform_(-bound, bound)
+    def uniform(bound):  # U(-bound, bound), in place
+        def draw(tensor):
+            with torch.no_grad():
+                tensor.uniform_(-bound, bound)
+        return draw
 
-    initialise(weight, lambda w: draw(w, weight_bound), get_rng_state_tracker, rng_tracker_name)
+    # torch.nn.init.kaiming_uniform_(weight, a=sqrt(5))'s bound for this fan-in, in its order of
+    # operations: 1/sqrt(fan_in)
+    std = torch.nn.init.calculate_gain("leaky_relu", math.sqrt(5)) / math.sqrt(fan_in) if fan_in > 0 else 0.0
+    initialise(weight, uniform(math.sqrt(3.0) * std), get_rng_state_tracker, rng_tracker_name)
     if bias is not None:
-        initialise(bias, lambda b: draw(b, bias_bound), get_rng_state_tracker, rng_tracker_name)
+        bias_bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+        tracker = get_rng_state_tracker if bias_split else None
+        initialise(bias, uniform(bias_bound), tracker, rng_tracker_name)
 
 
 def te_outputs(y, x, bias, ln_out, return_bias, return_layernorm_output):
@@ -216,5 +221,11 @@ class QuantizedModule(torch.nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def set_tensor_parallel_group(self, tp_group):
-        """TransformerEngine's: the group the layer's tensor-parallel collectives run on."""
+        """TransformerEngine's: the group the layer's tensor-parallel collectives run on (None:
+        torch.distributed's default group)."""
         self.tp.set_group(tp_group)
+
+    @property
+    def tp_group(self):
+        """TransformerEngine's attribute: the tensor-parallel group (None: none given, or the default)."""
+        return self.tp.group

@@ -20,21 +20,34 @@ gathering 16-bit values instead of 4- or 8-bit ones."""
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 
 from .. import _C
 
 PARALLEL_MODES = (None, "column", "row")
 
+# Traced by torch.compile the collectives are torch's functional ones (ops dynamo records, so that
+# fullgraph=True works); eagerly torch.distributed's own, which cost less host time.
+_all_gather_single = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+_reduce_scatter_single = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
+
 
 def _world_size(group):
-    """The size of `group` (None: torch.distributed's default group); 1 without torch.distributed."""
+    """The size of `group` (None: torch.distributed's default group); 1 without torch.distributed,
+    -1 on a rank outside the group."""
     if not dist.is_available() or not dist.is_initialized():
         return 1
     return dist.get_world_size(group)
 
 
+def _functional_group(group):
+    return dist.group.WORLD if group is None else group
+
+
 def _all_reduce(t, group):
     """The sum of `t` over the group's ranks, in a new tensor (t is an autograd input: left as it is)."""
+    if torch.compiler.is_compiling():
+        return funcol.wait_tensor(funcol.all_reduce(t.contiguous(), "sum", _functional_group(group)))
     out = t.clone(memory_format=torch.contiguous_format)
     dist.all_reduce(out, group=group)
     return out
@@ -43,6 +56,8 @@ def _all_reduce(t, group):
 def _gather_first_dim(t, group):
     """The ranks' tensors stacked along their first dim, in rank order."""
     t = t.contiguous()
+    if torch.compiler.is_compiling():
+        return funcol.wait_tensor(_all_gather_single(t, 0, _functional_group(group)))
     out = t.new_empty((_world_size(group) * t.shape[0],) + tuple(t.shape[1:]))
     dist.all_gather_into_tensor(out, t, group=group)
     return out
@@ -50,11 +65,13 @@ def _gather_first_dim(t, group):
 
 def _reduce_scatter_first_dim(t, group):
     """The sum of `t` over the ranks, split along its first dim: rank r gets part r."""
+    t = t.contiguous()
+    if torch.compiler.is_compiling():
+        return funcol.wait_tensor(_reduce_scatter_single(t, "sum", 0, _functional_group(group)))
     size = _world_size(group)
     if t.shape[0] % size != 0:
         raise _C.Error(f"microscale.torch: sequence parallelism splits dim 0 of a {list(t.shape)} tensor over {size} "
                        "ranks: it must be a multiple of the group's size")
-    t = t.contiguous()
     out = t.new_empty((t.shape[0] // size,) + tuple(t.shape[1:]))
     dist.reduce_scatter_tensor(out, t, group=group)
     return out
@@ -118,8 +135,6 @@ def _require_rows(x, layer):
                        f"{list(x.shape)}: it needs at least 2 dims")
 
 
-# The collectives run eagerly under torch.compile (a graph break on each side).
-@torch.compiler.disable
 def _column_input(x, group, sequence_parallel, layer):
     if sequence_parallel:
         _require_rows(x, layer)
@@ -127,7 +142,6 @@ def _column_input(x, group, sequence_parallel, layer):
     return _CopyToTensorParallelRegion.apply(x, group)
 
 
-@torch.compiler.disable
 def _row_output(y, group, sequence_parallel, layer):
     if sequence_parallel:
         _require_rows(y, layer)
@@ -137,21 +151,39 @@ def _row_output(y, group, sequence_parallel, layer):
 
 class TensorParallel:
     """A layer's place in a tensor-parallel group, from TransformerEngine's arguments: ``tp_group``
-    (a torch.distributed group; None: ``tp_size`` says the size, and the collectives run on the
-    default group), ``sequence_parallel`` (on only where the size is above 1, as TE has it).
-    ``layer`` names the layer in errors."""
+    (a torch.distributed group), or without one ``tp_size`` (then, as in TransformerEngine, the
+    collectives wait for set_tensor_parallel_group, which may name None: torch.distributed's
+    default group); ``sequence_parallel`` (on only where the size is above 1, as TE has it).
+    ``layer`` names the layer in errors. A copy (copy.deepcopy) shares the group; a pickled one
+    (torch.save of the module) leaves it out, to be set again with set_tensor_parallel_group."""
 
     def __init__(self, layer, tp_group=None, tp_size=1, sequence_parallel=False):
         self.layer = layer
         self.group = tp_group
         self.size = tp_size if tp_group is None else _world_size(tp_group)
+        if tp_group is not None and self.size < 1:
+            raise _C.Error(f"microscale.torch.{layer}: this rank is not in tp_group")
         if not isinstance(self.size, int) or self.size < 1:
             raise _C.Error(f"microscale.torch.{layer}: tp_size must be a positive int, not {tp_size!r}")
+        self.group_set = tp_group is not None or self.size == 1
         self.sequence_parallel = self.size > 1 and bool(sequence_parallel)
 
     def set_group(self, tp_group):
-        """TransformerEngine's set_tensor_parallel_group: the group the collectives run on."""
-        self.group = tp_group
+        """TransformerEngine's set_tensor_parallel_group: the group the collectives run on (None:
+        the default group)."""
+        self.group, self.group_set = tp_group, True
+
+    def __deepcopy__(self, memo):
+        twin = TensorParallel.__new__(TensorParallel)  # a process group cannot be copied: the twin shares it
+        twin.__dict__.update(self.__dict__)
+        memo[id(self)] = twin
+        return twin
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        if state["group"] is not None:  # a process group cannot be pickled
+            state["group"], state["group_set"] = None, False
+        return state
 
     def local_features(self, in_features, out_features, parallel_mode):
         """This rank's (in_features, out_features) of a Linear split as parallel_mode says."""
@@ -169,7 +201,13 @@ class TensorParallel:
         return features // self.size
 
     def _require_group(self):
-        """The collectives need torch.distributed, and a group of the size the weight was split for."""
+        """The collectives need torch.distributed, a group, and one of the size the weight was split
+        for. (Checked eagerly; traced code leaves the checks to the collectives.)"""
+        if torch.compiler.is_compiling():
+            return
+        if not self.group_set:
+            raise _C.Error(f"microscale.torch.{self.layer}: tp_size is {self.size} and no tp_group was given: pass "
+                           "tp_group, or call set_tensor_parallel_group (None: torch.distributed's default group)")
         if not dist.is_available() or not dist.is_initialized():
             raise _C.Error(f"microscale.torch.{self.layer}: tp_size is {self.size}, and torch.distributed is not "
                            "initialised (torch.distributed.init_process_group)")
