@@ -82,7 +82,7 @@ def run(rank, store):
     dist.init_process_group("nccl", init_method=f"file://{store}", world_size=WORLD, rank=rank)
     rows = []
     for m, hidden, ffn in SHAPES:
-        options = dict(tp_size=WORLD, sequence_parallel=True, params_dtype=torch.bfloat16, device="cuda")
+        options = dict(tp_group=dist.group.WORLD, sequence_parallel=True, params_dtype=torch.bfloat16, device="cuda")
         fc1 = mst.Linear(hidden, ffn, parallel_mode="column", **options)
         fc2 = mst.Linear(ffn, hidden, parallel_mode="row", **options)
         g = torch.Generator(device="cuda").manual_seed(rank)
