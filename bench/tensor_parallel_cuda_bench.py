@@ -51,13 +51,11 @@ def per_step_ms(step, steps=10, runs=5):
 
 
 def block_step(fc1, fc2, x, dy, recipe):
-    scope = mst.autocast(recipe=recipe) if recipe is not None else mst.autocast(enabled=False)
-
     def step():
         for p in (*fc1.parameters(), *fc2.parameters()):
             p.grad = None
         x.grad = None
-        with scope:
+        with mst.autocast(recipe=recipe) if recipe is not None else mst.autocast(enabled=False):
             y = fc2(fc1(x))
         y.backward(dy)
 

@@ -310,16 +310,17 @@ def _check_setup(rank):
             torch.random.set_rng_state(state)
 
     torch.manual_seed(0)
-    row = mst.Linear(K, N, parallel_mode="row", tp_group=dist.group.WORLD, get_rng_state_tracker=Tracker)
+    row = mst.Linear(K, N, parallel_mode="row", tp_group=dist.group.WORLD, get_rng_state_tracker=Tracker,
+                     device=DEVICE)
     weights, biases = _gather_list(row.weight), _gather_list(row.bias)
     assert not torch.equal(weights[0], weights[1]), "each rank draws its own shard"
     assert torch.equal(biases[0], biases[1]), "a bias whole on every rank starts alike on every rank"
     # parallel_mode None with a group of two: nothing split, no collective
     torch.manual_seed(0)
-    whole, plain = mst.Linear(K, N, tp_group=dist.group.WORLD), None
+    whole = mst.Linear(K, N, tp_group=dist.group.WORLD, device=DEVICE)
     torch.manual_seed(0)
-    plain = mst.Linear(K, N)
-    x = torch.randn(4, K)
+    plain = mst.Linear(K, N, device=DEVICE)
+    x = torch.randn(4, K, device=DEVICE)
     with _GroupSpy() as spy:
         _equal("y", whole(x), plain(x))
     assert spy.groups == []
