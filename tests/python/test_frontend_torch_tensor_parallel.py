@@ -304,10 +304,9 @@ def _check_setup(rank):
     class Tracker:  # Megatron-LM's tracker: a random stream of each rank's own in its fork
         @contextlib.contextmanager
         def fork(self, name="model-parallel-rng"):
-            state = torch.random.get_rng_state()
-            torch.manual_seed(1000 + rank)
-            yield
-            torch.random.set_rng_state(state)
+            with torch.random.fork_rng(devices=[torch.cuda.current_device()] if DEVICE == "cuda" else []):
+                torch.manual_seed(1000 + rank)
+                yield
 
     torch.manual_seed(0)
     row = mst.Linear(K, N, parallel_mode="row", tp_group=dist.group.WORLD, get_rng_state_tracker=Tracker,
