@@ -33,6 +33,13 @@ def process_group(tmp_path):
     dist.destroy_process_group()
 
 
+def _mesh(device_type, world_size):
+    """FSDP2's mesh on the test's device: without one it picks CUDA wherever torch sees a GPU, and
+    the CPU tests' parameters would move there."""
+    from torch.distributed.device_mesh import init_device_mesh
+    return init_device_mesh(device_type, (world_size,))
+
+
 def make_model():
     torch.manual_seed(0)
     return torch.nn.Sequential(mst.Linear(64, 64), torch.nn.ReLU(), mst.Linear(64, 32))
@@ -42,10 +49,11 @@ def make_model():
 @pytest.mark.parametrize("microbatches", [1, 2])
 def test_fully_sharded_training_equals_the_plain_model(process_group, recipe, microbatches):
     plain, sharded = make_model(), make_model()
+    mesh = _mesh("cpu", 1)
     for layer in sharded:
         if isinstance(layer, mst.Linear):
-            fully_shard(layer)
-    fully_shard(sharded)
+            fully_shard(layer, mesh=mesh)
+    fully_shard(sharded, mesh=mesh)
     assert isinstance(sharded[0].weight, torch.distributed.tensor.DTensor)
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (plain, sharded)]
     g = torch.Generator().manual_seed(1)
@@ -84,10 +92,11 @@ def _data_parallel_worker(rank, store, recipe_name):
     try:
         recipe = {"nvfp4": NVFP4BlockScaling, "mxfp8": MXFP8BlockScaling}[recipe_name]()
         plain, sharded = make_model().to(DEVICE), make_model().to(DEVICE)
+        mesh = _mesh(DEVICE, WORLD)
         for layer in sharded:
             if isinstance(layer, mst.Linear):
-                fully_shard(layer)
-        fully_shard(sharded)
+                fully_shard(layer, mesh=mesh)
+        fully_shard(sharded, mesh=mesh)
         optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (plain, sharded)]
         g = torch.Generator().manual_seed(1)
         for step in range(3):
