@@ -20,16 +20,21 @@ gathering 16-bit values instead of 4- or 8-bit ones."""
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 
 from .. import _C
+
+try:
+    import torch.distributed._functional_collectives as funcol
+except ImportError:  # a torch built without torch.distributed: only groups of one rank run
+    funcol = None
 
 PARALLEL_MODES = (None, "column", "row")
 
 # Traced by torch.compile the collectives are torch's functional ones (ops dynamo records, so that
 # fullgraph=True works); eagerly torch.distributed's own, which cost less host time.
-_all_gather_single = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
-_reduce_scatter_single = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
+if funcol is not None:
+    _all_gather_single = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+    _reduce_scatter_single = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
 
 
 def _world_size(group):
