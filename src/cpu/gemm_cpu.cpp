@@ -1,7 +1,11 @@
 // CPU block-scaled GEMM. Each K-panel of both operands is dequantized exactly to fp32 (a code
-// times its block scale has at most 2 + 4 significant bits, so the product is exact), and
-// OpenBLAS sgemm accumulates panel after panel into an fp32 [M, N] buffer (beta = 1 after the
-// first). The global scales and the epilogue are applied by the caller (src/core/gemm.cpp).
+// times its block scale has at most 2 + 4 significant bits, so the product is exact), and the
+// panels' products accumulate into an fp32 [M, N] buffer, panel after panel. A panel goes the
+// bf16 route (gemm_bf16.hpp: oneDNN, about twice sgemm's rate where the CPU multiplies bf16) when
+// every value of both panels is a bf16 value of magnitude 0 or >= 2^-56 (then every product and
+// partial sum is a multiple of 2^-126, so none is subnormal and the bf16 instructions' flushing
+// never acts), else OpenBLAS's sgemm. Both multiply exactly and add in fp32. The global scales
+// and the epilogue are applied by the caller (src/core/gemm.cpp).
 #include <cblas.h>
 
 #include <algorithm>
@@ -10,7 +14,9 @@
 #include <vector>
 
 #include "core/operand_access.hpp"
+#include "cpu/gemm_bf16.hpp"
 #include "cpu/gemm_kernels.hpp"
+#include "microscale/half.hpp"
 
 namespace microscale::cpu {
 namespace {
@@ -20,21 +26,51 @@ namespace {
 // 512 -> 0.75x sgemm, 4096 -> see docs/perf.md. Memory: (M + N) * kPanel * 4 bytes.
 constexpr int64_t kPanel = 4096;
 
+// The bits of 2^-56 as fp32: a nonzero bf16 value at least this large has its last significant
+// bit at 2^-63 or above, so products of two are multiples of 2^-126.
+constexpr uint32_t kSmallestBits = (127u - 56u) << 23;
+
+/// dst = the bf16 bits of src when every value is a bf16 value (its low 16 bits zero), finite,
+/// and 0 or of magnitude >= 2^-56; returns whether they all were (dst is then complete).
+bool to_bf16_panel(const float* src, int64_t count, uint16_t* dst) {
+  uint32_t unfit = 0;
+  for (int64_t i = 0; i < count; ++i) {  // branch-free: vectorised
+    const uint32_t bits = float_bits(src[i]), magnitude = bits & 0x7FFFFFFFu;
+    unfit |= (bits & 0xFFFFu) | static_cast<uint32_t>(magnitude != 0 && magnitude < kSmallestBits) |
+             static_cast<uint32_t>(magnitude >= 0x7F800000u);
+    dst[i] = static_cast<uint16_t>(bits >> 16);
+  }
+  return unfit == 0;
+}
+
 }  // namespace
 
 void gemm_accumulate(const GemmOperand& a, const GemmOperand& b, int64_t m, int64_t n, int64_t k,
                      int64_t batches, float* acc) {
   const OperandReader ra(a), rb(b);
+  const bool bf16_route = bf16_gemm_available();
   // Kept across calls (per thread): fresh buffers cost page faults and zeroing on every GEMM.
   thread_local std::vector<float> panel_a, panel_b;
-  panel_a.resize(std::max(panel_a.size(), static_cast<size_t>(m * std::min(k, kPanel))));
-  panel_b.resize(std::max(panel_b.size(), static_cast<size_t>(n * std::min(k, kPanel))));
+  thread_local std::vector<uint16_t> panel_a16, panel_b16;
+  const auto a_size = static_cast<size_t>(m * std::min(k, kPanel));
+  const auto b_size = static_cast<size_t>(n * std::min(k, kPanel));
+  panel_a.resize(std::max(panel_a.size(), a_size));
+  panel_b.resize(std::max(panel_b.size(), b_size));
+  if (bf16_route) {
+    panel_a16.resize(std::max(panel_a16.size(), a_size));
+    panel_b16.resize(std::max(panel_b16.size(), b_size));
+  }
   for (int64_t l = 0; l < batches; ++l) {
     float* out = acc + l * m * n;
     for (int64_t k0 = 0; k0 < k; k0 += kPanel) {
       const int64_t width = std::min(kPanel, k - k0);
       ra.dequantize_panel(l, k0, width, panel_a.data());  // (M, width) fp32, exact
       rb.dequantize_panel(l, k0, width, panel_b.data());  // (N, width) fp32, exact
+      if (bf16_route && to_bf16_panel(panel_a.data(), m * width, panel_a16.data()) &&
+          to_bf16_panel(panel_b.data(), n * width, panel_b16.data())) {
+        bf16_panel_product(panel_a16.data(), panel_b16.data(), m, n, width, k0 != 0, out, n);
+        continue;
+      }
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
                   static_cast<int>(width), 1.0f, panel_a.data(), static_cast<int>(width), panel_b.data(),
                   static_cast<int>(width), k0 == 0 ? 0.0f : 1.0f, out, static_cast<int>(n));

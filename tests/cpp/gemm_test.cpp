@@ -220,6 +220,51 @@ TEST(Gemm, MixedDenseTimesQuantizedAndEpilogue) {
   }
 }
 
+// The bf16 route (oneDNN, where built and the CPU multiplies bf16) flushes subnormal inputs and
+// results: panels with a value that could make a subnormal product or partial sum go through
+// sgemm. Each case's exact result is a tiny nonzero fp32 value; the first one's products are
+// subnormal, which the bf16 route would have flushed to 0.
+TEST(Gemm, ValuesThatCouldMakeSubnormalsStayExact) {
+  struct Case {
+    float a, b;  // every element of A and of B (K = 32)
+  };
+  for (const Case c : {Case{0x1p-70f, 0x1p-70f},             // products 2^-140: subnormal
+                       Case{0x1p-60f, 0x1p-63f},             // both below the route's 2^-56
+                       Case{0x1.02p-50f, 0x1p-76f},          // a product's last bit at 2^-133
+                       Case{1.0f + 0x1p-10f, 0x1p-126f}}) {  // A no bf16 value, B the least normal
+    Tensor a(DType::F32, {4, 32}), b(DType::F32, {8, 32});
+    std::fill_n(a.data_as<float>(), a.numel(), c.a);
+    std::fill_n(b.data_as<float>(), b.numel(), c.b);
+    const Tensor d = gemm(GemmOperand::from_dense(a.view()), GemmOperand::from_dense(b.view()));
+    const float want = static_cast<float>(32.0 * static_cast<double>(c.a) * c.b);
+    ASSERT_NE(want, 0.0f);
+    for (int64_t i = 0; i < d.numel(); ++i) EXPECT_EQ(d.data_as<float>()[i], want) << c.a << " x " << c.b;
+  }
+}
+
+// Exact-by-construction bf16 values (small integers times powers of two within 2^-56..): both
+// routes give the exact sums, so the result is the same whichever ran.
+TEST(Gemm, Bf16ValuesGiveExactSums) {
+  Tensor a(DType::BF16, {33, 64}), b(DType::BF16, {17, 64});
+  std::vector<double> av(a.numel()), bv(b.numel());
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    av[i] = std::ldexp(static_cast<double>(static_cast<int>(i % 7) - 3), static_cast<int>(i % 5) - 2);
+    a.data_as<uint16_t>()[i] = float_to_bf16(static_cast<float>(av[i]));
+  }
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    bv[i] = std::ldexp(static_cast<double>(static_cast<int>(i % 11) - 5), -static_cast<int>(i % 3));
+    b.data_as<uint16_t>()[i] = float_to_bf16(static_cast<float>(bv[i]));
+  }
+  const Tensor d = gemm(GemmOperand::from_dense(a.view()), GemmOperand::from_dense(b.view()));
+  for (int64_t i = 0; i < 33; ++i) {
+    for (int64_t j = 0; j < 17; ++j) {
+      double want = 0;
+      for (int64_t p = 0; p < 64; ++p) want += av[i * 64 + p] * bv[j * 64 + p];
+      EXPECT_EQ(d.data_as<float>()[i * 17 + j], static_cast<float>(want)) << i << ", " << j;
+    }
+  }
+}
+
 // The GPU MODE nvfp4_gemm inputs, as they are laid out: a [M, K/2, L] and b [N, K/2, L] K-major
 // e2m1 bytes, scales already in the 128x4 swizzled ("permuted") layout, c fp16 [M, N, L].
 TEST(Gemm, GpuModeNvfp4Interface) {

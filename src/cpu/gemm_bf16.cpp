@@ -1,0 +1,101 @@
+// oneDNN's matmul as the CPU GEMM's bf16 route (gemm_bf16.hpp). Its bf16 instructions
+// (vdpbf16ps, AMX's tdpbf16ps) treat subnormal inputs and results as zero whatever MXCSR says;
+// gemm_cpu.cpp sends a panel here only when no value, product or partial sum can be subnormal, so
+// the result is the fp32 accumulation the sgemm route gives, in another order.
+#include "cpu/gemm_bf16.hpp"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "microscale/error.hpp"
+
+#ifdef MICROSCALE_HAVE_ONEDNN
+#include <map>
+#include <tuple>
+
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+namespace microscale::cpu {
+
+#ifdef MICROSCALE_HAVE_ONEDNN
+namespace {
+
+bool native_bf16() {
+#if defined(__x86_64__) || defined(__i386__)
+  return __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
+bool forced_sgemm() {
+  const char* route = std::getenv("MICROSCALE_CPU_GEMM");
+  return route != nullptr && std::strcmp(route, "sgemm") == 0;
+}
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+// One primitive per panel shape and accumulation, kept per thread (oneDNN's own cache would find
+// it too, at the cost of building the descriptors on every call).
+dnnl::matmul& matmul_for(int64_t m, int64_t n, int64_t width, bool accumulate, int64_t ldo) {
+  using dt = dnnl::memory::data_type;
+  thread_local std::map<std::tuple<int64_t, int64_t, int64_t, bool, int64_t>, dnnl::matmul> cache;
+  const auto key = std::make_tuple(m, n, width, accumulate, ldo);
+  auto found = cache.find(key);
+  if (found != cache.end()) return found->second;
+  const dnnl::memory::desc a({m, width}, dt::bf16, {width, 1});   // [M, width], row-major
+  const dnnl::memory::desc b({width, n}, dt::bf16, {1, width});   // B^T: B [N, width] row-major
+  const dnnl::memory::desc d({m, n}, dt::f32, {ldo, 1});
+  dnnl::primitive_attr attr;
+  if (accumulate) {
+    dnnl::post_ops sum;
+    sum.append_sum(1.0f);  // out = A B^T + out
+    attr.set_post_ops(sum);
+  }
+#if DNNL_VERSION_MAJOR >= 3
+  const dnnl::matmul::primitive_desc pd(cpu_engine(), a, b, d, attr);
+#else
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, d), attr, cpu_engine());
+#endif
+  return cache.emplace(key, dnnl::matmul(pd)).first->second;
+}
+
+}  // namespace
+
+bool bf16_gemm_available() {
+  static const bool available = native_bf16() && !forced_sgemm();
+  return available;
+}
+
+void bf16_panel_product(const uint16_t* a, const uint16_t* b, int64_t m, int64_t n, int64_t width, bool accumulate,
+                        float* out, int64_t ldo) {
+  using dt = dnnl::memory::data_type;
+  try {
+    dnnl::matmul& product = matmul_for(m, n, width, accumulate, ldo);
+    dnnl::engine& engine = cpu_engine();
+    dnnl::memory ma({{m, width}, dt::bf16, {width, 1}}, engine, const_cast<uint16_t*>(a));
+    dnnl::memory mb({{width, n}, dt::bf16, {1, width}}, engine, const_cast<uint16_t*>(b));
+    dnnl::memory md({{m, n}, dt::f32, {ldo, 1}}, engine, out);
+    dnnl::stream stream(engine);
+    product.execute(stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, md}});
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    throw Error(std::string("gemm: oneDNN's bf16 matmul failed: ") + e.what());
+  }
+}
+
+#else  // built without oneDNN: the sgemm route only
+
+bool bf16_gemm_available() { return false; }
+
+void bf16_panel_product(const uint16_t*, const uint16_t*, int64_t, int64_t, int64_t, bool, float*, int64_t) {
+  throw Error("gemm: this build has no bf16 route (oneDNN was not found)");
+}
+
+#endif
+
+}  // namespace microscale::cpu
