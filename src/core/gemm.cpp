@@ -187,13 +187,20 @@ void gemm_into(const GemmOperand& a, const GemmOperand& b, const GemmProblem& p,
     return;
   }
   const std::vector<int64_t> cs = p.c ? p.c->effective_strides() : std::vector<int64_t>{};
-  for (int64_t l = 0; l < batches; ++l) {
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) {
-        float v = alpha * acc[(l * m + i) * n + j];
-        if (p.c) v = v + p.beta * value_of(*p.c, offset3(cs, i, j, l));
-        if (p.bias) v = v + value_of(*p.bias, j);
-        store(d, offset3(ds, i, j, l), v);
+  const float* sums = acc.data();
+  // Rows in parallel (each writes its own elements of D), under IEEE subnormals in every thread.
+#pragma omp parallel
+  {
+    const IeeeSubnormals ieee;
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t l = 0; l < batches; ++l) {
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          float v = alpha * sums[(l * m + i) * n + j];
+          if (p.c) v = v + p.beta * value_of(*p.c, offset3(cs, i, j, l));
+          if (p.bias) v = v + value_of(*p.bias, j);
+          store(d, offset3(ds, i, j, l), v);
+        }
       }
     }
   }

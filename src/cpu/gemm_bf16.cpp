@@ -10,6 +10,8 @@
 #include "microscale/error.hpp"
 
 #ifdef MICROSCALE_HAVE_ONEDNN
+#include <omp.h>
+
 #include <map>
 #include <tuple>
 
@@ -39,12 +41,13 @@ dnnl::engine& cpu_engine() {
   return engine;
 }
 
-// One primitive per panel shape and accumulation, kept per thread (oneDNN's own cache would find
-// it too, at the cost of building the descriptors on every call).
+// One primitive per panel shape, accumulation and thread count, kept per thread (oneDNN's own
+// cache would find it too, at the cost of building the descriptors on every call). A primitive
+// runs on the OpenMP thread count it was made with: torch.set_num_threads changes that count.
 dnnl::matmul& matmul_for(int64_t m, int64_t n, int64_t width, bool accumulate, int64_t ldo) {
   using dt = dnnl::memory::data_type;
-  thread_local std::map<std::tuple<int64_t, int64_t, int64_t, bool, int64_t>, dnnl::matmul> cache;
-  const auto key = std::make_tuple(m, n, width, accumulate, ldo);
+  thread_local std::map<std::tuple<int64_t, int64_t, int64_t, bool, int64_t, int>, dnnl::matmul> cache;
+  const auto key = std::make_tuple(m, n, width, accumulate, ldo, omp_get_max_threads());
   auto found = cache.find(key);
   if (found != cache.end()) return found->second;
   const dnnl::memory::desc a({m, width}, dt::bf16, {width, 1});   // [M, width], row-major

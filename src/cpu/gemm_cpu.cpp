@@ -34,6 +34,7 @@ constexpr uint32_t kSmallestBits = (127u - 56u) << 23;
 /// and 0 or of magnitude >= 2^-56; returns whether they all were (dst is then complete).
 bool to_bf16_panel(const float* src, int64_t count, uint16_t* dst) {
   uint32_t unfit = 0;
+#pragma omp parallel for simd reduction(| : unfit) schedule(static) if (count >= (int64_t{1} << 18))
   for (int64_t i = 0; i < count; ++i) {  // branch-free: vectorised
     const uint32_t bits = float_bits(src[i]), magnitude = bits & 0x7FFFFFFFu;
     unfit |= (bits & 0xFFFFu) | static_cast<uint32_t>(magnitude != 0 && magnitude < kSmallestBits) |
