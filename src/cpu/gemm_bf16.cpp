@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "microscale/error.hpp"
 
@@ -13,9 +14,8 @@
 #include <omp.h>
 
 #include <map>
-#include <tuple>
-
 #include <oneapi/dnnl/dnnl.hpp>
+#include <tuple>
 #endif
 
 namespace microscale::cpu {
@@ -50,8 +50,8 @@ dnnl::matmul& matmul_for(int64_t m, int64_t n, int64_t width, bool accumulate, i
   const auto key = std::make_tuple(m, n, width, accumulate, ldo, omp_get_max_threads());
   auto found = cache.find(key);
   if (found != cache.end()) return found->second;
-  const dnnl::memory::desc a({m, width}, dt::bf16, {width, 1});   // [M, width], row-major
-  const dnnl::memory::desc b({width, n}, dt::bf16, {1, width});   // B^T: B [N, width] row-major
+  const dnnl::memory::desc a({m, width}, dt::bf16, {width, 1});  // [M, width], row-major
+  const dnnl::memory::desc b({width, n}, dt::bf16, {1, width});  // B^T: B [N, width] row-major
   const dnnl::memory::desc d({m, n}, dt::f32, {ldo, 1});
   dnnl::primitive_attr attr;
   if (accumulate) {
@@ -74,8 +74,8 @@ bool bf16_gemm_available() {
   return available;
 }
 
-void bf16_panel_product(const uint16_t* a, const uint16_t* b, int64_t m, int64_t n, int64_t width, bool accumulate,
-                        float* out, int64_t ldo) {
+void bf16_panel_product(const uint16_t* a, const uint16_t* b, int64_t m, int64_t n, int64_t width,
+                        bool accumulate, float* out, int64_t ldo) {
   using dt = dnnl::memory::data_type;
   try {
     dnnl::matmul& product = matmul_for(m, n, width, accumulate, ldo);

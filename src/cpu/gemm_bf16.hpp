@@ -13,7 +13,7 @@ bool bf16_gemm_available();
 
 /// out [M, N] (row stride ldo, fp32) = A B^T, or += A B^T with `accumulate`: A [M, width] and B
 /// [N, width] bf16 bits, row-major. Products exact, sums in fp32.
-void bf16_panel_product(const uint16_t* a, const uint16_t* b, int64_t m, int64_t n, int64_t width, bool accumulate,
-                        float* out, int64_t ldo);
+void bf16_panel_product(const uint16_t* a, const uint16_t* b, int64_t m, int64_t n, int64_t width,
+                        bool accumulate, float* out, int64_t ldo);
 
 }  // namespace microscale::cpu
