@@ -3,15 +3,15 @@
 For each (M, K, N): x [M, K] (requires grad), parameters [N, K] and [N], dy [M, N]. A training
 step is y = layer(x); y.backward(dy), timed as a user runs it (the host's per-call work included),
 as the median over runs of back-to-back steps, with torch.set_num_threads(T) for T = 1 and all
-cores (the library's quantizations and OpenBLAS's GEMMs use all hardware threads whatever torch's
-setting; docs/python.md):
+cores (the library's quantizations and GEMMs share torch's OpenMP runtime and follow that count):
 
   torch FP32        torch.nn.Linear, fp32 x and parameters (oneDNN / MKL-style fp32 GEMMs)
   torch BF16        torch.nn.Linear, bf16 x and parameters (torch's bf16 GEMMs on this CPU)
   microscale NVFP4  microscale.torch.Linear under NVFP4BlockScaling(), bf16 x and parameters:
                     x, W and dy quantized (row + columnwise, RHT and stochastic rounding as the
                     recipe says; the weight on every step), three GEMMs of exactly dequantized
-                    blocks through OpenBLAS's sgemm (fp32 accumulation)
+                    blocks (oneDNN's bf16 matmul where the CPU multiplies bf16, else OpenBLAS's
+                    sgemm; fp32 accumulation)
   microscale MXFP8  the same under MXFP8BlockScaling()
 
 Prints a table: step ms, GFLOP/s (3 GEMMs of 2MNK), and the ratio to each torch baseline.

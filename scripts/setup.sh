@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 # python3-dev: Python's headers, for the extension microscale._C (python/) and for the code
 # torch.compile generates on the CPU (bench/torchao_cpu_baseline.py).
 APT_PACKAGES=(build-essential cmake ninja-build git pkg-config
-  libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev libopenblas-openmp-dev libdnnl-dev
+  libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev libopenblas-openmp-dev
+  libdnnl-dev ocl-icd-opencl-dev
   clang libclang-rt-dev
   python3 python3-venv python3-pip python3-dev)
 

@@ -157,12 +157,15 @@ void gemm_into(const GemmOperand& a, const GemmOperand& b, const GemmProblem& p,
   std::vector<int64_t> want = {m, n};
   if (batches > 1 || d.ndim() == 3) want.push_back(batches);
   require(d.shape == want, "D is " + shape_string(d.shape) + ", expected " + shape_string(want));
+  const auto float_dtype = [](DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; };
   if (p.c) {
     check_view(*p.c, "C");
     require(p.c->shape == want, "C is " + shape_string(p.c->shape) + ", expected " + shape_string(want));
+    require(float_dtype(p.c->dtype), "C must be f32, bf16 or f16");
   }
   if (p.bias) {
     require(p.bias->ndim() == 1 && p.bias->shape[0] == n, "bias must be [N] = [" + std::to_string(n) + "]");
+    require(float_dtype(p.bias->dtype), "bias must be f32, bf16 or f16");
     require(p.bias->device == Device::CPU && p.bias->data != nullptr, "bias must be CPU memory");
     require(p.bias->is_contiguous(), "bias must be contiguous");
   }
@@ -189,6 +192,7 @@ void gemm_into(const GemmOperand& a, const GemmOperand& b, const GemmProblem& p,
   const std::vector<int64_t> cs = p.c ? p.c->effective_strides() : std::vector<int64_t>{};
   const float* sums = acc.data();
   // Rows in parallel (each writes its own elements of D), under IEEE subnormals in every thread.
+  // Nothing in the region throws: D's, C's and the bias's dtypes were checked above.
 #pragma omp parallel
   {
     const IeeeSubnormals ieee;

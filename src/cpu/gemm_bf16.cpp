@@ -1,7 +1,7 @@
 // oneDNN's matmul as the CPU GEMM's bf16 route (gemm_bf16.hpp). Its bf16 instructions
 // (vdpbf16ps, AMX's tdpbf16ps) treat subnormal inputs and results as zero whatever MXCSR says;
-// gemm_cpu.cpp sends a panel here only when no value, product or partial sum can be subnormal, so
-// the result is the fp32 accumulation the sgemm route gives, in another order.
+// gemm_cpu.cpp sends a panel here only when no value, product or partial sum can be subnormal:
+// exact products added in fp32, in oneDNN's order, within the fp32 accumulation bound.
 #include "cpu/gemm_bf16.hpp"
 
 #include <cstdlib>
@@ -50,6 +50,7 @@ dnnl::matmul& matmul_for(int64_t m, int64_t n, int64_t width, bool accumulate, i
   const auto key = std::make_tuple(m, n, width, accumulate, ldo, omp_get_max_threads());
   auto found = cache.find(key);
   if (found != cache.end()) return found->second;
+  if (cache.size() >= 64) cache.clear();  // shapes that vary (M per step): a bound, not an LRU
   const dnnl::memory::desc a({m, width}, dt::bf16, {width, 1});  // [M, width], row-major
   const dnnl::memory::desc b({width, n}, dt::bf16, {1, width});  // B^T: B [N, width] row-major
   const dnnl::memory::desc d({m, n}, dt::f32, {ldo, 1});
@@ -71,7 +72,9 @@ dnnl::matmul& matmul_for(int64_t m, int64_t n, int64_t width, bool accumulate, i
 
 bool bf16_gemm_available() {
   static const bool available = native_bf16() && !forced_sgemm();
-  return available;
+  // Inside an OpenMP parallel region oneDNN runs one thread, which its matmul does not expect of
+  // a primitive made for more: the sgemm route there.
+  return available && !omp_in_parallel();
 }
 
 void bf16_panel_product(const uint16_t* a, const uint16_t* b, int64_t m, int64_t n, int64_t width,

@@ -4,8 +4,9 @@
 // bf16 route (gemm_bf16.hpp: oneDNN, about twice sgemm's rate where the CPU multiplies bf16) when
 // every value of both panels is a bf16 value of magnitude 0 or >= 2^-56 (then every product and
 // partial sum is a multiple of 2^-126, so none is subnormal and the bf16 instructions' flushing
-// never acts), else OpenBLAS's sgemm. Both multiply exactly and add in fp32. The global scales
-// and the epilogue are applied by the caller (src/core/gemm.cpp).
+// never acts) and no earlier panel of the product went through sgemm, else OpenBLAS's sgemm.
+// Both multiply exactly and add in fp32. The global scales and the epilogue are applied by the
+// caller (src/core/gemm.cpp).
 #include <cblas.h>
 
 #include <algorithm>
@@ -63,12 +64,16 @@ void gemm_accumulate(const GemmOperand& a, const GemmOperand& b, int64_t m, int6
   }
   for (int64_t l = 0; l < batches; ++l) {
     float* out = acc + l * m * n;
+    // Once a panel went through sgemm, the rest of this product does too: its sums may be
+    // subnormal, and the bf16 route, accumulating onto them, might flush them.
+    bool bf16_panels = bf16_route;
     for (int64_t k0 = 0; k0 < k; k0 += kPanel) {
       const int64_t width = std::min(kPanel, k - k0);
       ra.dequantize_panel(l, k0, width, panel_a.data());  // (M, width) fp32, exact
       rb.dequantize_panel(l, k0, width, panel_b.data());  // (N, width) fp32, exact
-      if (bf16_route && to_bf16_panel(panel_a.data(), m * width, panel_a16.data()) &&
-          to_bf16_panel(panel_b.data(), n * width, panel_b16.data())) {
+      bf16_panels = bf16_panels && to_bf16_panel(panel_a.data(), m * width, panel_a16.data()) &&
+                    to_bf16_panel(panel_b.data(), n * width, panel_b16.data());
+      if (bf16_panels) {
         bf16_panel_product(panel_a16.data(), panel_b16.data(), m, n, width, k0 != 0, out, n);
         continue;
       }

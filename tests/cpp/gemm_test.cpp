@@ -222,8 +222,9 @@ TEST(Gemm, MixedDenseTimesQuantizedAndEpilogue) {
 
 // The bf16 route (oneDNN, where built and the CPU multiplies bf16) flushes subnormal inputs and
 // results: panels with a value that could make a subnormal product or partial sum go through
-// sgemm. Each case's exact result is a tiny nonzero fp32 value; the first one's products are
-// subnormal, which the bf16 route would have flushed to 0.
+// sgemm. Each case's exact result is a tiny nonzero fp32 value. Only the first and the last would
+// differ on the bf16 route (subnormal products flushed to 0; a value that is no bf16 value); the
+// others pin the rule's edges.
 TEST(Gemm, ValuesThatCouldMakeSubnormalsStayExact) {
   struct Case {
     float a, b;  // every element of A and of B (K = 32)
@@ -240,6 +241,34 @@ TEST(Gemm, ValuesThatCouldMakeSubnormalsStayExact) {
     ASSERT_NE(want, 0.0f);
     for (int64_t i = 0; i < d.numel(); ++i) EXPECT_EQ(d.data_as<float>()[i], want) << c.a << " x " << c.b;
   }
+}
+
+// Products that are normal but whose sum is subnormal: (1 + 2^-7) 2^-126 - 2^-126 = 2^-133. A guard
+// on the products alone would let the bf16 route flush the sum; values below 2^-56 keep it off.
+TEST(Gemm, SubnormalSumOfNormalProductsStaysExact) {
+  Tensor a(DType::F32, {1, 32}), b(DType::F32, {1, 32});
+  std::fill_n(a.data_as<float>(), 32, 0.0f);
+  std::fill_n(b.data_as<float>(), 32, 0.0f);
+  a.data_as<float>()[0] = 0x1.02p-63f;  // (1 + 2^-7) 2^-63
+  a.data_as<float>()[1] = -0x1p-63f;
+  b.data_as<float>()[0] = b.data_as<float>()[1] = 0x1p-63f;
+  const Tensor d = gemm(GemmOperand::from_dense(a.view()), GemmOperand::from_dense(b.view()));
+  EXPECT_EQ(d.data_as<float>()[0], 0x1p-133f);
+}
+
+// Two K-panels (4096 wide): the first, of values below 2^-56, goes through sgemm and leaves
+// subnormal sums; the second (zeros times ones) fits bf16, but stays on sgemm, so that those sums
+// are not added onto by the bf16 route (whose instructions may flush them).
+TEST(Gemm, SubnormalSumsOfAnEarlierPanelSurvive) {
+  Tensor a(DType::F32, {4, 8192}), b(DType::F32, {8, 8192});
+  for (int64_t r = 0; r < 4; ++r) {
+    for (int64_t p = 0; p < 8192; ++p) a.data_as<float>()[r * 8192 + p] = p < 4096 ? 0x1p-70f : 0.0f;
+  }
+  for (int64_t r = 0; r < 8; ++r) {
+    for (int64_t p = 0; p < 8192; ++p) b.data_as<float>()[r * 8192 + p] = p < 4096 ? 0x1p-70f : 1.0f;
+  }
+  const Tensor d = gemm(GemmOperand::from_dense(a.view()), GemmOperand::from_dense(b.view()));
+  for (int64_t i = 0; i < d.numel(); ++i) EXPECT_EQ(d.data_as<float>()[i], 0x1p-128f) << i;  // 4096 * 2^-140
 }
 
 // Exact-by-construction bf16 values (small integers times powers of two within 2^-56..): both
