@@ -117,6 +117,7 @@ def _data_parallel_worker(rank, store, recipe_name):
             for optimizer in optimizers:
                 optimizer.step()
                 optimizer.zero_grad()
+        dist.barrier()  # after the passing steps: no rank leaves while another may still talk to it
     finally:
         dist.destroy_process_group()
 

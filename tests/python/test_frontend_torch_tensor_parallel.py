@@ -339,6 +339,7 @@ def _worker(rank, store, check, args):
     torch.set_num_threads(1)
     try:
         check(rank, *args)
+        dist.barrier()  # after a passing check: no rank leaves while another may still talk to it
     finally:
         dist.destroy_process_group()
 
