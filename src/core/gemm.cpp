@@ -152,12 +152,11 @@ void gemm_into(const GemmOperand& a, const GemmOperand& b, const GemmProblem& p,
   const int64_t batches = la;
   check_view(d, "output D");
   require_no_overlap(d, "output D");
-  require(d.dtype == DType::F32 || d.dtype == DType::BF16 || d.dtype == DType::F16,
-          "D must be f32, bf16 or f16");
+  const auto float_dtype = [](DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; };
+  require(float_dtype(d.dtype), "D must be f32, bf16 or f16");
   std::vector<int64_t> want = {m, n};
   if (batches > 1 || d.ndim() == 3) want.push_back(batches);
   require(d.shape == want, "D is " + shape_string(d.shape) + ", expected " + shape_string(want));
-  const auto float_dtype = [](DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; };
   if (p.c) {
     check_view(*p.c, "C");
     require(p.c->shape == want, "C is " + shape_string(p.c->shape) + ", expected " + shape_string(want));

@@ -41,19 +41,25 @@ dnnl::engine& cpu_engine() {
   return engine;
 }
 
-// One primitive per panel shape, accumulation and thread count, kept per thread (oneDNN's own
-// cache would find it too, at the cost of building the descriptors on every call). A primitive
+// A panel product's primitive and the descriptors of its three operands.
+struct PanelMatmul {
+  dnnl::memory::desc a, b, d;
+  dnnl::matmul product;
+};
+
+// One per panel shape, accumulation and thread count, kept per thread (oneDNN's own cache would
+// find the primitive too, at the cost of building the descriptors on every call). A primitive
 // runs on the OpenMP thread count it was made with: torch.set_num_threads changes that count.
-dnnl::matmul& matmul_for(int64_t m, int64_t n, int64_t width, bool accumulate, int64_t ldo) {
+const PanelMatmul& matmul_for(int64_t m, int64_t n, int64_t width, bool accumulate) {
   using dt = dnnl::memory::data_type;
-  thread_local std::map<std::tuple<int64_t, int64_t, int64_t, bool, int64_t, int>, dnnl::matmul> cache;
-  const auto key = std::make_tuple(m, n, width, accumulate, ldo, omp_get_max_threads());
+  thread_local std::map<std::tuple<int64_t, int64_t, int64_t, bool, int>, PanelMatmul> cache;
+  const auto key = std::make_tuple(m, n, width, accumulate, omp_get_max_threads());
   auto found = cache.find(key);
   if (found != cache.end()) return found->second;
   if (cache.size() >= 64) cache.clear();  // shapes that vary (M per step): a bound, not an LRU
   const dnnl::memory::desc a({m, width}, dt::bf16, {width, 1});  // [M, width], row-major
   const dnnl::memory::desc b({width, n}, dt::bf16, {1, width});  // B^T: B [N, width] row-major
-  const dnnl::memory::desc d({m, n}, dt::f32, {ldo, 1});
+  const dnnl::memory::desc d({m, n}, dt::f32, {n, 1});           // [M, N], row-major
   dnnl::primitive_attr attr;
   if (accumulate) {
     dnnl::post_ops sum;
@@ -65,7 +71,7 @@ dnnl::matmul& matmul_for(int64_t m, int64_t n, int64_t width, bool accumulate, i
 #else
   const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, d), attr, cpu_engine());
 #endif
-  return cache.emplace(key, dnnl::matmul(pd)).first->second;
+  return cache.emplace(key, PanelMatmul{a, b, d, dnnl::matmul(pd)}).first->second;
 }
 
 }  // namespace
@@ -78,16 +84,15 @@ bool bf16_gemm_available() {
 }
 
 void bf16_panel_product(const uint16_t* a, const uint16_t* b, int64_t m, int64_t n, int64_t width,
-                        bool accumulate, float* out, int64_t ldo) {
-  using dt = dnnl::memory::data_type;
+                        bool accumulate, float* out) {
   try {
-    dnnl::matmul& product = matmul_for(m, n, width, accumulate, ldo);
+    const PanelMatmul& panel = matmul_for(m, n, width, accumulate);
     dnnl::engine& engine = cpu_engine();
-    dnnl::memory ma({{m, width}, dt::bf16, {width, 1}}, engine, const_cast<uint16_t*>(a));
-    dnnl::memory mb({{width, n}, dt::bf16, {1, width}}, engine, const_cast<uint16_t*>(b));
-    dnnl::memory md({{m, n}, dt::f32, {ldo, 1}}, engine, out);
+    dnnl::memory ma(panel.a, engine, const_cast<uint16_t*>(a));
+    dnnl::memory mb(panel.b, engine, const_cast<uint16_t*>(b));
+    dnnl::memory md(panel.d, engine, out);
     dnnl::stream stream(engine);
-    product.execute(stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, md}});
+    panel.product.execute(stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, md}});
     stream.wait();
   } catch (const dnnl::error& e) {
     throw Error(std::string("gemm: oneDNN's bf16 matmul failed: ") + e.what());
@@ -98,7 +103,7 @@ void bf16_panel_product(const uint16_t* a, const uint16_t* b, int64_t m, int64_t
 
 bool bf16_gemm_available() { return false; }
 
-void bf16_panel_product(const uint16_t*, const uint16_t*, int64_t, int64_t, int64_t, bool, float*, int64_t) {
+void bf16_panel_product(const uint16_t*, const uint16_t*, int64_t, int64_t, int64_t, bool, float*) {
   throw Error("gemm: this build has no bf16 route (oneDNN was not found)");
 }
 

@@ -11,9 +11,9 @@ namespace microscale::cpu {
 /// MICROSCALE_CPU_GEMM not "sgemm" (the switch that forces OpenBLAS's sgemm, read once).
 bool bf16_gemm_available();
 
-/// out [M, N] (row stride ldo, fp32) = A B^T, or += A B^T with `accumulate`: A [M, width] and B
+/// out [M, N] (fp32, row-major) = A B^T, or += A B^T with `accumulate`: A [M, width] and B
 /// [N, width] bf16 bits, row-major. Products exact, sums in fp32.
 void bf16_panel_product(const uint16_t* a, const uint16_t* b, int64_t m, int64_t n, int64_t width,
-                        bool accumulate, float* out, int64_t ldo);
+                        bool accumulate, float* out);
 
 }  // namespace microscale::cpu

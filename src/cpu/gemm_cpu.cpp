@@ -74,7 +74,7 @@ void gemm_accumulate(const GemmOperand& a, const GemmOperand& b, int64_t m, int6
       bf16_panels = bf16_panels && to_bf16_panel(panel_a.data(), m * width, panel_a16.data()) &&
                     to_bf16_panel(panel_b.data(), n * width, panel_b16.data());
       if (bf16_panels) {
-        bf16_panel_product(panel_a16.data(), panel_b16.data(), m, n, width, k0 != 0, out, n);
+        bf16_panel_product(panel_a16.data(), panel_b16.data(), m, n, width, k0 != 0, out);
         continue;
       }
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),

@@ -12,7 +12,7 @@ import torch
 from .. import _C
 from .linear_composed import wgrad_result
 from .quantized_linear import QuantizedModule, WeightCache, init_linear_parameters, quantized_linear
-from .tensor_parallel import attach, mark_sequence_parallel, mark_split
+from .tensor_parallel import attach, mark_linear_parameters
 
 
 def _row_counts(m_splits):
@@ -111,11 +111,7 @@ class GroupedLinear(QuantizedModule):
             init_linear_parameters(weight, bias, self.init_method, fan_in=self.fan_in,
                                    get_rng_state_tracker=self.get_rng_state_tracker,
                                    rng_tracker_name=self.rng_tracker_name, bias_split=self.parallel_mode == "column")
-            mark_split(weight, 1 if self.parallel_mode == "row" else 0)
-            if bias is not None and self.parallel_mode == "row":
-                mark_sequence_parallel(bias, self.sequence_parallel)
-            elif bias is not None and self.parallel_mode == "column":
-                mark_split(bias, 0)
+            mark_linear_parameters(weight, bias, self.parallel_mode, self.sequence_parallel)
 
     @property
     def weights(self):

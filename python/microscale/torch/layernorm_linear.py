@@ -8,7 +8,7 @@ import torch
 from .. import _C
 from .normalization import norm_parameters, normalize, reset_norm_parameters
 from .quantized_linear import QuantizedModule, WeightCache, init_linear_parameters, quantized_linear, te_outputs
-from .tensor_parallel import attach, mark_sequence_parallel, mark_split
+from .tensor_parallel import attach, mark_linear_parameters
 
 
 class LayerNormLinear(QuantizedModule):
@@ -49,15 +49,12 @@ class LayerNormLinear(QuantizedModule):
         self.reset_parameters()
 
     def reset_parameters(self):
-        reset_norm_parameters(self.layer_norm_weight, self.layer_norm_bias, self.zero_centered_gamma)
+        reset_norm_parameters(self.layer_norm_weight, self.layer_norm_bias, self.zero_centered_gamma,
+                              self.sequence_parallel)
         init_linear_parameters(self.weight, self.bias, self.init_method,
                                get_rng_state_tracker=self.get_rng_state_tracker, rng_tracker_name=self.rng_tracker_name,
                                bias_split=self.parallel_mode == "column")
-        mark_sequence_parallel(self.layer_norm_weight, self.sequence_parallel)
-        mark_sequence_parallel(self.layer_norm_bias, self.sequence_parallel)
-        mark_split(self.weight, 0)
-        if self.bias is not None and self.parallel_mode == "column":
-            mark_split(self.bias, 0)
+        mark_linear_parameters(self.weight, self.bias, self.parallel_mode, self.sequence_parallel)
 
     @property
     def weight_quantizations(self):

@@ -10,7 +10,7 @@ from .. import _C
 from .activations import activate, is_gated
 from .normalization import norm_parameters, normalize, reset_norm_parameters
 from .quantized_linear import QuantizedModule, WeightCache, init_linear_parameters, quantized_linear, te_outputs
-from .tensor_parallel import attach, mark_sequence_parallel, mark_split
+from .tensor_parallel import attach, mark_linear_parameters
 
 
 class LayerNormMLP(QuantizedModule):
@@ -65,19 +65,16 @@ class LayerNormMLP(QuantizedModule):
         self.reset_parameters()
 
     def reset_parameters(self):
-        reset_norm_parameters(self.layer_norm_weight, self.layer_norm_bias, self.zero_centered_gamma)
+        reset_norm_parameters(self.layer_norm_weight, self.layer_norm_bias, self.zero_centered_gamma,
+                              self.sequence_parallel)
         tracker = dict(get_rng_state_tracker=self.get_rng_state_tracker, rng_tracker_name=self.rng_tracker_name)
         init_linear_parameters(self.fc1_weight, self.fc1_bias, self.init_method, bias_split=True, **tracker)
         init_linear_parameters(self.fc2_weight, self.fc2_bias, self.output_layer_init_method,
                                fan_in=self.ffn_hidden_size, **tracker)
-        mark_sequence_parallel(self.layer_norm_weight, self.sequence_parallel)
-        mark_sequence_parallel(self.layer_norm_bias, self.sequence_parallel)
-        mark_split(self.fc1_weight, 0)
-        mark_split(self.fc2_weight, 1)
-        if self.fc1_bias is not None:
-            mark_split(self.fc1_bias, 0)
-            if self.set_parallel_mode:
-                mark_sequence_parallel(self.fc2_bias, self.sequence_parallel)
+        mark_linear_parameters(self.fc1_weight, self.fc1_bias, "column", self.sequence_parallel)
+        # FC2's bias is flagged only where FC2 runs row-parallel (TE's rule)
+        mark_linear_parameters(self.fc2_weight, self.fc2_bias if self.set_parallel_mode else None, "row",
+                               self.sequence_parallel)
 
     @property
     def weight_quantizations(self):

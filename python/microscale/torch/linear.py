@@ -19,7 +19,7 @@ fuse_wgrad_accumulation (TransformerEngine's argument) dW is added into weight.m
 import torch
 
 from .quantized_linear import QuantizedModule, WeightCache, init_linear_parameters, quantized_linear, te_outputs
-from .tensor_parallel import attach, mark_sequence_parallel, mark_split
+from .tensor_parallel import attach, mark_linear_parameters
 
 
 class Linear(QuantizedModule):
@@ -76,12 +76,7 @@ class Linear(QuantizedModule):
         init_linear_parameters(self.weight, self.bias, self.init_method, fan_in=self.fan_in,
                                get_rng_state_tracker=self.get_rng_state_tracker, rng_tracker_name=self.rng_tracker_name,
                                bias_split=self.parallel_mode == "column")
-        mark_split(self.weight, 1 if self.parallel_mode == "row" else 0)
-        if self.bias is not None:
-            if self.parallel_mode == "row":
-                mark_sequence_parallel(self.bias, self.sequence_parallel)
-            elif self.parallel_mode == "column":
-                mark_split(self.bias, 0)
+        mark_linear_parameters(self.weight, self.bias, self.parallel_mode, self.sequence_parallel)
 
     def forward(self, x, is_first_microbatch=None):
         """``is_first_microbatch`` (TransformerEngine's argument): None quantizes the weight and

@@ -29,13 +29,16 @@ def norm_parameters(module, features, normalization, params_dtype, device):
         module.register_parameter("layer_norm_bias", None)
 
 
-def reset_norm_parameters(weight, bias, zero_centered_gamma):
+def reset_norm_parameters(weight, bias, zero_centered_gamma, sequence_parallel=False):
     """gamma = 1 (stored as 0 when zero_centered_gamma, which stores gamma - 1), beta = 0 (bias
-    None for RMSNorm)."""
+    None for RMSNorm); both flagged with Megatron-LM's sequence_parallel
+    (tensor_parallel.mark_sequence_parallel), as TransformerEngine flags them."""
     with torch.no_grad():
         weight.fill_(0.0 if zero_centered_gamma else 1.0)
         if bias is not None:
             bias.zero_()
+    mark_sequence_parallel(weight, sequence_parallel)
+    mark_sequence_parallel(bias, sequence_parallel)
 
 
 def normalize(x, normalization, weight, bias, eps, zero_centered_gamma):
@@ -73,9 +76,7 @@ class _Norm(torch.nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self):
-        reset_norm_parameters(self.weight, self.bias, self.zero_centered_gamma)
-        mark_sequence_parallel(self.weight, self.sequence_parallel)
-        mark_sequence_parallel(self.bias, self.sequence_parallel)
+        reset_norm_parameters(self.weight, self.bias, self.zero_centered_gamma, self.sequence_parallel)
 
     def forward(self, x):
         return normalize(x, self.normalization, self.weight, self.bias, self.eps, self.zero_centered_gamma)

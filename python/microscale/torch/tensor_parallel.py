@@ -259,6 +259,18 @@ def mark_split(parameter, dim):
     parameter.partition_stride = 1
 
 
+def mark_linear_parameters(weight, bias, parallel_mode, sequence_parallel):
+    """A Linear's weight [out, in] and bias [out] (or None) marked as TransformerEngine marks them
+    for `parallel_mode`: the weight split along dim 1 (row) or 0 (column, or none: TE marks it
+    so), a column-parallel bias split along dim 0, a row-parallel one (whole on every rank) flagged
+    with sequence_parallel."""
+    mark_split(weight, 1 if parallel_mode == "row" else 0)
+    if bias is not None and parallel_mode == "column":
+        mark_split(bias, 0)
+    elif bias is not None and parallel_mode == "row":
+        mark_sequence_parallel(bias, sequence_parallel)
+
+
 def mark_sequence_parallel(parameter, sequence_parallel):
     """Megatron-LM's flag on a parameter whole on every rank whose gradient, under sequence
     parallelism, each rank computes from its own rows: the caller sums it over the group."""
