@@ -13,6 +13,7 @@ layers; a build with the CUDA backend and a machine with two GPUs)."""
 
 import contextlib
 import copy
+import functools
 import os
 import pickle
 
@@ -25,6 +26,8 @@ import microscale
 import microscale.torch as mst
 from microscale.recipe import MXFP8BlockScaling, NVFP4BlockScaling
 from microscale.torch.activations import activate
+from microscale.torch.linear_composed import quantize_for
+from microscale.torch.linear_plan import linear_plan
 
 if not dist.is_available():
     pytest.skip("torch.distributed is not available", allow_module_level=True)
@@ -32,7 +35,9 @@ if not dist.is_available():
 WORLD = 2
 DEVICE = os.environ.get("MICROSCALE_TEST_TP_DEVICE", "cpu")
 M, K, N = 64, 64, 128  # x [M, K], W [N, K]: each rank's share of M, K and N is whole NVFP4 and MXFP8 blocks
-RECIPES = {"nvfp4": NVFP4BlockScaling, "mxfp8": MXFP8BlockScaling, "high_precision": None}
+RECIPES = {"nvfp4": NVFP4BlockScaling, "mxfp8": MXFP8BlockScaling, "high_precision": None,
+           "nvfp4_dequantized_backward": functools.partial(NVFP4BlockScaling, backward_override="dequantized"),
+           "mxfp8_high_precision_backward": functools.partial(MXFP8BlockScaling, backward_override="high_precision")}
 
 
 def _scope(recipe_name):
@@ -115,8 +120,54 @@ def _group_options(group_kind):
     return {"tp_size": WORLD}
 
 
-def _check_linear(rank, parallel_mode, sequence_parallel, recipe_name, group_kind="world", dims=2):
+@contextlib.contextmanager
+def _saved_bytes():
+    """The sizes in bytes of the tensors autograd saves inside the block (torch's saved-tensor
+    hooks see the composed layer's operands; the C++ layer's context they do not)."""
+    sizes = []
+
+    def pack(t):
+        sizes.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield sizes
+
+
+def _keeps_own_rows(recipe_name, rows):
+    """Whether a quantized column-parallel layer under sequence parallelism keeps only its own rows
+    of x (gathering them again in backward): unless backward reads x's columnwise quantization and
+    a rank's rows are not whole blocks of it."""
+    if RECIPES[recipe_name] is None:
+        return False
+    plan = linear_plan(RECIPES[recipe_name]())
+    block = 16 if plan.input.scheme == "nvfp4" else 32
+    return plan.backward_override is not None or (rows // WORLD) % block == 0
+
+
+def _kept_bytes(layer, x, recipe_name):
+    """What a column-parallel layer under sequence parallelism keeps for backward, as
+    TransformerEngine keeps it: its weight (or the weight's quantization, both usages) and this
+    rank's rows of what backward reads of the gathered x (a WORLD-th of it: x itself, its rowwise
+    quantization under a "dequantized" backward, else its columnwise one; the amaxes whole). A
+    rank's rows that are not whole columnwise blocks keep the columnwise quantization whole."""
+    plan = linear_plan(RECIPES[recipe_name]())
+    override, x2 = plan.backward_override, x.reshape(-1, K)
+    if override == "high_precision":
+        return layer.weight.numel() * 2 + x2.numel() * 2 // WORLD  # bf16
+
+    def size(q, share):
+        parts = (q.rowwise_data, q.rowwise_scale, q.columnwise_data, q.columnwise_scale)
+        return sum(p.numel() for p in parts if p is not None) // share + (8 if q.amax is not None else 0)
+
+    share = WORLD if _keeps_own_rows(recipe_name, x2.shape[0]) else 1
+    x_kept = quantize_for(x2, plan.input, rowwise=override is not None, columnwise=override is None)
+    return size(quantize_for(layer.weight.detach(), plan.weight), 1) + size(x_kept, share)
+
+
+def _check_linear(rank, parallel_mode, sequence_parallel, recipe_name, group_kind="world", dims=2, rows=M):
     x, dy = _data()
+    x, dy = x[:rows], dy[:rows]
     if dims == 3:  # [s, b, h]: sequence parallelism splits s
         x, dy = x.reshape(M // 2, 2, K), dy.reshape(M // 2, 2, N)
     group = _group_options(group_kind)
@@ -135,7 +186,10 @@ def _check_linear(rank, parallel_mode, sequence_parallel, recipe_name, group_kin
             assert list(layer.weight.shape) == [N // WORLD, K] and list(layer.bias.shape) == [N // WORLD]
             x_in = _leaf(_rows(x, rank) if sequence_parallel else x)
             dy_local = _columns(dy, rank)  # this rank's output features
-            y = _step(layer, x_in, dy_local, recipe_name)
+            with _saved_bytes() as saved:
+                y = _step(layer, x_in, dy_local, recipe_name)
+            if sequence_parallel and RECIPES[recipe_name] is not None:
+                assert sum(saved) == _kept_bytes(layer, x, recipe_name), saved
             plain = mst.Linear(K, N // WORLD, params_dtype=torch.bfloat16, device=DEVICE)
             plain.load_state_dict(layer.state_dict())
             x_ref = _leaf(x)
@@ -167,10 +221,13 @@ def _check_linear(rank, parallel_mode, sequence_parallel, recipe_name, group_kin
             _equal("dW", layer.weight.grad, plain.weight.grad)
             _equal("db", layer.bias.grad, bias.grad)
     # The layer's collectives (the reference's sums use dist.all_gather, which the spy leaves alone):
-    # with sequence parallelism one in forward and one in backward, else one (column: dx's
-    # all-reduce; row: y's), each on the layer's group.
-    assert len(spy.groups) == (2 if sequence_parallel else 1), spy.groups
-    assert all(g is group.get("tp_group") for g in spy.groups), spy.groups
+    # with sequence parallelism one in forward and one in backward, and for a quantized
+    # column-parallel layer a second in backward (its own rows of x gathered again); else one
+    # (column: dx's all-reduce; row: y's); each on the layer's group.
+    regathers = sequence_parallel and parallel_mode == "column" and _keeps_own_rows(recipe_name, rows)
+    assert len(spy.groups) == (2 if sequence_parallel else 1) + regathers, spy.groups
+    on_default = group.get("tp_group") is None  # None or dist.group.WORLD: the default group either way
+    assert all(g is group.get("tp_group") or (on_default and g is dist.group.WORLD) for g in spy.groups), spy.groups
 
 
 def _check_layernorm_linear(rank, recipe_name, sequence_parallel):
@@ -353,6 +410,14 @@ def _spawn(tmp_path, check, *args):
 @pytest.mark.parametrize("parallel_mode", ["column", "row"])
 def test_linear_equals_its_shard_without_tensor_parallelism(tmp_path, parallel_mode, sequence_parallel, recipe_name):
     _spawn(tmp_path, _check_linear, parallel_mode, sequence_parallel, recipe_name)
+
+
+@pytest.mark.parametrize("recipe_name,rows", [("nvfp4_dequantized_backward", M), ("mxfp8_high_precision_backward", M),
+                                              ("nvfp4", 16), ("mxfp8", 32)])
+def test_column_parallel_keeps_its_own_rows_for_backward(tmp_path, recipe_name, rows):
+    """Under sequence parallelism, backward's copy of the gathered x is the rank's own rows (or, for
+    rows that are not whole blocks of its quantization, all of them), whatever backward reads."""
+    _spawn(tmp_path, _check_linear, "column", True, recipe_name, "world", 2, rows)
 
 
 @pytest.mark.parametrize("group_kind", ["default", "new"])

@@ -66,7 +66,8 @@ class LayerNormLinear(QuantizedModule):
         ln_total = self.tp.column_input(ln_out) if self.parallel_mode == "column" else ln_out
         y = quantized_linear(ln_total, self.weight, None if self.return_bias else self.bias, self._weight_cache,
                              is_first_microbatch=is_first_microbatch,
-                             fuse_wgrad_accumulation=self.fuse_wgrad_accumulation)
+                             fuse_wgrad_accumulation=self.fuse_wgrad_accumulation,
+                             rows_gathered_over=self.tp.gathered_rows_group() if self.parallel_mode == "column" else None)
         ln_returned = ln_total if self.return_layernorm_output_gathered and self.sequence_parallel else ln_out
         return te_outputs(y, x, self.bias, ln_returned, self.return_bias, self.return_layernorm_output)
 

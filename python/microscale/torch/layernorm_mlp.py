@@ -86,8 +86,9 @@ class LayerNormMLP(QuantizedModule):
                            self.zero_centered_gamma)
         options = dict(is_first_microbatch=is_first_microbatch, fuse_wgrad_accumulation=self.fuse_wgrad_accumulation)
         ln_total = self.tp.column_input(ln_out) if self.set_parallel_mode else ln_out
-        hidden = activate(quantized_linear(ln_total, self.fc1_weight, self.fc1_bias, self._fc1_cache, **options),
-                          self.activation)
+        rows_group = self.tp.gathered_rows_group() if self.set_parallel_mode else None
+        hidden = activate(quantized_linear(ln_total, self.fc1_weight, self.fc1_bias, self._fc1_cache,
+                                           rows_gathered_over=rows_group, **options), self.activation)
         unfused_bias = self.set_parallel_mode  # added after the row-parallel sum, as TransformerEngine adds it
         y = quantized_linear(hidden, self.fc2_weight, None if self.return_bias or unfused_bias else self.fc2_bias,
                              self._fc2_cache, **options)

@@ -89,7 +89,8 @@ class Linear(QuantizedModule):
             x = self.tp.column_input(x)
         y = quantized_linear(x, self.weight, None if self.return_bias or row else self.bias, self._weight_cache,
                              is_first_microbatch=is_first_microbatch,
-                             fuse_wgrad_accumulation=self.fuse_wgrad_accumulation)
+                             fuse_wgrad_accumulation=self.fuse_wgrad_accumulation,
+                             rows_gathered_over=self.tp.gathered_rows_group() if self.parallel_mode == "column" else None)
         if row:
             y = self.tp.row_output(y)
             if self.bias is not None and not self.return_bias:

@@ -21,6 +21,7 @@ from .. import _C
 from .column_sums import column_sums
 from .gemm import gemm
 from .ops import QuantizedTensor, dequantize, quantize
+from .tensor_parallel import gather_rows, own_rows
 
 
 def quantize_for(x, options, *, rowwise=None, columnwise=None, sr_seed=None):
@@ -93,10 +94,12 @@ class ComposedLinearFunction(torch.autograd.Function):
     """y = x W^T + b under a quantized recipe's LinearPlan (linear_plan.py), on CUDA tensors (and
     on CPU tensors where torch.compile traces the layer). `weight_q` is the weight already
     quantized under the plan's weight options (both usages; the Linear's cache), or None: forward
-    quantizes it (a traced layer, which keeps no cache)."""
+    quantizes it (a traced layer, which keeps no cache). `rows_gathered_over`: the group whose
+    ranks' rows x stacks (a column-parallel layer under sequence parallelism), or None; backward's
+    copy of x is then this rank's rows alone (tensor_parallel.own_rows)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, plan, weight_q, training, fuse_wgrad_accumulation):
+    def forward(ctx, x, weight, bias, plan, weight_q, training, fuse_wgrad_accumulation, rows_gathered_over=None):
         for name, t in (("weight", weight), ("bias", bias)):
             _require_same_device(name, t, x.device)
         k, n = weight.shape[1], weight.shape[0]
@@ -117,12 +120,21 @@ class ComposedLinearFunction(torch.autograd.Function):
         # What backward reads, and no more (save_on_cpu would copy the rest too): x only for a
         # weight that wants dW; as given ("high_precision"), its rowwise quantization ("dequantized")
         # or its columnwise one alone (the quantized wgrad).
-        if training and override == "high_precision":
-            _save_operands(ctx, x2 if weight.requires_grad else None, weight.detach())
-        elif training:
-            x_kept = x_q if override == "dequantized" else dataclasses.replace(x_q, rowwise_data=None,
-                                                                                rowwise_scale=None)
-            _save_operands(ctx, x_kept if weight.requires_grad else None, weight_q)
+        # Under sequence parallelism (x's rows gathered over `rows_gathered_over`) only this rank's
+        # rows of it are kept, gathered again in backward.
+        ctx.rows_group, ctx.rows_cut = rows_gathered_over, False
+        if training:
+            if override == "high_precision":
+                x_kept, weight_kept = x2, weight.detach()
+            else:
+                x_kept = x_q if override == "dequantized" else dataclasses.replace(x_q, rowwise_data=None,
+                                                                                    rowwise_scale=None)
+                weight_kept = weight_q
+            if not weight.requires_grad:
+                x_kept = None
+            elif rows_gathered_over is not None:
+                x_kept, ctx.rows_cut = own_rows(x_kept, rows_gathered_over)
+            _save_operands(ctx, x_kept, weight_kept)
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         ctx.weight = weight if fuse_wgrad_accumulation else None  # its main_grad, read in backward
         ctx.weight_dtype = weight.dtype
@@ -136,13 +148,15 @@ class ComposedLinearFunction(torch.autograd.Function):
             raise RuntimeError(NO_CONTEXT)
         x_q, weight_q = _saved_operands(ctx)
         ctx.saved_kinds = None  # used up: a second backward (retain_graph=True) is NO_CONTEXT's error
+        if ctx.rows_cut and ctx.needs_input_grad[1]:
+            x_q = gather_rows(x_q, ctx.rows_group)
         dy = grad_output.detach().reshape(-1, grad_output.shape[-1])  # [M, N]
         # The gradient of a sum or a mean is one value broadcast (strides of zero). Traced, dy's
         # strides are unknown until the graph runs, and dynamo makes it contiguous itself.
         dy = dy.contiguous() if torch.compiler.is_compiling() else _without_zero_strides(dy)
         if ctx.override is not None:
             grad_input, grad_weight = _overridden_backward(ctx, dy, x_q, weight_q)
-            return grad_input, grad_weight, _bias_grad(ctx, dy, grad_output.dtype), None, None, None, None
+            return grad_input, grad_weight, _bias_grad(ctx, dy, grad_output.dtype), None, None, None, None, None
         options = ctx.plan.grad_output
         sr_seed = _gradient_seed(dy.device) if options.sr_seed is not None else None
         want_dx, want_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1] and x_q is not None
@@ -162,7 +176,7 @@ class ComposedLinearFunction(torch.autograd.Function):
             grad_weight = gemm(dy_q, x_q, a_usage="columnwise", b_usage="columnwise",
                                out_dtype=ctx.x_dtype).to(ctx.weight_dtype)
         grad_bias = _bias_grad(ctx, dy, grad_output.dtype)
-        return grad_input, grad_weight, grad_bias, None, None, None, None
+        return grad_input, grad_weight, grad_bias, None, None, None, None, None
 
 
 def _save_operands(ctx, x_saved, weight_saved):

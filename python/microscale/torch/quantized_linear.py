@@ -84,9 +84,10 @@ class WeightCache:
         self.quantized = None  # a torch-level QuantizedTensor (CUDA) or the C++ one (CPU)
         self.quantizations = 0  # how many times the weight was quantized (the cache's tests)
 
-    def get(self, weight, plan, is_first_microbatch):
-        """The weight quantized under `plan` (a LinearPlan; both usages). is_first_microbatch: see
-        the class."""
+    def get(self, weight, plan, is_first_microbatch, composed=False):
+        """The weight quantized under `plan` (a LinearPlan; both usages): a torch-level
+        QuantizedTensor for the composed layer (CUDA tensors, or `composed`), the C++ one for the
+        C++ layer. is_first_microbatch: see the class."""
         if weight.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             # Captured into a CUDA graph: the weight is quantized inside the graph, so that each replay
             # quantizes what the weight holds then (an optimizer step between replays writes it in
@@ -95,10 +96,11 @@ class WeightCache:
             self.forget_unless_reused(is_first_microbatch)
             self.quantizations += 1
             return quantize_for(weight.detach(), plan.weight)
-        key = (tuple(weight.shape), weight.dtype, weight.device, plan)
+        composed = composed or weight.device.type == "cuda"
+        key = (tuple(weight.shape), weight.dtype, weight.device, plan, composed)
         if _reuses(is_first_microbatch) and key == self.key:
             return self.quantized
-        if weight.device.type == "cuda":  # a torch-level QuantizedTensor on the weight's device
+        if composed:  # a torch-level QuantizedTensor on the weight's device
             quantized = quantize_for(weight.detach(), plan.weight)
         else:  # the C++ QuantizedTensor that _C.linear_forward takes
             quantized = _C.quantize(weight.detach(), _C.quantize_options(plan.recipe, "weight"), False)
@@ -121,11 +123,15 @@ def _reuses(is_first_microbatch):
     return is_first_microbatch is not None and not is_first_microbatch
 
 
-def quantized_linear(x, weight, bias, cache, *, is_first_microbatch=None, fuse_wgrad_accumulation=False):
+def quantized_linear(x, weight, bias, cache, *, is_first_microbatch=None, fuse_wgrad_accumulation=False,
+                     rows_gathered_over=None):
     """x W^T (+ bias) under the autocast scope's recipe: torch.nn.functional.linear outside an
     enabled scope, else the quantized layer's forward (and its backward through autograd), the
     weight's quantization from `cache` (a WeightCache); traced by torch.compile, the composed
-    layer with the weight quantized in the graph (the module's docstring)."""
+    layer with the weight quantized in the graph (the module's docstring). rows_gathered_over: the
+    group whose ranks' rows x stacks (TensorParallel.gathered_rows_group), or None; the layer then
+    keeps only this rank's rows for backward, in the composed layer on either device (the C++
+    layer keeps its operands whole)."""
     plan = current_plan()
     if plan is None:  # no enabled scope, or HighPrecision
         if not torch.compiler.is_compiling():
@@ -141,18 +147,23 @@ def quantized_linear(x, weight, bias, cache, *, is_first_microbatch=None, fuse_w
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
     if torch.compiler.is_compiling():
         if fuse_wgrad_accumulation:
-            return _untraced_linear(x, weight, bias, plan, cache, is_first_microbatch, training, True)
-        return ComposedLinearFunction.apply(x, weight, bias, plan, None, training, False)
-    return _eager_linear(x, weight, bias, plan, cache, is_first_microbatch, training, fuse_wgrad_accumulation)
+            return _untraced_linear(x, weight, bias, plan, cache, is_first_microbatch, training, True,
+                                    rows_gathered_over)
+        return ComposedLinearFunction.apply(x, weight, bias, plan, None, training, False, rows_gathered_over)
+    return _eager_linear(x, weight, bias, plan, cache, is_first_microbatch, training, fuse_wgrad_accumulation,
+                         rows_gathered_over)
 
 
-def _eager_linear(x, weight, bias, plan, cache, is_first_microbatch, training, fuse_wgrad_accumulation):
-    """The layer run eagerly: the C++ layer on CPU tensors, the composed one on CUDA tensors, the
-    weight's quantization from the cache."""
-    quantized_weight = cache.get(weight, plan, is_first_microbatch)
-    if x.device.type == "cuda":
+def _eager_linear(x, weight, bias, plan, cache, is_first_microbatch, training, fuse_wgrad_accumulation,
+                  rows_gathered_over):
+    """The layer run eagerly: the C++ layer on CPU tensors, the composed one on CUDA tensors and
+    where only this rank's rows are kept (rows_gathered_over), the weight's quantization from the
+    cache."""
+    composed = x.device.type == "cuda" or rows_gathered_over is not None
+    quantized_weight = cache.get(weight, plan, is_first_microbatch, composed=composed)
+    if composed:
         return ComposedLinearFunction.apply(x, weight, bias, plan, quantized_weight, training,
-                                            fuse_wgrad_accumulation)
+                                            fuse_wgrad_accumulation, rows_gathered_over)
     return _LinearFunction.apply(x, weight, bias, plan, quantized_weight, training, fuse_wgrad_accumulation)
 
 

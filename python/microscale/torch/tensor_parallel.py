@@ -16,7 +16,11 @@ The quantized GEMMs then quantize what they are given, so a gathered input is qu
 where TransformerEngine quantizes each rank's rows with the amax all-reduced over the group and
 gathers the quantized data, this gives the same bytes (a block never straddles two ranks' rows when
 each rank's row count is a multiple of the block, which the recipes require), at the cost of
-gathering 16-bit values instead of 4- or 8-bit ones."""
+gathering 16-bit values instead of 4- or 8-bit ones. What the layer keeps of that gathered input
+for its backward is, as in TransformerEngine, this rank's rows alone (own_rows), gathered again
+when backward needs them (gather_rows): the quantized bytes, not 16-bit values."""
+
+import dataclasses
 
 import torch
 import torch.distributed as dist
@@ -154,6 +158,66 @@ def _row_output(y, group, sequence_parallel, layer):
     return _ReduceFromTensorParallelRegion.apply(y, group)
 
 
+# The parts of a QuantizedTensor (ops.py) that run over x's rows.
+_QUANTIZED_PARTS = ("rowwise_data", "rowwise_scale", "columnwise_data", "columnwise_scale")
+
+
+def _rows_dim(part, options):
+    """The dim of a QuantizedTensor's part along which x's rows run (docs/layouts.md): 1 for NVFP4's
+    columnwise parts (the quantized transpose, [K, M/2] and [K, M/16]), else 0."""
+    return 1 if options.scheme == "nvfp4" and part.startswith("columnwise") else 0
+
+
+def _own_part(t, dim, size, rank):
+    """Part `rank` of `size` equal parts of t along dim, in memory of its own: a view would keep
+    the whole gathered tensor alive."""
+    share = t.shape[dim] // size
+    return t.narrow(dim, rank * share, share).clone(memory_format=torch.contiguous_format)
+
+
+def _joined(stacked, dim):
+    """[size, R, C], the ranks' parts in rank order, joined along dim: [size R, C] or [R, size C]."""
+    size, rows, cols = stacked.shape
+    if dim == 0:
+        return stacked.reshape(size * rows, cols)
+    return stacked.transpose(0, 1).reshape(rows, size * cols)
+
+
+def own_rows(saved, group):
+    """What a column-parallel layer under sequence parallelism keeps for backward of its gathered
+    input x [M, K], as TransformerEngine keeps it: this rank's rows alone (its own part of M). saved
+    is x itself (a tensor) or its quantization (ops.QuantizedTensor, compact scales). Returns
+    (kept, cut): cut says whether kept is this rank's part, which gather_rows makes whole again.
+    A quantization whose blocks would straddle two ranks' rows (a rank's rows not a multiple of
+    the block; swizzled scales) is kept whole."""
+    size, rank = _world_size(group), dist.get_rank(group)
+    if isinstance(saved, torch.Tensor):
+        return _own_part(saved, 0, size, rank), True
+    o = saved.options
+    parts = {name: getattr(saved, name) for name in _QUANTIZED_PARTS if getattr(saved, name) is not None}
+    if o.swizzle or o.tile != "1x16" or any(p.shape[_rows_dim(n, o)] % size for n, p in parts.items()):
+        return saved, False
+    own = {name: _own_part(p, _rows_dim(name, o), size, rank) for name, p in parts.items()}
+    return dataclasses.replace(saved, shape=(saved.shape[0] // size,) + tuple(saved.shape[1:]), **own), True
+
+
+def gather_rows(kept, group):
+    """own_rows' part of every rank, gathered back into the whole (the same bytes as before the
+    cut). A quantization's parts (all uint8) travel in one all-gather, end to end."""
+    if isinstance(kept, torch.Tensor):
+        return _gather_first_dim(kept, group)
+    o = kept.options
+    names = [name for name in _QUANTIZED_PARTS if getattr(kept, name) is not None]
+    parts = [getattr(kept, name) for name in names]
+    sizes = [p.numel() for p in parts]
+    stacked = _gather_first_dim(torch.cat([p.reshape(-1) for p in parts]), group)  # [size * sum(sizes)]
+    world = stacked.numel() // sum(sizes)
+    pieces = stacked.view(world, -1).split(sizes, dim=1)  # each [size, numel of the part]
+    whole = {name: _joined(piece.reshape(world, *p.shape), _rows_dim(name, o))
+             for name, p, piece in zip(names, parts, pieces)}
+    return dataclasses.replace(kept, shape=(kept.shape[0] * world,) + tuple(kept.shape[1:]), **whole)
+
+
 class TensorParallel:
     """A layer's place in a tensor-parallel group, from TransformerEngine's arguments: ``tp_group``
     (a torch.distributed group), or without one ``tp_size`` (then, as in TransformerEngine, the
@@ -227,6 +291,13 @@ class TensorParallel:
             return x
         self._require_group()
         return _column_input(x, self.group, self.sequence_parallel, self.layer)
+
+    def gathered_rows_group(self):
+        """The group over which column_input gathers x's rows (sequence_parallel), for the Linear to
+        keep its own rows for backward (own_rows); None where nothing is gathered."""
+        if self.size == 1 or not self.sequence_parallel:
+            return None
+        return _functional_group(self.group)
 
     def row_output(self, y):
         """A row-parallel layer's output: the ranks' partial products summed (sequence_parallel:
