@@ -28,6 +28,7 @@ from microscale.recipe import MXFP8BlockScaling, NVFP4BlockScaling
 from microscale.torch.activations import activate
 from microscale.torch.linear_composed import quantize_for
 from microscale.torch.linear_plan import linear_plan
+from microscale.torch.tensor_parallel import gather_shares, own_share
 
 if not dist.is_available():
     pytest.skip("torch.distributed is not available", allow_module_level=True)
@@ -134,23 +135,11 @@ def _saved_bytes():
         yield sizes
 
 
-def _keeps_own_rows(recipe_name, rows):
-    """Whether a quantized column-parallel layer under sequence parallelism keeps only its own rows
-    of x (gathering them again in backward): unless backward reads x's columnwise quantization and
-    a rank's rows are not whole blocks of it."""
-    if RECIPES[recipe_name] is None:
-        return False
-    plan = linear_plan(RECIPES[recipe_name]())
-    block = 16 if plan.input.scheme == "nvfp4" else 32
-    return plan.backward_override is not None or (rows // WORLD) % block == 0
-
-
 def _kept_bytes(layer, x, recipe_name):
     """What a column-parallel layer under sequence parallelism keeps for backward, as
-    TransformerEngine keeps it: its weight (or the weight's quantization, both usages) and this
-    rank's rows of what backward reads of the gathered x (a WORLD-th of it: x itself, its rowwise
-    quantization under a "dequantized" backward, else its columnwise one; the amaxes whole). A
-    rank's rows that are not whole columnwise blocks keep the columnwise quantization whole."""
+    TransformerEngine keeps it: its weight (or the weight's quantization, both usages) and a
+    WORLD-th of what backward reads of the gathered x (x itself, its rowwise quantization under a
+    "dequantized" backward, else its columnwise one; the amaxes whole)."""
     plan = linear_plan(RECIPES[recipe_name]())
     override, x2 = plan.backward_override, x.reshape(-1, K)
     if override == "high_precision":
@@ -160,9 +149,8 @@ def _kept_bytes(layer, x, recipe_name):
         parts = (q.rowwise_data, q.rowwise_scale, q.columnwise_data, q.columnwise_scale)
         return sum(p.numel() for p in parts if p is not None) // share + (8 if q.amax is not None else 0)
 
-    share = WORLD if _keeps_own_rows(recipe_name, x2.shape[0]) else 1
     x_kept = quantize_for(x2, plan.input, rowwise=override is not None, columnwise=override is None)
-    return size(quantize_for(layer.weight.detach(), plan.weight), 1) + size(x_kept, share)
+    return size(quantize_for(layer.weight.detach(), plan.weight), 1) + size(x_kept, WORLD)
 
 
 def _check_linear(rank, parallel_mode, sequence_parallel, recipe_name, group_kind="world", dims=2, rows=M):
@@ -224,7 +212,7 @@ def _check_linear(rank, parallel_mode, sequence_parallel, recipe_name, group_kin
     # with sequence parallelism one in forward and one in backward, and for a quantized
     # column-parallel layer a second in backward (its own rows of x gathered again); else one
     # (column: dx's all-reduce; row: y's); each on the layer's group.
-    regathers = sequence_parallel and parallel_mode == "column" and _keeps_own_rows(recipe_name, rows)
+    regathers = sequence_parallel and parallel_mode == "column" and RECIPES[recipe_name] is not None
     assert len(spy.groups) == (2 if sequence_parallel else 1) + regathers, spy.groups
     on_default = group.get("tp_group") is None  # None or dist.group.WORLD: the default group either way
     assert all(g is group.get("tp_group") or (on_default and g is dist.group.WORLD) for g in spy.groups), spy.groups
@@ -382,6 +370,26 @@ def _check_setup(rank):
     assert spy.groups == []
 
 
+def _check_shares(rank):
+    """own_share and gather_shares on their own: each rank keeps its piece of every tensor's bytes
+    in memory order, the gather gives the whole back, and a tensor that does not split into WORLD
+    pieces is kept whole."""
+    x = torch.arange(6 * 4, dtype=torch.float32, device=DEVICE).reshape(6, 4)
+    kept, shapes = own_share(x, dist.group.WORLD)
+    _equal("x's piece", kept, x.reshape(-1)[rank * 12:(rank + 1) * 12])
+    _equal("x gathered", gather_shares(kept, shapes, dist.group.WORLD), x)
+    torch.manual_seed(0)  # the same whole tensor on every rank, as a gathered input is
+    q = mst.quantize(torch.randn(32, 64, device=DEVICE).bfloat16(), "nvfp4", columnwise=True, rht=True)
+    kept, shapes = own_share(q, dist.group.WORLD)
+    assert kept.columnwise_data.numel() * WORLD == q.columnwise_data.numel()
+    whole = gather_shares(kept, shapes, dist.group.WORLD)
+    for name in ("rowwise_data", "rowwise_scale", "columnwise_data", "columnwise_scale"):
+        _equal(name, getattr(whole, name), getattr(q, name))
+    odd = torch.ones(3, 5, device=DEVICE)
+    kept, shapes = own_share(odd, dist.group.WORLD)
+    assert kept is odd and shapes is None
+
+
 def _gather_list(t):
     parts = [torch.empty_like(t) for _ in range(WORLD)]
     dist.all_gather(parts, t.detach().contiguous())
@@ -414,9 +422,9 @@ def test_linear_equals_its_shard_without_tensor_parallelism(tmp_path, parallel_m
 
 @pytest.mark.parametrize("recipe_name,rows", [("nvfp4_dequantized_backward", M), ("mxfp8_high_precision_backward", M),
                                               ("nvfp4", 16), ("mxfp8", 32)])
-def test_column_parallel_keeps_its_own_rows_for_backward(tmp_path, recipe_name, rows):
-    """Under sequence parallelism, backward's copy of the gathered x is the rank's own rows (or, for
-    rows that are not whole blocks of its quantization, all of them), whatever backward reads."""
+def test_column_parallel_keeps_a_share_for_backward(tmp_path, recipe_name, rows):
+    """Under sequence parallelism, backward's copy of the gathered x is a WORLD-th of it, whatever
+    backward reads, also where a rank's rows are not whole blocks of x's quantization."""
     _spawn(tmp_path, _check_linear, "column", True, recipe_name, "world", 2, rows)
 
 
@@ -443,6 +451,10 @@ def test_layernorm_mlp_is_column_then_row_parallel(tmp_path, recipe_name, activa
 
 def test_compiled_layers_equal_eager(tmp_path):
     _spawn(tmp_path, _check_compiled)
+
+
+def test_shares_of_backward_operands(tmp_path):
+    _spawn(tmp_path, _check_shares)
 
 
 def test_setup_errors_and_replicated_parameters(tmp_path):

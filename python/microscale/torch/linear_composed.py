@@ -21,7 +21,7 @@ from .. import _C
 from .column_sums import column_sums
 from .gemm import gemm
 from .ops import QuantizedTensor, dequantize, quantize
-from .tensor_parallel import gather_rows, own_rows
+from .tensor_parallel import gather_shares, own_share
 
 
 def quantize_for(x, options, *, rowwise=None, columnwise=None, sr_seed=None):
@@ -96,7 +96,7 @@ class ComposedLinearFunction(torch.autograd.Function):
     quantized under the plan's weight options (both usages; the Linear's cache), or None: forward
     quantizes it (a traced layer, which keeps no cache). `rows_gathered_over`: the group whose
     ranks' rows x stacks (a column-parallel layer under sequence parallelism), or None; backward's
-    copy of x is then this rank's rows alone (tensor_parallel.own_rows)."""
+    copy of x is then a tp_size-th of it (tensor_parallel.own_share)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, plan, weight_q, training, fuse_wgrad_accumulation, rows_gathered_over=None):
@@ -120,9 +120,9 @@ class ComposedLinearFunction(torch.autograd.Function):
         # What backward reads, and no more (save_on_cpu would copy the rest too): x only for a
         # weight that wants dW; as given ("high_precision"), its rowwise quantization ("dequantized")
         # or its columnwise one alone (the quantized wgrad).
-        # Under sequence parallelism (x's rows gathered over `rows_gathered_over`) only this rank's
-        # rows of it are kept, gathered again in backward.
-        ctx.rows_group, ctx.rows_cut = rows_gathered_over, False
+        # Under sequence parallelism (x's rows gathered over `rows_gathered_over`) a tp_size-th of x
+        # is kept, gathered again in backward.
+        ctx.rows_group, ctx.share_shapes = rows_gathered_over, None
         if training:
             if override == "high_precision":
                 x_kept, weight_kept = x2, weight.detach()
@@ -133,7 +133,7 @@ class ComposedLinearFunction(torch.autograd.Function):
             if not weight.requires_grad:
                 x_kept = None
             elif rows_gathered_over is not None:
-                x_kept, ctx.rows_cut = own_rows(x_kept, rows_gathered_over)
+                x_kept, ctx.share_shapes = own_share(x_kept, rows_gathered_over)
             _save_operands(ctx, x_kept, weight_kept)
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         ctx.weight = weight if fuse_wgrad_accumulation else None  # its main_grad, read in backward
@@ -148,8 +148,8 @@ class ComposedLinearFunction(torch.autograd.Function):
             raise RuntimeError(NO_CONTEXT)
         x_q, weight_q = _saved_operands(ctx)
         ctx.saved_kinds = None  # used up: a second backward (retain_graph=True) is NO_CONTEXT's error
-        if ctx.rows_cut and ctx.needs_input_grad[1]:
-            x_q = gather_rows(x_q, ctx.rows_group)
+        if ctx.share_shapes is not None and ctx.needs_input_grad[1]:
+            x_q = gather_shares(x_q, ctx.share_shapes, ctx.rows_group)
         dy = grad_output.detach().reshape(-1, grad_output.shape[-1])  # [M, N]
         # The gradient of a sum or a mean is one value broadcast (strides of zero). Traced, dy's
         # strides are unknown until the graph runs, and dynamo makes it contiguous itself.

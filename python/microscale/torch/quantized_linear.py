@@ -130,8 +130,8 @@ def quantized_linear(x, weight, bias, cache, *, is_first_microbatch=None, fuse_w
     weight's quantization from `cache` (a WeightCache); traced by torch.compile, the composed
     layer with the weight quantized in the graph (the module's docstring). rows_gathered_over: the
     group whose ranks' rows x stacks (TensorParallel.gathered_rows_group), or None; the layer then
-    keeps only this rank's rows for backward, in the composed layer on either device (the C++
-    layer keeps its operands whole)."""
+    keeps a tp_size-th of x for backward, in the composed layer on either device (the C++ layer
+    keeps its operands whole)."""
     plan = current_plan()
     if plan is None:  # no enabled scope, or HighPrecision
         if not torch.compiler.is_compiling():

@@ -17,8 +17,8 @@ where TransformerEngine quantizes each rank's rows with the amax all-reduced ove
 gathers the quantized data, this gives the same bytes (a block never straddles two ranks' rows when
 each rank's row count is a multiple of the block, which the recipes require), at the cost of
 gathering 16-bit values instead of 4- or 8-bit ones. What the layer keeps of that gathered input
-for its backward is, as in TransformerEngine, this rank's rows alone (own_rows), gathered again
-when backward needs them (gather_rows): the quantized bytes, not 16-bit values."""
+for its backward is, as in TransformerEngine, this rank's rows alone (own_share), gathered again
+when backward needs them (gather_shares): the quantized bytes, not 16-bit values."""
 
 import dataclasses
 
@@ -158,64 +158,49 @@ def _row_output(y, group, sequence_parallel, layer):
     return _ReduceFromTensorParallelRegion.apply(y, group)
 
 
-# The parts of a QuantizedTensor (ops.py) that run over x's rows.
+# A QuantizedTensor's (ops.py) uint8 parts.
 _QUANTIZED_PARTS = ("rowwise_data", "rowwise_scale", "columnwise_data", "columnwise_scale")
 
 
-def _rows_dim(part, options):
-    """The dim of a QuantizedTensor's part along which x's rows run (docs/layouts.md): 1 for NVFP4's
-    columnwise parts (the quantized transpose, [K, M/2] and [K, M/16]), else 0."""
-    return 1 if options.scheme == "nvfp4" and part.startswith("columnwise") else 0
+def _parts(operand):
+    """A backward operand's tensors: itself (a tensor), or a QuantizedTensor's parts present."""
+    if isinstance(operand, torch.Tensor):
+        return [operand]
+    return [getattr(operand, name) for name in _QUANTIZED_PARTS if getattr(operand, name) is not None]
 
 
-def _own_part(t, dim, size, rank):
-    """Part `rank` of `size` equal parts of t along dim, in memory of its own: a view would keep
-    the whole gathered tensor alive."""
-    share = t.shape[dim] // size
-    return t.narrow(dim, rank * share, share).clone(memory_format=torch.contiguous_format)
+def _with_parts(operand, parts):
+    """`operand` with _parts(operand) replaced by `parts`, in their order."""
+    if isinstance(operand, torch.Tensor):
+        return parts[0]
+    names = [name for name in _QUANTIZED_PARTS if getattr(operand, name) is not None]
+    return dataclasses.replace(operand, **dict(zip(names, parts)))
 
 
-def _joined(stacked, dim):
-    """[size, R, C], the ranks' parts in rank order, joined along dim: [size R, C] or [R, size C]."""
-    size, rows, cols = stacked.shape
-    if dim == 0:
-        return stacked.reshape(size * rows, cols)
-    return stacked.transpose(0, 1).reshape(rows, size * cols)
-
-
-def own_rows(saved, group):
+def own_share(saved, group):
     """What a column-parallel layer under sequence parallelism keeps for backward of its gathered
-    input x [M, K], as TransformerEngine keeps it: this rank's rows alone (its own part of M). saved
-    is x itself (a tensor) or its quantization (ops.QuantizedTensor, compact scales). Returns
-    (kept, cut): cut says whether kept is this rank's part, which gather_rows makes whole again.
-    A quantization whose blocks would straddle two ranks' rows (a rank's rows not a multiple of
-    the block; swizzled scales) is kept whole."""
+    input x [M, K]: a tp_size-th, as TransformerEngine keeps (its rank's rows). saved is x itself or
+    its quantization (ops.QuantizedTensor); each of its tensors is cut into tp_size equal pieces of
+    its bytes in memory order (for x, the ranks' rows) and this rank keeps its piece, in memory of
+    its own (a view would keep the whole alive). The whole was quantized at once, so any equal cut
+    gathers back to the same bytes, whatever the layout. Returns (kept, shapes): shapes, the whole
+    tensors' shapes for gather_shares, or None where saved is kept whole (a tensor whose size does
+    not split into tp_size pieces). Until gathered, a QuantizedTensor kept so holds flat pieces."""
     size, rank = _world_size(group), dist.get_rank(group)
-    if isinstance(saved, torch.Tensor):
-        return _own_part(saved, 0, size, rank), True
-    o = saved.options
-    parts = {name: getattr(saved, name) for name in _QUANTIZED_PARTS if getattr(saved, name) is not None}
-    if o.swizzle or o.tile != "1x16" or any(p.shape[_rows_dim(n, o)] % size for n, p in parts.items()):
-        return saved, False
-    own = {name: _own_part(p, _rows_dim(name, o), size, rank) for name, p in parts.items()}
-    return dataclasses.replace(saved, shape=(saved.shape[0] // size,) + tuple(saved.shape[1:]), **own), True
+    parts = _parts(saved)
+    if any(p.numel() % size for p in parts):
+        return saved, None
+    pieces = [p.reshape(-1).narrow(0, rank * (p.numel() // size), p.numel() // size).clone() for p in parts]
+    return _with_parts(saved, pieces), [p.shape for p in parts]
 
 
-def gather_rows(kept, group):
-    """own_rows' part of every rank, gathered back into the whole (the same bytes as before the
-    cut). A quantization's parts (all uint8) travel in one all-gather, end to end."""
-    if isinstance(kept, torch.Tensor):
-        return _gather_first_dim(kept, group)
-    o = kept.options
-    names = [name for name in _QUANTIZED_PARTS if getattr(kept, name) is not None]
-    parts = [getattr(kept, name) for name in names]
-    sizes = [p.numel() for p in parts]
-    stacked = _gather_first_dim(torch.cat([p.reshape(-1) for p in parts]), group)  # [size * sum(sizes)]
-    world = stacked.numel() // sum(sizes)
-    pieces = stacked.view(world, -1).split(sizes, dim=1)  # each [size, numel of the part]
-    whole = {name: _joined(piece.reshape(world, *p.shape), _rows_dim(name, o))
-             for name, p, piece in zip(names, parts, pieces)}
-    return dataclasses.replace(kept, shape=(kept.shape[0] * world,) + tuple(kept.shape[1:]), **whole)
+def gather_shares(kept, shapes, group):
+    """own_share's pieces of every rank gathered (one all-gather for all of them), each tensor whole
+    again in its shape: the same bytes as before the cut."""
+    pieces = _parts(kept)
+    lengths = [p.numel() for p in pieces]
+    stacked = _gather_first_dim(torch.cat(pieces), group).view(_world_size(group), -1)  # [size, sum(lengths)]
+    return _with_parts(kept, [ranks.reshape(shape) for ranks, shape in zip(stacked.split(lengths, dim=1), shapes)])
 
 
 class TensorParallel:
@@ -294,7 +279,7 @@ class TensorParallel:
 
     def gathered_rows_group(self):
         """The group over which column_input gathers x's rows (sequence_parallel), for the Linear to
-        keep its own rows for backward (own_rows); None where nothing is gathered."""
+        keep a tp_size-th of x for backward (own_share); None where nothing is gathered."""
         if self.size == 1 or not self.sequence_parallel:
             return None
         return _functional_group(self.group)
