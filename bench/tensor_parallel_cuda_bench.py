@@ -14,7 +14,8 @@ printed (the ranks wait on each other in every collective).
   microscale MXFP8  under MXFP8BlockScaling()
 
 Also the collectives alone (the all-gather of x's rows and the reduce-scatter of the output, each
-forward and backward), so that the share of the step they take can be read.
+forward and backward), so that the share of the step they take can be read, and the memory a
+forward leaves allocated for its backward (with its output).
 Usage: python3 bench/tensor_parallel_cuda_bench.py (two GPUs, torch with NCCL, microscale built
 with its CUDA backend)
 """
@@ -62,6 +63,21 @@ def block_step(fc1, fc2, x, dy, recipe):
     return step
 
 
+def kept_for_backward_mib(fc1, fc2, x, recipe):
+    """The memory a forward leaves allocated for its backward (and its output y), in MiB: what
+    autograd keeps of both layers between forward and backward."""
+    for p in (*fc1.parameters(), *fc2.parameters()):
+        p.grad = None
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    with mst.autocast(recipe=recipe) if recipe is not None else mst.autocast(enabled=False):
+        y = fc2(fc1(x))
+    torch.cuda.synchronize()
+    kept = torch.cuda.memory_allocated() - before
+    del y
+    return kept / 2**20
+
+
 def collectives_step(x, y_full, dy):
     """The block's four collectives alone, on tensors of the step's sizes."""
     from microscale.torch.tensor_parallel import _gather_first_dim, _reduce_scatter_first_dim
@@ -87,23 +103,25 @@ def run(rank, store):
         x = torch.randn(m // WORLD, hidden, device="cuda", generator=g, dtype=torch.bfloat16).requires_grad_()
         dy = torch.randn(m // WORLD, hidden, device="cuda", generator=g, dtype=torch.bfloat16)
         flops = 3 * 2 * 2 * m * hidden * (ffn // WORLD)  # per rank: 3 GEMMs x 2 layers
-        results = {}
+        results, kept = {}, {}
         for name, recipe in (("torch BF16", None), ("microscale NVFP4", NVFP4BlockScaling()),
                              ("microscale MXFP8", MXFP8BlockScaling())):
             results[name] = per_step_ms(block_step(fc1, fc2, x, dy, recipe))
+            kept[name] = kept_for_backward_mib(fc1, fc2, x, recipe)
         y_full = torch.empty(m, hidden, device="cuda", dtype=torch.bfloat16)
         comm = per_step_ms(collectives_step(x.detach(), y_full, dy))
         base = results["torch BF16"]
         for name, ms in results.items():
-            rows.append((f"{m} x {hidden} x {ffn}", name, ms, flops / ms / 1e9, base / ms, comm / ms))
+            rows.append((f"{m} x {hidden} x {ffn}", name, ms, flops / ms / 1e9, base / ms, comm / ms, kept[name]))
         del fc1, fc2, x, dy, y_full
         torch.cuda.empty_cache()
     if rank == 0:
         print(f"{torch.cuda.get_device_name()} x {WORLD}, torch {torch.__version__}; per rank, eager steps")
-        print("| M x hidden x ffn | candidate | step ms | TFLOP/s per GPU | vs torch BF16 | collectives' share |")
-        print("| --- | --- | --- | --- | --- | --- |")
-        for shape, name, ms, tflops, ratio, share in rows:
-            print(f"| {shape} | {name} | {ms:.3f} | {tflops:.0f} | {ratio:.2f}x | {share:.0%} |")
+        print("| M x hidden x ffn | candidate | step ms | TFLOP/s per GPU | vs torch BF16 | collectives' share | "
+              "kept for backward MiB |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for shape, name, ms, tflops, ratio, share, mib in rows:
+            print(f"| {shape} | {name} | {ms:.3f} | {tflops:.0f} | {ratio:.2f}x | {share:.0%} | {mib:.1f} |")
     dist.destroy_process_group()
 
 
