@@ -147,7 +147,6 @@ class ComposedLinearFunction(torch.autograd.Function):
         if ctx.saved_kinds is None:
             raise RuntimeError(NO_CONTEXT)
         x_q, weight_q = _saved_operands(ctx)
-        ctx.saved_kinds = None  # used up: a second backward (retain_graph=True) is NO_CONTEXT's error
         if ctx.share_shapes is not None and ctx.needs_input_grad[1]:
             x_q = gather_shares(x_q, ctx.share_shapes, ctx.rows_group)
         dy = grad_output.detach().reshape(-1, grad_output.shape[-1])  # [M, N]
@@ -156,27 +155,36 @@ class ComposedLinearFunction(torch.autograd.Function):
         dy = dy.contiguous() if torch.compiler.is_compiling() else _without_zero_strides(dy)
         if ctx.override is not None:
             grad_input, grad_weight = _overridden_backward(ctx, dy, x_q, weight_q)
-            return grad_input, grad_weight, _bias_grad(ctx, dy, grad_output.dtype), None, None, None, None, None
-        options = ctx.plan.grad_output
-        sr_seed = _gradient_seed(dy.device) if options.sr_seed is not None else None
-        want_dx, want_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1] and x_q is not None
-        grad_input = grad_weight = grad_bias = None
-        if want_dx or want_dw:
-            # dy's rowwise output feeds dgrad, its columnwise output wgrad: each only when needed (one
-            # direction's bytes do not depend on the other's, stochastic rounding included).
-            dy_q = quantize_for(dy, options, rowwise=want_dx, columnwise=want_dw, sr_seed=sr_seed)
-        if want_dx:  # dx in dy's dtype (TE's dgrad output)
-            grad_input = gemm(dy_q, weight_q, b_usage="columnwise", out_dtype=grad_output.dtype).reshape(ctx.x_shape)
-        if want_dw and ctx.weight is not None:  # dW += into main_grad in fp32 (the CPU layer's rule)
-            main_grad = main_grad_of(ctx.weight)
-            gemm(dy_q, x_q, a_usage="columnwise", b_usage="columnwise", beta=1.0, c=main_grad,
-                 out_dtype=torch.float32, out=main_grad)
-            grad_weight = wgrad_result(ctx.weight)
-        elif want_dw:  # dW in x's dtype, then the weight's
-            grad_weight = gemm(dy_q, x_q, a_usage="columnwise", b_usage="columnwise",
-                               out_dtype=ctx.x_dtype).to(ctx.weight_dtype)
-        grad_bias = _bias_grad(ctx, dy, grad_output.dtype)
-        return grad_input, grad_weight, grad_bias, None, None, None, None, None
+        else:
+            grad_input, grad_weight = _quantized_backward(ctx, dy, x_q, weight_q, grad_output.dtype)
+        # Used up: a second backward (retain_graph=True) is NO_CONTEXT's error. Marked last: dynamo
+        # (torch 2.11) may trace a backward twice, keeping what the first attempt set on ctx.
+        ctx.saved_kinds = None
+        return grad_input, grad_weight, _bias_grad(ctx, dy, grad_output.dtype), None, None, None, None, None
+
+
+def _quantized_backward(ctx, dy, x_q, weight_q, grad_dtype):
+    """dgrad and wgrad of the quantized recipe (the module's docstring): dy [M, N] quantized,
+    against the saved W and X^T. Returns (grad_input, grad_weight); grad_input in grad_dtype."""
+    options = ctx.plan.grad_output
+    sr_seed = _gradient_seed(dy.device) if options.sr_seed is not None else None
+    want_dx, want_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1] and x_q is not None
+    grad_input = grad_weight = None
+    if want_dx or want_dw:
+        # dy's rowwise output feeds dgrad, its columnwise output wgrad: each only when needed (one
+        # direction's bytes do not depend on the other's, stochastic rounding included).
+        dy_q = quantize_for(dy, options, rowwise=want_dx, columnwise=want_dw, sr_seed=sr_seed)
+    if want_dx:  # dx in dy's dtype (TE's dgrad output)
+        grad_input = gemm(dy_q, weight_q, b_usage="columnwise", out_dtype=grad_dtype).reshape(ctx.x_shape)
+    if want_dw and ctx.weight is not None:  # dW += into main_grad in fp32 (the CPU layer's rule)
+        main_grad = main_grad_of(ctx.weight)
+        gemm(dy_q, x_q, a_usage="columnwise", b_usage="columnwise", beta=1.0, c=main_grad,
+             out_dtype=torch.float32, out=main_grad)
+        grad_weight = wgrad_result(ctx.weight)
+    elif want_dw:  # dW in x's dtype, then the weight's
+        grad_weight = gemm(dy_q, x_q, a_usage="columnwise", b_usage="columnwise",
+                           out_dtype=ctx.x_dtype).to(ctx.weight_dtype)
+    return grad_input, grad_weight
 
 
 def _save_operands(ctx, x_saved, weight_saved):
