@@ -359,6 +359,16 @@ def _check_setup(rank):
     weights, biases = _gather_list(row.weight), _gather_list(row.bias)
     assert not torch.equal(weights[0], weights[1]), "each rank draws its own shard"
     assert torch.equal(biases[0], biases[1]), "a bias whole on every rank starts alike on every rank"
+    # Megatron-LM passes its amax reduction group to the scope (TE's fp8_group): taken, and nothing
+    # changes (these recipes reduce nothing at the end of a step).
+    torch.manual_seed(0)
+    column = mst.Linear(K, N, parallel_mode="column", sequence_parallel=True, tp_group=dist.group.WORLD,
+                        device=DEVICE)
+    x_local = torch.randn(16, K, device=DEVICE)
+    with mst.fp8_autocast(fp8_recipe=NVFP4BlockScaling(), fp8_group=dist.group.WORLD):
+        with_group = column(x_local)
+    with mst.autocast(recipe=NVFP4BlockScaling()):
+        _equal("y with the amax reduction group", with_group, column(x_local))
     # parallel_mode None with a group of two: nothing split, no collective
     torch.manual_seed(0)
     whole = mst.Linear(K, N, tp_group=dist.group.WORLD, device=DEVICE)

@@ -11,6 +11,9 @@ torch.compile reads the plan, Python values dynamo can guard on, where the recip
 import contextlib
 import threading
 
+import torch
+import torch.distributed as dist
+
 from .. import _C
 from ..recipe import HighPrecision, MXFP8BlockScaling, NVFP4BlockScaling
 from .linear_plan import linear_plan
@@ -21,11 +24,27 @@ _state = threading.local()
 # entered inside code torch.compile traces makes no C++ object there, which dynamo cannot trace.
 _DEFAULT_RECIPE = NVFP4BlockScaling()
 
+# From torch 2.12 on, dynamo passes an object (the recipe) to linear_plan, a function of
+# torch.compiler.assume_constant_result, guarding on its identity; older versions take only
+# Python constants there, so a scope cannot be entered inside the code dynamo traces.
+_PLANS_TRACED = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 12)
+
 
 def _stack():
+    """The thread's scopes, innermost last: (enabled, recipe)."""
     if not hasattr(_state, "stack"):
         _state.stack = []
     return _state.stack
+
+
+def _plans():
+    """The LinearPlan of each scope of _stack(), None for a disabled one. Kept apart from the
+    recipes: a traced Linear reads only this list, and had it read a tuple holding the recipe too,
+    dynamo (torch 2.11) would guard that the recipe is its plan's, so that equal recipes made anew
+    per scope would each compile again."""
+    if not hasattr(_state, "plans"):
+        _state.plans = []
+    return _state.plans
 
 
 @contextlib.contextmanager
@@ -37,7 +56,11 @@ def autocast(enabled=True, calibrating=False, recipe=None, amax_reduction_group=
     ``calibrating`` (its statistics collection for delayed scaling) and ``amax_reduction_group``
     (its tensor-parallel modules' amax reduction) are not supported: setting them is an error.
     ``_graph`` (TransformerEngine's flag for CUDA-graph capture) has no effect: the layers find out
-    themselves whether the stream is being captured."""
+    themselves whether the stream is being captured. ``amax_reduction_group`` (TransformerEngine's
+    group for reducing delayed scaling's amaxes at the end of a step; Megatron-LM passes it) is
+    taken and needs nothing here: these recipes scale each tensor from its own amax, and a
+    sequence-parallel layer quantizes its gathered input whole, with the tensor-parallel group's
+    amax, as TransformerEngine's modules reduce it over tp_group."""
     if recipe is None:
         recipe = _DEFAULT_RECIPE
     if not isinstance(recipe, (NVFP4BlockScaling, MXFP8BlockScaling, HighPrecision)):
@@ -46,15 +69,25 @@ def autocast(enabled=True, calibrating=False, recipe=None, amax_reduction_group=
     if calibrating:
         raise _C.Error("microscale.torch.autocast: calibrating is not supported (TransformerEngine collects amaxes "
                        "for delayed scaling with it; these recipes scale each tensor from its own amax)")
-    if amax_reduction_group is not None:
-        raise _C.Error("microscale.torch.autocast: amax_reduction_group is not supported (amaxes are not reduced "
-                       "across processes: the layers here are not tensor-parallel)")
-    stack = _stack()
-    stack.append((bool(enabled), recipe, linear_plan(recipe) if enabled else None))
+    if amax_reduction_group is not None and not _is_process_group(amax_reduction_group):
+        raise _C.Error(f"microscale.torch.autocast: amax_reduction_group must be a torch.distributed process group "
+                       f"or None, not {type(amax_reduction_group).__name__}")
+    if enabled and not _PLANS_TRACED and torch.compiler.is_dynamo_compiling():
+        raise _C.Error(f"microscale.torch.autocast: a scope entered inside code torch.compile traces needs torch >= "
+                       f"2.12 (this is {torch.__version__}): enter it around the compiled function")
+    stack, plans = _stack(), _plans()
+    plan = linear_plan(recipe) if enabled else None
+    stack.append((bool(enabled), recipe))
+    plans.append(plan)
     try:
         yield
     finally:
         stack.pop()
+        plans.pop()
+
+
+def _is_process_group(group):
+    return dist.is_available() and isinstance(group, dist.ProcessGroup)
 
 
 def fp8_autocast(enabled=True, calibrating=False, fp8_recipe=None, fp8_group=None, _graph=False):
@@ -80,5 +113,5 @@ def current_recipe():
 def current_plan():
     """The innermost enabled scope's LinearPlan; None where the Linear runs in high precision (no
     enabled scope, or a HighPrecision recipe)."""
-    stack = _stack()
-    return stack[-1][2] if stack else None
+    plans = _plans()
+    return plans[-1] if plans else None
