@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -60,14 +61,25 @@ void BM_block_scaled(benchmark::State& state, Scheme scheme) {
 
 class TableReporter : public benchmark::ConsoleReporter {
  public:
+  // The table's rate of a benchmark: its median over repetitions where there are several
+  // (--benchmark_repetitions; with --benchmark_report_aggregates_only the single runs never reach
+  // this reporter), else its one run.
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const Run& r : runs) {
-      if (r.run_type == Run::RT_Iteration && r.counters.count("GFLOP/s"))
-        rates[r.benchmark_name()] = r.counters.at("GFLOP/s").value;
+      if (!r.counters.count("GFLOP/s")) continue;
+      const std::string name = r.run_name.str();
+      const double rate = r.counters.at("GFLOP/s").value;
+      if (r.run_type == Run::RT_Aggregate && r.aggregate_name == "median") {
+        rates[name] = rate;
+        from_median.insert(name);
+      } else if (r.run_type == Run::RT_Iteration && !from_median.count(name)) {
+        rates[name] = rate;
+      }
     }
   }
   std::map<std::string, double> rates;
+  std::set<std::string> from_median;
 };
 
 }  // namespace
@@ -96,6 +108,7 @@ int main(int argc, char** argv) {
     const double base = reporter.rates["sgemm" + suffix];
     for (const char* name : {"sgemm", "nvfp4", "mxfp8"}) {
       const double r = reporter.rates[name + suffix];
+      if (r == 0) continue;  // filtered out
       std::printf("%-8s %8lld %10.1f %9.2fx\n", name, static_cast<long long>(s), r / 1e9,
                   base > 0 ? r / base : 0.0);
     }

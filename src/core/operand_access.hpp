@@ -69,30 +69,45 @@ class OperandReader {
   /// k0 and width are multiples of the block size (the GEMM's panels are). Throws (after the
   /// panel) if the panel holds a byte that is not a code of the operand's format.
   void dequantize_panel(int64_t l, int64_t k0, int64_t width, float* out) const {
+    panel_rows(
+        l, k0, width, [out, width](int64_t r) { return out + r * width; },
+        [](int64_t, const float*) { return 0u; });
+  }
+
+  /// dequantize_panel's walk for callers that store the values their own way (the CPU GEMM's
+  /// bf16 panels): for every row r of the panel (rows in parallel, under IEEE subnormals), row
+  /// r's width values are written to target(r) (a float*), then done(r, target(r)) is called.
+  /// Returns the OR of done's results (unsigned). k0 and width are multiples of the block size.
+  /// Throws (after the panel) if the panel holds a byte that is not a code of the format.
+  template <class RowTarget, class RowDone>
+  unsigned panel_rows(int64_t l, int64_t k0, int64_t width, RowTarget target, RowDone done) const {
     const int64_t n = rows();
     unsigned seen_invalid = 0;  // OR of every code's invalid bits (checked once, after the threads)
+    unsigned finished = 0;
     if (!op_.quantized || op_.stored_transposed || data_strides_[1] != 1) {
-#pragma omp parallel reduction(| : seen_invalid)
+#pragma omp parallel reduction(| : seen_invalid, finished)
       {
         const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < n; ++r) {
-          for (int64_t j = 0; j < width; ++j) out[r * width + j] = value_at(l, r, k0 + j, seen_invalid);
+          float* dst = target(r);
+          for (int64_t j = 0; j < width; ++j) dst[j] = value_at(l, r, k0 + j, seen_invalid);
+          finished |= done(r, dst);
         }
       }
       if (seen_invalid != 0) throw_invalid_codes();
-      return;
+      return finished;
     }
     // K-major codes: one scale lookup per block, then a table decode per element.
     const auto* bytes = static_cast<const uint8_t*>(op_.data.data);
     const int64_t batch_offset = data_strides_.size() == 3 ? l * data_strides_[2] : 0;
-#pragma omp parallel reduction(| : seen_invalid)
+#pragma omp parallel reduction(| : seen_invalid, finished)
     {
       const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < n; ++r) {
         const uint8_t* row = bytes + r * data_strides_[0] + batch_offset;
-        float* dst = out + r * width;
+        float* dst = target(r);
         for (int64_t kb = k0 / block_; kb < (k0 + width) / block_; ++kb) {
           const float scale = block_scale(l, r, kb);
           const int64_t first = kb * block_;
@@ -104,9 +119,11 @@ class OperandReader {
             dst[k - k0] = codes_[code] * scale;
           }
         }
+        finished |= done(r, dst);
       }
     }
     if (seen_invalid != 0) throw_invalid_codes();
+    return finished;
   }
 
  private:

@@ -1,10 +1,11 @@
-// CPU block-scaled GEMM. Each K-panel of both operands is dequantized exactly to fp32 (a code
-// times its block scale has at most 2 + 4 significant bits, so the product is exact), and the
-// panels' products accumulate into an fp32 [M, N] buffer, panel after panel. A panel goes the
-// bf16 route (gemm_bf16.hpp: oneDNN, about twice sgemm's rate where the CPU multiplies bf16) when
+// CPU block-scaled GEMM. Each K-panel of both operands is dequantized exactly (a code times its
+// block scale has at most 2 + 4 significant bits), and the panels' products accumulate into an
+// fp32 [M, N] buffer, panel after panel. A panel goes the bf16 route (gemm_bf16.hpp: oneDNN,
+// about twice sgemm's rate where the CPU multiplies bf16), dequantized straight to bf16, when
 // every value of both panels is a bf16 value of magnitude 0 or >= 2^-56 (then every product and
 // partial sum is a multiple of 2^-126, so none is subnormal and the bf16 instructions' flushing
-// never acts) and no earlier panel of the product went through sgemm, else OpenBLAS's sgemm.
+// never acts) and no earlier panel of the product went through sgemm; else it is dequantized to
+// fp32 (again, where the bf16 pass found a value unfit) for OpenBLAS's sgemm.
 // Both multiply exactly and add in fp32. The global scales and the epilogue are applied by the
 // caller (src/core/gemm.cpp).
 #include <cblas.h>
@@ -32,17 +33,33 @@ constexpr int64_t kPanel = 4096;
 constexpr uint32_t kSmallestBits = (127u - 56u) << 23;
 
 /// dst = the bf16 bits of src when every value is a bf16 value (its low 16 bits zero), finite,
-/// and 0 or of magnitude >= 2^-56; returns whether they all were (dst is then complete).
-bool to_bf16_panel(const float* src, int64_t count, uint16_t* dst) {
+/// and 0 or of magnitude >= 2^-56; returns 0 when they all were (dst is then complete).
+uint32_t to_bf16_row(const float* src, int64_t count, uint16_t* dst) {
   uint32_t unfit = 0;
-#pragma omp parallel for simd reduction(| : unfit) schedule(static) if (count >= (int64_t{1} << 18))
+#pragma omp simd reduction(| : unfit)
   for (int64_t i = 0; i < count; ++i) {  // branch-free: vectorised
     const uint32_t bits = float_bits(src[i]), magnitude = bits & 0x7FFFFFFFu;
     unfit |= (bits & 0xFFFFu) | static_cast<uint32_t>(magnitude != 0 && magnitude < kSmallestBits) |
              static_cast<uint32_t>(magnitude >= 0x7F800000u);
     dst[i] = static_cast<uint16_t>(bits >> 16);
   }
-  return unfit == 0;
+  return unfit;
+}
+
+/// dst [rows, width] = the operand's panel as bf16 bits, each row dequantized into a small fp32
+/// buffer (in L1) and converted there: one pass over the panel's memory. Returns whether every
+/// value passed to_bf16_row's test (dst is then complete, else unusable).
+bool bf16_panel(const OperandReader& reader, int64_t l, int64_t k0, int64_t width, uint16_t* dst) {
+  return reader.panel_rows(
+             l, k0, width,
+             [width](int64_t) {
+               thread_local std::vector<float> row;  // per OpenMP thread
+               row.resize(std::max(row.size(), static_cast<size_t>(width)));
+               return row.data();
+             },
+             [dst, width](int64_t r, const float* row) {
+               return to_bf16_row(row, width, dst + r * width);
+             }) == 0;
 }
 
 }  // namespace
@@ -52,12 +69,11 @@ void gemm_accumulate(const GemmOperand& a, const GemmOperand& b, int64_t m, int6
   const OperandReader ra(a), rb(b);
   const bool bf16_route = bf16_gemm_available();
   // Kept across calls (per thread): fresh buffers cost page faults and zeroing on every GEMM.
+  // (Sized when first needed: a product whose panels all take the bf16 route needs no fp32 ones.)
   thread_local std::vector<float> panel_a, panel_b;
   thread_local std::vector<uint16_t> panel_a16, panel_b16;
   const auto a_size = static_cast<size_t>(m * std::min(k, kPanel));
   const auto b_size = static_cast<size_t>(n * std::min(k, kPanel));
-  panel_a.resize(std::max(panel_a.size(), a_size));
-  panel_b.resize(std::max(panel_b.size(), b_size));
   if (bf16_route) {
     panel_a16.resize(std::max(panel_a16.size(), a_size));
     panel_b16.resize(std::max(panel_b16.size(), b_size));
@@ -69,14 +85,17 @@ void gemm_accumulate(const GemmOperand& a, const GemmOperand& b, int64_t m, int6
     bool bf16_panels = bf16_route;
     for (int64_t k0 = 0; k0 < k; k0 += kPanel) {
       const int64_t width = std::min(kPanel, k - k0);
-      ra.dequantize_panel(l, k0, width, panel_a.data());  // (M, width) fp32, exact
-      rb.dequantize_panel(l, k0, width, panel_b.data());  // (N, width) fp32, exact
-      bf16_panels = bf16_panels && to_bf16_panel(panel_a.data(), m * width, panel_a16.data()) &&
-                    to_bf16_panel(panel_b.data(), n * width, panel_b16.data());
+      // (M, width) and (N, width) bf16, exact
+      bf16_panels = bf16_panels && bf16_panel(ra, l, k0, width, panel_a16.data()) &&
+                    bf16_panel(rb, l, k0, width, panel_b16.data());
       if (bf16_panels) {
         bf16_panel_product(panel_a16.data(), panel_b16.data(), m, n, width, k0 != 0, out);
         continue;
       }
+      panel_a.resize(std::max(panel_a.size(), a_size));
+      panel_b.resize(std::max(panel_b.size(), b_size));
+      ra.dequantize_panel(l, k0, width, panel_a.data());  // (M, width) fp32, exact
+      rb.dequantize_panel(l, k0, width, panel_b.data());  // (N, width) fp32, exact
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
                   static_cast<int>(width), 1.0f, panel_a.data(), static_cast<int>(width), panel_b.data(),
                   static_cast<int>(width), k0 == 0 ? 0.0f : 1.0f, out, static_cast<int>(n));
