@@ -229,6 +229,37 @@ def test_linear_module_frozen_and_fused():
     assert xg.grad is not None and torch.equal(layer.weight.main_grad, before)
 
 
+@pytest.mark.parametrize("dims", [2, 3])
+def test_fuse_wgrad_accumulation_outside_a_scope_adds_into_main_grad(dims):
+    """In high precision too (TE's BF16 wgrad GEMM accumulates into main_grad): two micro-batches'
+    dW added in fp32 into weight.main_grad, exact here (values on a coarse grid: every product and
+    sum is exact in fp32), weight.grad None; y, dx and db torch's nn.Linear's, bit for bit."""
+    g = torch.Generator().manual_seed(12)
+    shape = (32, 96) if dims == 2 else (4, 8, 96)
+    grid = lambda *size: (torch.randint(-8, 9, size, generator=g) / 8).bfloat16()  # noqa: E731
+    xs, dy = [grid(*shape) * s for s in (1, 2)], grid(*shape[:-1], 64)
+    layer = mst.Linear(96, 64, fuse_wgrad_accumulation=True, params_dtype=torch.bfloat16)
+    plain = torch.nn.Linear(96, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        layer.weight.copy_(grid(64, 96))
+        layer.bias.copy_(grid(64))
+    plain.load_state_dict(layer.state_dict())
+    layer.weight.main_grad = torch.zeros(64, 96)
+    want = torch.zeros(64, 96, dtype=torch.float64)
+    for x in xs:
+        xg, xp = x.clone().requires_grad_(), x.clone().requires_grad_()
+        y, y_plain = layer(xg), plain(xp)
+        y.backward(dy)
+        y_plain.backward(dy)
+        assert torch.equal(y, y_plain) and torch.equal(xg.grad, xp.grad)
+        want += dy.double().reshape(-1, 64).t() @ x.double().reshape(-1, 96)
+    assert torch.equal(layer.weight.main_grad, want.float()) and layer.weight.grad is None
+    assert torch.equal(layer.bias.grad, plain.bias.grad)
+    layer.weight.grad_added_to_main_grad = False  # Megatron-LM's attribute: a placeholder weight.grad
+    layer(xs[0]).sum().backward()
+    assert layer.weight.grad_added_to_main_grad and layer.weight.grad.shape == layer.weight.shape
+
+
 @pytest.mark.parametrize("recipe_name", ["nvfp4", "mxfp8", "nvfp4_backward_high_precision"])
 def test_composed_linear_keeps_its_operands_where_checkpointing_and_offloading_see_them(recipe_name, monkeypatch):
     """The saved operands go through ctx.save_for_backward: torch.utils.checkpoint (non-reentrant)

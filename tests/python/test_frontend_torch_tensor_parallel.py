@@ -138,11 +138,12 @@ def _saved_bytes():
 def _kept_bytes(layer, x, recipe_name):
     """What a column-parallel layer under sequence parallelism keeps for backward, as
     TransformerEngine keeps it: its weight (or the weight's quantization, both usages) and a
-    WORLD-th of what backward reads of the gathered x (x itself, its rowwise quantization under a
-    "dequantized" backward, else its columnwise one; the amaxes whole)."""
-    plan = linear_plan(RECIPES[recipe_name]())
-    override, x2 = plan.backward_override, x.reshape(-1, K)
-    if override == "high_precision":
+    WORLD-th of what backward reads of the gathered x (x itself outside a scope or under a
+    "high_precision" backward, its rowwise quantization under a "dequantized" one, else its
+    columnwise one; the amaxes whole)."""
+    plan = linear_plan(RECIPES[recipe_name]()) if RECIPES[recipe_name] is not None else None
+    override, x2 = plan.backward_override if plan else "high_precision", x.reshape(-1, K)
+    if override == "high_precision":  # or outside a scope
         return layer.weight.numel() * 2 + x2.numel() * 2 // WORLD  # bf16
 
     def size(q, share):
@@ -176,7 +177,7 @@ def _check_linear(rank, parallel_mode, sequence_parallel, recipe_name, group_kin
             dy_local = _columns(dy, rank)  # this rank's output features
             with _saved_bytes() as saved:
                 y = _step(layer, x_in, dy_local, recipe_name)
-            if sequence_parallel and RECIPES[recipe_name] is not None:
+            if sequence_parallel:
                 assert sum(saved) == _kept_bytes(layer, x, recipe_name), saved
             plain = mst.Linear(K, N // WORLD, params_dtype=torch.bfloat16, device=DEVICE)
             plain.load_state_dict(layer.state_dict())
@@ -209,10 +210,10 @@ def _check_linear(rank, parallel_mode, sequence_parallel, recipe_name, group_kin
             _equal("dW", layer.weight.grad, plain.weight.grad)
             _equal("db", layer.bias.grad, bias.grad)
     # The layer's collectives (the reference's sums use dist.all_gather, which the spy leaves alone):
-    # with sequence parallelism one in forward and one in backward, and for a quantized
-    # column-parallel layer a second in backward (its own rows of x gathered again); else one
-    # (column: dx's all-reduce; row: y's); each on the layer's group.
-    regathers = sequence_parallel and parallel_mode == "column" and RECIPES[recipe_name] is not None
+    # with sequence parallelism one in forward and one in backward, and for a column-parallel
+    # layer a second in backward (its share of x gathered again); else one (column: dx's
+    # all-reduce; row: y's); each on the layer's group.
+    regathers = sequence_parallel and parallel_mode == "column"
     assert len(spy.groups) == (2 if sequence_parallel else 1) + regathers, spy.groups
     on_default = group.get("tp_group") is None  # None or dist.group.WORLD: the default group either way
     assert all(g is group.get("tp_group") or (on_default and g is dist.group.WORLD) for g in spy.groups), spy.groups

@@ -231,7 +231,7 @@ def _bias_grad(ctx, dy, dtype):
 _MM_TAKES_OUT_DTYPE = torch.__version__ >= "2.8"
 
 
-def _dense_product(a, b, out_dtype, accumulate_into=None):
+def dense_product(a, b, out_dtype, accumulate_into=None):
     """a [M, X] @ b [X, N] as an unquantized Linear's GEMM: fp32 accumulation, one rounding to
     out_dtype (or, with accumulate_into, an fp32 [M, N] that receives += the fp32 product). On the
     CPU the library's GEMM (the C++ layer's, bit for bit); on CUDA torch's cuBLAS GEMM, on the
@@ -257,12 +257,12 @@ def _overridden_backward(ctx, dy, x_saved, weight_saved):
     grad_input = grad_weight = None
     if want_dx:  # dx = dy W, in dy's dtype
         w = dequantize(weight_saved, "rowwise", ctx.x_dtype) if ctx.override == "dequantized" else weight_saved
-        grad_input = _dense_product(dy, w, dy.dtype).reshape(ctx.x_shape)
+        grad_input = dense_product(dy, w, dy.dtype).reshape(ctx.x_shape)
     if want_dw:  # dW = dy^T x
         x = dequantize(x_saved, "rowwise", ctx.x_dtype) if ctx.override == "dequantized" else x_saved
         if ctx.weight is not None:  # added into main_grad in fp32
-            _dense_product(dy.t(), x, torch.float32, accumulate_into=main_grad_of(ctx.weight))
+            dense_product(dy.t(), x, torch.float32, accumulate_into=main_grad_of(ctx.weight))
             grad_weight = wgrad_result(ctx.weight)
         else:  # in x's dtype, then the weight's
-            grad_weight = _dense_product(dy.t(), x, ctx.x_dtype).to(ctx.weight_dtype)
+            grad_weight = dense_product(dy.t(), x, ctx.x_dtype).to(ctx.weight_dtype)
     return grad_input, grad_weight

@@ -17,6 +17,7 @@ import torch
 from .. import _C
 from .autocast import current_plan
 from .linear_composed import NO_CONTEXT, ComposedLinearFunction, main_grad_of, quantize_for, wgrad_result
+from .linear_high_precision import HighPrecisionLinearFunction
 from .tensor_parallel import initialise
 
 # Read once: under torch.compile a call into the C++ module would be a graph break.
@@ -126,7 +127,8 @@ def _reuses(is_first_microbatch):
 def quantized_linear(x, weight, bias, cache, *, is_first_microbatch=None, fuse_wgrad_accumulation=False,
                      rows_gathered_over=None):
     """x W^T (+ bias) under the autocast scope's recipe: torch.nn.functional.linear outside an
-    enabled scope, else the quantized layer's forward (and its backward through autograd), the
+    enabled scope (with main_grad or a share of a gathered x for backward:
+    linear_high_precision.py), else the quantized layer's forward (and its backward through autograd), the
     weight's quantization from `cache` (a WeightCache); traced by torch.compile, the composed
     layer with the weight quantized in the graph (the module's docstring). rows_gathered_over: the
     group whose ranks' rows x stacks (TensorParallel.gathered_rows_group), or None; the layer then
@@ -136,6 +138,13 @@ def quantized_linear(x, weight, bias, cache, *, is_first_microbatch=None, fuse_w
     if plan is None:  # no enabled scope, or HighPrecision
         if not torch.compiler.is_compiling():
             cache.forget_unless_reused(is_first_microbatch)
+        # main_grad, or a share of a gathered x, for backward (linear_high_precision.py); traced
+        # with main_grad, eagerly (its in-place addition), as the quantized layer
+        special = fuse_wgrad_accumulation or rows_gathered_over is not None
+        if special and torch.is_grad_enabled() and weight.requires_grad:
+            run = _untraced_high_precision if fuse_wgrad_accumulation and torch.compiler.is_compiling() else \
+                HighPrecisionLinearFunction.apply
+            return run(x, weight, bias, fuse_wgrad_accumulation, rows_gathered_over)
         return torch.nn.functional.linear(x, weight, bias)
     devices = {x.device.type, weight.device.type}
     if devices not in ({"cpu"}, {"cuda"}):
@@ -170,6 +179,7 @@ def _eager_linear(x, weight, bias, plan, cache, is_first_microbatch, training, f
 # What a traced layer calls for what it cannot trace: a graph break on each side. (Eager calls
 # take _eager_linear itself: the wrapper costs host time.)
 _untraced_linear = torch.compiler.disable(_eager_linear)
+_untraced_high_precision = torch.compiler.disable(HighPrecisionLinearFunction.apply)
 
 
 def returned_bias(bias, x):
