@@ -492,32 +492,6 @@ def test_linear_on_cuda_frozen_weight_and_fused_wgrad_accumulation(recipe_name, 
     assert torch.equal(layer.weight.grad, want[0][1])
 
 
-def test_linear_on_cuda_outside_a_scope_adds_into_main_grad():
-    """High precision with fuse_wgrad_accumulation (TE's BF16 layers accumulate into main_grad):
-    dW added in fp32 into weight.main_grad, exact here (values on a coarse grid: every product and
-    sum is exact in fp32); y, dx and db torch's nn.Linear's, bit for bit."""
-    g = torch.Generator().manual_seed(12)
-    grid = lambda *size: (torch.randint(-8, 9, size, generator=g) / 8).bfloat16().cuda()  # noqa: E731
-    xs, dy = [grid(4, 64, 256) * s for s in (1, 2)], grid(4, 64, 512)
-    layer = mst.Linear(256, 512, fuse_wgrad_accumulation=True, params_dtype=torch.bfloat16, device="cuda")
-    plain = torch.nn.Linear(256, 512, dtype=torch.bfloat16, device="cuda")
-    with torch.no_grad():
-        layer.weight.copy_(grid(512, 256))
-        layer.bias.copy_(grid(512))
-    plain.load_state_dict(layer.state_dict())
-    layer.weight.main_grad = torch.zeros(512, 256, device="cuda")
-    want = torch.zeros(512, 256, dtype=torch.float64, device="cuda")
-    for x in xs:
-        xg, xp = x.clone().requires_grad_(), x.clone().requires_grad_()
-        y, y_plain = layer(xg), plain(xp)
-        y.backward(dy)
-        y_plain.backward(dy)
-        assert torch.equal(y, y_plain) and torch.equal(xg.grad, xp.grad)
-        want += dy.double().reshape(-1, 512).t() @ x.double().reshape(-1, 256)
-    assert torch.equal(layer.weight.main_grad, want.float()) and layer.weight.grad is None
-    assert torch.equal(layer.bias.grad, plain.bias.grad)
-
-
 # CUDA graphs: a quantize call with a seed tensor reads it as the kernel runs, and the Linear's
 # training step can be captured whole (its weight quantized inside the graph, its gradient's
 # stochastic rounding seeded inside it), as torch.cuda.graph and make_graphed_callables capture.

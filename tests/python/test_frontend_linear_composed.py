@@ -230,22 +230,25 @@ def test_linear_module_frozen_and_fused():
 
 
 @pytest.mark.parametrize("dims", [2, 3])
-def test_fuse_wgrad_accumulation_outside_a_scope_adds_into_main_grad(dims):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not (torch.cuda.is_available() and ms._C.cuda_built()), reason="needs a GPU and the CUDA backend"))])
+def test_fuse_wgrad_accumulation_outside_a_scope_adds_into_main_grad(dims, device):
     """In high precision too (TE's BF16 wgrad GEMM accumulates into main_grad): two micro-batches'
     dW added in fp32 into weight.main_grad, exact here (values on a coarse grid: every product and
-    sum is exact in fp32), weight.grad None; y, dx and db torch's nn.Linear's, bit for bit."""
+    sum is exact in fp32), weight.grad None; y, dx and db torch's nn.Linear's, bit for bit. (The
+    CUDA case runs in tests/gpu/run.sh.)"""
     g = torch.Generator().manual_seed(12)
     shape = (32, 96) if dims == 2 else (4, 8, 96)
-    grid = lambda *size: (torch.randint(-8, 9, size, generator=g) / 8).bfloat16()  # noqa: E731
+    grid = lambda *size: (torch.randint(-8, 9, size, generator=g) / 8).bfloat16().to(device)  # noqa: E731
     xs, dy = [grid(*shape) * s for s in (1, 2)], grid(*shape[:-1], 64)
-    layer = mst.Linear(96, 64, fuse_wgrad_accumulation=True, params_dtype=torch.bfloat16)
-    plain = torch.nn.Linear(96, 64, dtype=torch.bfloat16)
+    layer = mst.Linear(96, 64, fuse_wgrad_accumulation=True, params_dtype=torch.bfloat16, device=device)
+    plain = torch.nn.Linear(96, 64, dtype=torch.bfloat16, device=device)
     with torch.no_grad():
         layer.weight.copy_(grid(64, 96))
         layer.bias.copy_(grid(64))
     plain.load_state_dict(layer.state_dict())
-    layer.weight.main_grad = torch.zeros(64, 96)
-    want = torch.zeros(64, 96, dtype=torch.float64)
+    layer.weight.main_grad = torch.zeros(64, 96, device=device)
+    want = torch.zeros(64, 96, dtype=torch.float64, device=device)
     for x in xs:
         xg, xp = x.clone().requires_grad_(), x.clone().requires_grad_()
         y, y_plain = layer(xg), plain(xp)
