@@ -9,6 +9,7 @@
 // Both multiply exactly and add in fp32. The global scales and the epilogue are applied by the
 // caller (src/core/gemm.cpp).
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <array>
@@ -47,16 +48,16 @@ uint32_t to_bf16_row(const float* src, int64_t count, uint16_t* dst) {
 }
 
 /// dst [rows, width] = the operand's panel as bf16 bits, each row dequantized into a small fp32
-/// buffer (in L1) and converted there: one pass over the panel's memory. Returns whether every
-/// value passed to_bf16_row's test (dst is then complete, else unusable).
+/// buffer of its thread's (in L1) and converted there: one pass over the panel's memory. Returns
+/// whether every value passed to_bf16_row's test (dst is then complete, else unusable).
 bool bf16_panel(const OperandReader& reader, int64_t l, int64_t k0, int64_t width, uint16_t* dst) {
+  // One row buffer per OpenMP thread, sized here: nothing in the parallel region allocates.
+  thread_local std::vector<float> rows;
+  const auto threads = static_cast<size_t>(omp_get_max_threads());
+  rows.resize(std::max(rows.size(), threads * static_cast<size_t>(width)));
+  float* buffers = rows.data();
   return reader.panel_rows(
-             l, k0, width,
-             [width](int64_t) {
-               thread_local std::vector<float> row;  // per OpenMP thread
-               row.resize(std::max(row.size(), static_cast<size_t>(width)));
-               return row.data();
-             },
+             l, k0, width, [buffers, width](int64_t) { return buffers + omp_get_thread_num() * width; },
              [dst, width](int64_t r, const float* row) {
                return to_bf16_row(row, width, dst + r * width);
              }) == 0;

@@ -4,6 +4,8 @@ the composition must give the C++ linear_forward / linear_backward's results bit
 emulation the CPU GEMM's within the fp32 accumulation bound. tests/gpu/test_frontend_cuda.py
 runs both on CUDA."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -261,6 +263,37 @@ def test_fuse_wgrad_accumulation_outside_a_scope_adds_into_main_grad(dims, devic
     layer.weight.grad_added_to_main_grad = False  # Megatron-LM's attribute: a placeholder weight.grad
     layer(xs[0]).sum().backward()
     assert layer.weight.grad_added_to_main_grad and layer.weight.grad.shape == layer.weight.shape
+
+
+@pytest.mark.parametrize("layout", ["2-D", "3-D", "column-major", "broadcast", "torch.autocast"])
+def test_high_precision_linear_with_main_grad_is_torchs_linear(layout):
+    """The high-precision layer with main_grad against torch's nn.Linear on random data (sums that
+    round): y, dx and db bit for bit, for the layouts whose gradients torch computes as the
+    layer does (a column-major x takes the other form of dx), and under torch.autocast (the
+    operands cast to bf16, the gradients cast back)."""
+    torch.manual_seed(13)
+    layer = mst.Linear(96, 64, fuse_wgrad_accumulation=True)
+    plain = torch.nn.Linear(96, 64)
+    plain.load_state_dict(layer.state_dict())
+    layer.weight.main_grad = torch.zeros(64, 96)
+    x = {"2-D": lambda: torch.randn(32, 96), "3-D": lambda: torch.randn(4, 8, 96),
+         "column-major": lambda: torch.randn(96, 32).t(), "broadcast": lambda: torch.randn(1, 96).expand(32, 96),
+         "torch.autocast": lambda: torch.randn(32, 96)}[layout]()
+    dy = torch.randn(*x.shape[:-1], 64)
+    scope = torch.autocast("cpu", dtype=torch.bfloat16) if layout == "torch.autocast" else contextlib.nullcontext()
+    results = []
+    for run in (layer, plain):
+        xg = x.detach().clone() if layout != "column-major" else x.detach().t().clone().t()
+        xg = x if layout == "broadcast" else xg.requires_grad_()
+        with scope:
+            y = run(xg)
+        y.backward(dy.to(y.dtype))
+        results.append((y, xg.grad, run.bias.grad))
+    for name, got, want in zip(("y", "dx", "db"), *results):
+        assert (got is None and want is None) or torch.equal(got, want), name
+    want_dw = dy.reshape(-1, 64).t().double() @ x.reshape(-1, 96).double()
+    tolerance = 2.0**-6 if layout == "torch.autocast" else 1e-5  # bf16 operands under autocast
+    assert torch.allclose(layer.weight.main_grad.double(), want_dw, atol=tolerance * want_dw.abs().max())
 
 
 @pytest.mark.parametrize("recipe_name", ["nvfp4", "mxfp8", "nvfp4_backward_high_precision"])

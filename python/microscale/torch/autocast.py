@@ -53,9 +53,8 @@ def autocast(enabled=True, calibrating=False, recipe=None, amax_reduction_group=
     scope runs its block in high precision, even inside an enabled one.
 
     The arguments are TransformerEngine's (``transformer_engine.pytorch.autocast``), in its order.
-    ``calibrating`` (its statistics collection for delayed scaling) and ``amax_reduction_group``
-    (its tensor-parallel modules' amax reduction) are not supported: setting them is an error.
-    ``_graph`` (TransformerEngine's flag for CUDA-graph capture) has no effect: the layers find out
+    ``calibrating`` (its statistics collection for delayed scaling) is not supported: setting it
+    is an error. ``_graph`` (TransformerEngine's flag for CUDA-graph capture) has no effect: the layers find out
     themselves whether the stream is being captured. ``amax_reduction_group`` (TransformerEngine's
     group for reducing delayed scaling's amaxes at the end of a step; Megatron-LM passes it) is
     taken and needs nothing here: these recipes scale each tensor from its own amax, and a

@@ -236,7 +236,8 @@ def dense_product(a, b, out_dtype, accumulate_into=None):
     out_dtype (or, with accumulate_into, an fp32 [M, N] that receives += the fp32 product). On the
     CPU the library's GEMM (the C++ layer's, bit for bit); on CUDA torch's cuBLAS GEMM, on the
     tensor cores where a and b share a 16-bit dtype (their products are exact in fp32), else in fp32."""
-    if a.device.type != "cuda":
+    if a.device.type != "cuda":  # the library's GEMM takes no zero strides (a broadcast operand)
+        a, b = _without_zero_strides(a), _without_zero_strides(b)
         if accumulate_into is not None:
             return gemm(a, b.t(), beta=1.0, c=accumulate_into, out=accumulate_into)
         return gemm(a, b.t(), out_dtype=out_dtype)

@@ -181,7 +181,7 @@ def own_share(saved, group):
     """What a column-parallel layer under sequence parallelism keeps for backward of its gathered
     input x [M, K]: a tp_size-th, as TransformerEngine keeps (its rank's rows). saved is x itself or
     its quantization (ops.QuantizedTensor); each of its tensors is cut into tp_size equal pieces of
-    its bytes in memory order (for x, the ranks' rows) and this rank keeps its piece, in memory of
+    its values in row-major order (for x, the ranks' rows) and this rank keeps its piece, in memory of
     its own (a view would keep the whole alive). The whole was quantized at once, so any equal cut
     gathers back to the same bytes, whatever the layout. Returns (kept, shapes): shapes, the whole
     tensors' shapes for gather_shares, or None where saved is kept whole (a tensor whose size does
