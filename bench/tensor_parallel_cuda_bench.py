@@ -9,7 +9,9 @@ runs it (host cost included), as the median over runs of back-to-back steps; ran
 printed (the ranks wait on each other in every collective).
 
   torch BF16        microscale.torch.Linear outside an autocast scope: torch.nn.functional.linear
-                    (cuBLAS BF16), with microscale's collectives (the same as the rows below)
+                    (cuBLAS BF16), with microscale's collectives (the same as the rows below); the
+                    column-parallel layer keeps half of its gathered input for backward, as TE's
+                    BF16 layers keep their rank's rows (gathered again in backward)
   microscale NVFP4  the same layers under NVFP4BlockScaling() (the weight quantized every step)
   microscale MXFP8  under MXFP8BlockScaling()
 

@@ -114,9 +114,10 @@ elif cmake -S "$ROOT" -B "$PYBUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMICROS
      -DMICROSCALE_BUILD_TESTS=OFF -DMICROSCALE_BUILD_BENCH=OFF -DMICROSCALE_BUILD_PROGRAMS=OFF \
      -DPython_EXECUTABLE="$(command -v python3)" > "$OUTDIR/python_build.log" 2>&1 &&
    cmake --build "$PYBUILD" -j "$JOBS" --target _C >> "$OUTDIR/python_build.log" 2>&1; then
-  # (and the CUDA case of a frontend test that lives beside its CPU twin)
+  # (and the CUDA cases of two frontend tests that live beside their CPU twins)
   PYTHONPATH="$PYBUILD/python" timeout 600 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_frontend_cuda.py \
     "tests/python/test_frontend_linear_composed.py::test_fuse_wgrad_accumulation_outside_a_scope_adds_into_main_grad" \
+    "tests/python/test_frontend_linear_composed.py::test_high_precision_linear_with_main_grad_is_torchs_linear" \
     > "$OUTDIR/python_frontend.log" 2>&1; rc=$?
   tail -3 "$OUTDIR/python_frontend.log"
   summary "python frontend (CUDA): rc=$rc; $(tail -1 "$OUTDIR/python_frontend.log")"

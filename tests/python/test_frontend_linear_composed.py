@@ -231,9 +231,13 @@ def test_linear_module_frozen_and_fused():
     assert xg.grad is not None and torch.equal(layer.weight.main_grad, before)
 
 
+# CPU, and CUDA where there is a GPU (tests/gpu/run.sh runs the CUDA cases of the two tests below)
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not (torch.cuda.is_available() and ms._C.cuda_built()), reason="needs a GPU and the CUDA backend"))]
+
+
 @pytest.mark.parametrize("dims", [2, 3])
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not (torch.cuda.is_available() and ms._C.cuda_built()), reason="needs a GPU and the CUDA backend"))])
+@pytest.mark.parametrize("device", DEVICES)
 def test_fuse_wgrad_accumulation_outside_a_scope_adds_into_main_grad(dims, device):
     """In high precision too (TE's BF16 wgrad GEMM accumulates into main_grad): two micro-batches'
     dW added in fp32 into weight.main_grad, exact here (values on a coarse grid: every product and
@@ -266,21 +270,23 @@ def test_fuse_wgrad_accumulation_outside_a_scope_adds_into_main_grad(dims, devic
 
 
 @pytest.mark.parametrize("layout", ["2-D", "3-D", "column-major", "broadcast", "torch.autocast"])
-def test_high_precision_linear_with_main_grad_is_torchs_linear(layout):
+@pytest.mark.parametrize("device", DEVICES)
+def test_high_precision_linear_with_main_grad_is_torchs_linear(layout, device):
     """The high-precision layer with main_grad against torch's nn.Linear on random data (sums that
     round): y, dx and db bit for bit, for the layouts whose gradients torch computes as the
-    layer does (a column-major x takes the other form of dx), and under torch.autocast (the
-    operands cast to bf16, the gradients cast back)."""
+    layer does (a column-major x takes the other form of dx; on this CPU both forms give the same
+    bits, on CUDA they may not), and under torch.autocast (the operands cast to bf16, the
+    gradients cast back)."""
     torch.manual_seed(13)
-    layer = mst.Linear(96, 64, fuse_wgrad_accumulation=True)
-    plain = torch.nn.Linear(96, 64)
+    layer = mst.Linear(96, 64, fuse_wgrad_accumulation=True, device=device)
+    plain = torch.nn.Linear(96, 64, device=device)
     plain.load_state_dict(layer.state_dict())
-    layer.weight.main_grad = torch.zeros(64, 96)
+    layer.weight.main_grad = torch.zeros(64, 96, device=device)
     x = {"2-D": lambda: torch.randn(32, 96), "3-D": lambda: torch.randn(4, 8, 96),
          "column-major": lambda: torch.randn(96, 32).t(), "broadcast": lambda: torch.randn(1, 96).expand(32, 96),
-         "torch.autocast": lambda: torch.randn(32, 96)}[layout]()
-    dy = torch.randn(*x.shape[:-1], 64)
-    scope = torch.autocast("cpu", dtype=torch.bfloat16) if layout == "torch.autocast" else contextlib.nullcontext()
+         "torch.autocast": lambda: torch.randn(32, 96)}[layout]().to(device)
+    dy = torch.randn(*x.shape[:-1], 64).to(device)
+    scope = torch.autocast(device, dtype=torch.bfloat16) if layout == "torch.autocast" else contextlib.nullcontext()
     results = []
     for run in (layer, plain):
         xg = x.detach().clone() if layout != "column-major" else x.detach().t().clone().t()

@@ -310,7 +310,7 @@ def _check_layernorm_mlp(rank, recipe_name, activation, sequence_parallel):
     _equal("fc2 dW", mlp.fc2_weight.grad, fc2.weight.grad)
 
 
-def _check_compiled(rank):
+def _check_compiled(rank, recipe_name=None):
     """A column-parallel then a row-parallel Linear traced whole by torch.compile (fullgraph=True:
     the collectives are torch's functional ones in the graph), the results eager's. (MXFP8 on
     CUDA: there a compiled NVFP4 step draws its rounding seeds from the CUDA generator, an eager one
@@ -327,7 +327,7 @@ def _check_compiled(rank):
     results = []
     for run in (model, compiled):
         x_in = _leaf(x_local)
-        y = _step(run, x_in, dy_local, "mxfp8" if DEVICE == "cuda" else "nvfp4")
+        y = _step(run, x_in, dy_local, recipe_name or ("mxfp8" if DEVICE == "cuda" else "nvfp4"))
         results.append([y, x_in.grad] + [p.grad.clone() for p in model.parameters()])
         model.zero_grad()
     for name, got, expected in zip(["y", "dx", "W1", "b1", "W2", "b2"], results[1], results[0]):
@@ -460,8 +460,9 @@ def test_layernorm_mlp_is_column_then_row_parallel(tmp_path, recipe_name, activa
     _spawn(tmp_path, _check_layernorm_mlp, recipe_name, activation, sequence_parallel)
 
 
-def test_compiled_layers_equal_eager(tmp_path):
-    _spawn(tmp_path, _check_compiled)
+@pytest.mark.parametrize("recipe_name", [None, "high_precision"])  # None: NVFP4 (MXFP8 on CUDA)
+def test_compiled_layers_equal_eager(tmp_path, recipe_name):
+    _spawn(tmp_path, _check_compiled, recipe_name)
 
 
 def test_shares_of_backward_operands(tmp_path):
