@@ -85,9 +85,9 @@ class WeightCache:
         self.quantized = None  # a torch-level QuantizedTensor (CUDA) or the C++ one (CPU)
         self.quantizations = 0  # how many times the weight was quantized (the cache's tests)
 
-    def get(self, weight, plan, is_first_microbatch, composed=False):
+    def get(self, weight, plan, is_first_microbatch, composed):
         """The weight quantized under `plan` (a LinearPlan; both usages): a torch-level
-        QuantizedTensor for the composed layer (CUDA tensors, or `composed`), the C++ one for the
+        QuantizedTensor for the composed layer (`composed`; every CUDA layer), the C++ one for the
         C++ layer. is_first_microbatch: see the class."""
         if weight.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             # Captured into a CUDA graph: the weight is quantized inside the graph, so that each replay
@@ -97,7 +97,6 @@ class WeightCache:
             self.forget_unless_reused(is_first_microbatch)
             self.quantizations += 1
             return quantize_for(weight.detach(), plan.weight)
-        composed = composed or weight.device.type == "cuda"
         key = (tuple(weight.shape), weight.dtype, weight.device, plan, composed)
         if _reuses(is_first_microbatch) and key == self.key:
             return self.quantized
@@ -166,7 +165,7 @@ def quantized_linear(x, weight, bias, cache, *, is_first_microbatch=None, fuse_w
 def _eager_linear(x, weight, bias, plan, cache, is_first_microbatch, training, fuse_wgrad_accumulation,
                   rows_gathered_over):
     """The layer run eagerly: the C++ layer on CPU tensors, the composed one on CUDA tensors and
-    where only this rank's rows are kept (rows_gathered_over), the weight's quantization from the
+    where a share of a gathered x is kept (rows_gathered_over), the weight's quantization from the
     cache."""
     composed = x.device.type == "cuda" or rows_gathered_over is not None
     quantized_weight = cache.get(weight, plan, is_first_microbatch, composed=composed)

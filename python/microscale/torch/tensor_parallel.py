@@ -17,8 +17,8 @@ where TransformerEngine quantizes each rank's rows with the amax all-reduced ove
 gathers the quantized data, this gives the same bytes (a block never straddles two ranks' rows when
 each rank's row count is a multiple of the block, which the recipes require), at the cost of
 gathering 16-bit values instead of 4- or 8-bit ones. What the layer keeps of that gathered input
-for its backward is, as in TransformerEngine, this rank's rows alone (own_share), gathered again
-when backward needs them (gather_shares): the quantized bytes, not 16-bit values."""
+for its backward is a tp_size-th of it (own_share), as TransformerEngine keeps its rank's rows,
+gathered again when backward needs it (gather_shares): the quantized bytes, not 16-bit values."""
 
 import dataclasses
 
