@@ -24,6 +24,9 @@ struct Args {
   std::optional<std::string> scale_mode;
   bool rht = false, rowwise = false, columnwise = false, swizzle = false;
   std::optional<std::string> sr_seed;  // parsed by parse_seed (CLI11 wraps negatives and overflows)
+  std::optional<std::string> four_over_six;
+  bool four_over_six_scaled_error = false;
+  int e4m3_max = 448;
   int threads = 0;
 };
 
@@ -53,6 +56,12 @@ QuantizeOptions to_options(const Args& a) {
   o.scale_layout = a.swizzle ? ScaleLayout::Swizzled : ScaleLayout::Compact;
   if (a.sr_seed) o.stochastic_rounding = StochasticRounding{parse_seed(*a.sr_seed), 0};
   o.num_threads = a.threads;
+  if (a.four_over_six) {
+    if (is_mx(o.scheme)) throw Error("--4over6 applies to nvfp4 only");
+    o.four_over_six = parse_four_over_six(*a.four_over_six);
+  }
+  o.four_over_six_scaled_error = a.four_over_six_scaled_error;
+  o.nvfp4_e4m3_max = a.e4m3_max;
   return o;
 }
 
@@ -133,6 +142,10 @@ void run(const Args& a) {
     metadata["microscale.rht"] = options.rht && options.columnwise ? "true" : "false";  // as applied
     if (options.stochastic_rounding)
       metadata["microscale.sr_seed"] = std::to_string(options.stochastic_rounding->seed);
+    // Readers need the bound: the amaxes' S_enc is 6 * nvfp4_e4m3_max / amax.
+    metadata["microscale.nvfp4_e4m3_max"] = std::to_string(options.nvfp4_e4m3_max);
+    if (options.four_over_six != FourOverSix::Off)
+      metadata["microscale.four_over_six"] = std::string(four_over_six_name(options.four_over_six));
   }
   write_safetensors(a.output, out, metadata);
   std::printf("wrote %zu tensors to %s\n", out.size(), a.output.c_str());
@@ -162,6 +175,14 @@ void add_quantize_tensors_command(CLI::App& app) {
                 "write scales in the cuBLAS 128x4 swizzled layout (default compact)");
   cmd->add_option("--sr-seed", args->sr_seed,
                   "nvfp4: stochastic rounding with this Philox seed (0 to 2^64 - 1)");
+  cmd->add_option("--4over6", args->four_over_six,
+                  "nvfp4: per block, the better of the usual scale and 1.5 times it (TransformerEngine's "
+                  "nvfp4_4over6), by the error mae | mse");
+  cmd->add_flag("--4over6-scaled-error", args->four_over_six_scaled_error,
+                "nvfp4 --4over6: measure the error in the scaled domain (TE's ..._ERR_USE_FAST_MATH)");
+  cmd->add_option("--e4m3-max", args->e4m3_max,
+                  "nvfp4: E4M3 bound of the global scale, 448 (default) or 256 (TE's 4over6 default; needs "
+                  "--4over6)");
   add_threads_option(cmd, args->threads);
   cmd->callback([args] { run(*args); });
 }

@@ -9,7 +9,8 @@
 // each block (code * block scale is exact in fp32) and fp32 accumulation; for two NVFP4 operands
 // with amaxes, alpha is multiplied by amax_a * amax_b * RN(1 / (6*6*448*448)) in fp32, left to
 // right, as TransformerEngine's cuBLASLt call does (numerics-te.md §6); with one NVFP4 operand
-// (mixed with a dense one), by amax * RN(1 / 2688).
+// (mixed with a dense one), by amax * RN(1 / 2688). An operand quantized with 4over6's bound of
+// 256 puts 256 in place of its 448, as TE does.
 //
 // Which stored data a Linear GEMM reads follows TransformerEngine's layout strings:
 // te_gemm_operands(A, B, "TN" | "NN" | "NT") gives the operands of D = op(B) op(A)^T, taking a
@@ -42,6 +43,8 @@ struct GemmOperand {
   /// NVFP4 global amax (the tensor's S_enc = 2688 / amax); absent = no global scale (e.g. the
   /// GPU MODE interface, whose scales carry everything).
   std::optional<float> amax;
+  /// NVFP4 E4M3 bound of that global scale: S_enc = 6 * nvfp4_e4m3_max / amax (256 for 4over6's).
+  int nvfp4_e4m3_max = 448;
   /// MX columnwise outputs are stored untransposed: data [K, rows] (FP4: [K, rows/2]) with compact
   /// scales [K/block, rows]. Swizzled scales are always those of the logical [rows, K/block].
   bool stored_transposed = false;

@@ -11,6 +11,8 @@
 //   columnwise_*      the same for X^T ([K, M/2], [K, M/16]); with rht, of RHT(X^T) rounded to bf16,
 //                     and columnwise_amax = max|RHT(X^T)|
 //   Tile::k16x16 shares one scale per 16x16 tile (weights); rows/columns of a tile repeat it.
+//   4over6 (TE's nvfp4_4over6): each block keeps the better of two encodings, and S_enc may be
+//                     1536 / amax (nvfp4_e4m3_max = 256); see FourOverSix.
 // MX (torchao main to_mx numerics, OCP MX v1.0 blocks of 32; numerics-mx.md §3-5):
 //   rowwise_data      u8  [M, K]     one code per byte (FP8, FP6 in the low 6 bits), FP4: [M, K/2]
 //   rowwise_scale     u8  [M, K/32]  E8M0 exponents (compact) or swizzled
@@ -50,6 +52,20 @@ enum class ScaleMode : uint8_t {
 /// @brief NVFP4 scale-block shape.
 enum class Tile : uint8_t { k1x16, k16x16 };
 
+/// @brief NVFP4 "4over6" adaptive block scaling (TransformerEngine's `nvfp4_4over6`).
+///
+/// Each block is encoded twice: "map to 6", the usual scale (block amax / 6 * S_enc), and "map to
+/// 4", that scale times 1.5, so that the block's largest elements land on E2M1's 4 instead of 6,
+/// where the grid is finer relative to them. Each candidate is dequantized again and its error
+/// against the input summed over the block (16x16 tiles: the tile's 16 rows, added as a tree),
+/// and the block keeps the candidate with the smaller error; a tie keeps map to 6. Not with the
+/// RHT or stochastic rounding (TE has neither for 4over6).
+enum class FourOverSix : uint8_t {
+  Off,
+  MinMae,  ///< smaller sum of |dequantized - x|
+  MinMse,  ///< smaller sum of (dequantized - x)^2
+};
+
 /// @brief Where scales go: compact [rows, blocks] or the cuBLAS 128x4 swizzled layout.
 enum class ScaleLayout : uint8_t { Compact, Swizzled };
 
@@ -83,8 +99,15 @@ struct QuantizeOptions {
   bool rht = false;                                       ///< NVFP4 columnwise only, bf16 input only
   uint16_t rht_sign_mask = 0xD7E8;                        ///< bit i set: sign of Hadamard row i is negative
   std::optional<StochasticRounding> stochastic_rounding;  ///< NVFP4 only
-  std::optional<float> amax_rowwise;     ///< NVFP4: use this amax (e.g. all-reduced over a TP group)
-  std::optional<float> amax_columnwise;  ///< NVFP4: the same for the columnwise (post-RHT) amax
+  std::optional<float> amax_rowwise;             ///< NVFP4: use this amax (e.g. all-reduced over a TP group)
+  std::optional<float> amax_columnwise;          ///< NVFP4: the same for the columnwise (post-RHT) amax
+  FourOverSix four_over_six = FourOverSix::Off;  ///< NVFP4 only
+  /// 4over6's error in the scaled domain, TE's NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH: code * scale
+  /// against x * S_enc, where the default compares code * scale * amax / (6 * nvfp4_e4m3_max) with x.
+  bool four_over_six_scaled_error = false;
+  /// NVFP4 E4M3 bound in the global scale, S_enc = 6 * nvfp4_e4m3_max / amax: 448, or 256 with
+  /// 4over6 (TE's nvfp4_4over6_e4m3_use_256), which keeps map to 4's 1.5x scales below 448.
+  int nvfp4_e4m3_max = 448;
   ScaleLayout scale_layout = ScaleLayout::Compact;
   int num_threads = 0;  ///< CPU fast path: 0 = all hardware threads; at most kMaxThreads
 };
@@ -102,6 +125,7 @@ struct QuantizedTensor {
   Tensor columnwise_data, columnwise_scale;
   float rowwise_amax = 0.0f;     ///< NVFP4 only
   float columnwise_amax = 0.0f;  ///< NVFP4 only
+  int nvfp4_e4m3_max = 448;      ///< NVFP4 only: S_enc = 6 * nvfp4_e4m3_max / amax (448 or 256)
 
   bool has(Usage usage) const;
 };
@@ -135,6 +159,9 @@ ScaleMode parse_scale_mode(std::string_view name);
 /// @brief "1x16", "16x16" and back. The parsers take any ASCII case.
 std::string_view tile_name(Tile tile);
 Tile parse_tile(std::string_view name);
+/// @brief "off", "mae", "mse" and back (TE's nvfp4_4over6_err_mode spells them MAE and MSE).
+std::string_view four_over_six_name(FourOverSix mode);
+FourOverSix parse_four_over_six(std::string_view name);
 
 /// @brief Quantizes with the fast CPU path (threads + SIMD); equal bit for bit to quantize_ref.
 QuantizedTensor quantize(const TensorView& input, const QuantizeOptions& options);
@@ -153,7 +180,8 @@ QuantizedTensor quantize_ref(const TensorView& input, const QuantizeOptions& opt
 /// Rowwise gives [M, K]. Columnwise gives, for NVFP4, X^T [K, M] (RHT(X^T) if rht was on), and for
 /// MX the non-transposed [M, K]. The result is reshaped to the original shape when it is [M, K].
 /// MX: code * 2^(e-127) (NaN when e = 0xFF), exact in fp32, rounded once to the output dtype.
-/// NVFP4: code * RN(scale_e4m3 * RN(1 / S_enc)) in fp32, then rounded to the output dtype.
+/// NVFP4: code * RN(scale_e4m3 * RN(1 / S_enc)) in fp32, then rounded to the output dtype
+/// (S_enc = 6 * q.nvfp4_e4m3_max / amax).
 Tensor dequantize(const QuantizedTensor& q, Usage usage, DType out_dtype = DType::F32);
 
 }  // namespace microscale

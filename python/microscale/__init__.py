@@ -31,6 +31,9 @@ def quantize(
     amax_columnwise=None,
     swizzle=False,
     num_threads=0,
+    four_over_six="off",
+    four_over_six_scaled_error=False,
+    nvfp4_e4m3_max=448,
     reference=False,
 ):
     """Quantizes a CPU array (float32, float16 or, through DLPack, bfloat16; N-D, any strides that
@@ -39,7 +42,11 @@ def quantize(
     Names and defaults are the CLI's (``microscale quantize-tensors``): ``scheme`` is one of nvfp4,
     mxfp8_e4m3, mxfp8_e5m2, mxfp6_e2m3, mxfp6_e3m2, mxfp4; ``scale_mode`` (MX) floor, ceil, even or
     rceil; ``tile`` (NVFP4) 1x16 or 16x16; ``rht`` (NVFP4, bf16 input) the 16-point random
-    Hadamard transform on the columnwise output; ``sr_seed`` turns on NVFP4 stochastic rounding.
+    Hadamard transform on the columnwise output; ``sr_seed`` turns on NVFP4 stochastic rounding;
+    ``four_over_six`` (NVFP4) ``"mae"`` or ``"mse"`` keeps, per block, the better of the usual
+    encoding and one scaled by 1.5 (TransformerEngine's nvfp4_4over6, docs/formats.md), with
+    ``nvfp4_e4m3_max=256`` for TE's default bound and ``four_over_six_scaled_error`` for its
+    NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH error.
     ``reference=True`` runs the plain-loop reference path (the same bytes, slowly).
     ``scale_mode`` defaults to rceil, TransformerEngine's MXFP8 choice (torchao's to_mx defaults
     to floor). Returns a QuantizedTensor whose arrays share its memory.
@@ -57,6 +64,9 @@ def quantize(
         amax_columnwise=amax_columnwise,
         swizzle=swizzle,
         num_threads=num_threads,
+        four_over_six=four_over_six,
+        four_over_six_scaled_error=four_over_six_scaled_error,
+        nvfp4_e4m3_max=nvfp4_e4m3_max,
     )
     return _C.quantize(x, options, reference)
 

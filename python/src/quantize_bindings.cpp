@@ -20,7 +20,8 @@ QuantizeOptions make_options(const std::string& scheme, bool rowwise, bool colum
                              const std::string& scale_mode, const std::string& tile, bool rht,
                              std::optional<uint64_t> sr_seed, uint64_t sr_offset,
                              std::optional<float> amax_rowwise, std::optional<float> amax_columnwise,
-                             bool swizzle, int num_threads) {
+                             bool swizzle, int num_threads, const std::string& four_over_six,
+                             bool four_over_six_scaled_error, int nvfp4_e4m3_max) {
   QuantizeOptions o;
   o.scheme = parse_scheme(scheme);
   o.rowwise = rowwise;
@@ -33,6 +34,9 @@ QuantizeOptions make_options(const std::string& scheme, bool rowwise, bool colum
   o.amax_columnwise = amax_columnwise;
   o.scale_layout = swizzle ? ScaleLayout::Swizzled : ScaleLayout::Compact;
   o.num_threads = num_threads;
+  o.four_over_six = parse_four_over_six(four_over_six);
+  o.four_over_six_scaled_error = four_over_six_scaled_error;
+  o.nvfp4_e4m3_max = nvfp4_e4m3_max;
   return o;
 }
 
@@ -61,6 +65,7 @@ QuantizedTensor quantized_from_arrays(const std::vector<int64_t>& shape, const Q
   q.scheme = options.scheme;
   q.tile = options.tile;
   q.rht = options.rht;
+  q.nvfp4_e4m3_max = options.nvfp4_e4m3_max;
   q.scale_layout = options.scale_layout;
   q.shape = shape;
   q.rows = s.rows;
@@ -96,7 +101,8 @@ void bind_quantize(nb::module_& m) {
            nb::arg("columnwise") = false, nb::arg("scale_mode") = "rceil", nb::arg("tile") = "1x16",
            nb::arg("rht") = false, nb::arg("sr_seed") = nb::none(), nb::arg("sr_offset") = 0,
            nb::arg("amax_rowwise") = nb::none(), nb::arg("amax_columnwise") = nb::none(),
-           nb::arg("swizzle") = false, nb::arg("num_threads") = 0)
+           nb::arg("swizzle") = false, nb::arg("num_threads") = 0, nb::arg("four_over_six") = "off",
+           nb::arg("four_over_six_scaled_error") = false, nb::arg("nvfp4_e4m3_max") = 448)
       .def_prop_ro("scheme", [](const QuantizeOptions& o) { return std::string(scheme_name(o.scheme)); })
       .def_ro("rowwise", &QuantizeOptions::rowwise)
       .def_ro("columnwise", &QuantizeOptions::columnwise)
@@ -104,6 +110,10 @@ void bind_quantize(nb::module_& m) {
                    [](const QuantizeOptions& o) { return std::string(scale_mode_name(o.scale_mode)); })
       .def_prop_ro("tile", [](const QuantizeOptions& o) { return std::string(tile_name(o.tile)); })
       .def_ro("rht", &QuantizeOptions::rht)
+      .def_prop_ro("four_over_six",
+                   [](const QuantizeOptions& o) { return std::string(four_over_six_name(o.four_over_six)); })
+      .def_ro("four_over_six_scaled_error", &QuantizeOptions::four_over_six_scaled_error)
+      .def_ro("nvfp4_e4m3_max", &QuantizeOptions::nvfp4_e4m3_max)
       .def_prop_ro("sr_seed",
                    [](const QuantizeOptions& o) -> std::optional<uint64_t> {
                      if (!o.stochastic_rounding) return std::nullopt;
@@ -117,6 +127,7 @@ void bind_quantize(nb::module_& m) {
       .def_prop_ro("scheme", [](const QuantizedTensor& q) { return std::string(scheme_name(q.scheme)); })
       .def_prop_ro("tile", [](const QuantizedTensor& q) { return std::string(tile_name(q.tile)); })
       .def_ro("rht", &QuantizedTensor::rht)
+      .def_ro("nvfp4_e4m3_max", &QuantizedTensor::nvfp4_e4m3_max)
       .def_prop_ro("swizzle",
                    [](const QuantizedTensor& q) { return q.scale_layout == ScaleLayout::Swizzled; })
       .def_ro("shape", &QuantizedTensor::shape)

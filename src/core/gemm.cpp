@@ -12,6 +12,7 @@
 #include "core/operand_access.hpp"
 #include "core/quantize_checks.hpp"
 #include "core/require.hpp"
+#include "core/scale_math.hpp"
 #include "core/view_extent.hpp"
 #include "cpu/gemm_kernels.hpp"
 #include "microscale/error.hpp"
@@ -78,6 +79,8 @@ std::array<int64_t, 3> check_operand(const GemmOperand& op, const char* name) {
   if (op.amax) {
     require(op.scheme == Scheme::NVFP4, who + ": only NVFP4 operands carry an amax");
     require(std::isfinite(*op.amax) && *op.amax >= 0.0f, who + ": amax must be finite and >= 0");
+    require(op.nvfp4_e4m3_max == 448 || op.nvfp4_e4m3_max == 256,
+            who + ": nvfp4_e4m3_max must be 448 or 256, got " + std::to_string(op.nvfp4_e4m3_max));
   }
   return {rows, k, batches};
 }
@@ -115,7 +118,10 @@ GemmOperand GemmOperand::from(const QuantizedTensor& q, Usage usage) {
   op.data = data.view();
   op.scales = scales.view();
   op.scale_layout = q.scale_layout;
-  if (q.scheme == Scheme::NVFP4) op.amax = usage == Usage::Rowwise ? q.rowwise_amax : q.columnwise_amax;
+  if (q.scheme == Scheme::NVFP4) {
+    op.amax = usage == Usage::Rowwise ? q.rowwise_amax : q.columnwise_amax;
+    op.nvfp4_e4m3_max = q.nvfp4_e4m3_max;
+  }
   op.stored_transposed = usage == Usage::Columnwise && is_mx(q.scheme);
   return op;
 }
@@ -169,13 +175,14 @@ void gemm_into(const GemmOperand& a, const GemmOperand& b, const GemmProblem& p,
     require(p.bias->is_contiguous(), "bias must be contiguous");
   }
 
-  // Global scales: TE's alpha for two NVFP4 operands, amax * RN(1/2688) for one.
+  // Global scales: TE's alpha for two NVFP4 operands, amax * RN(1/2688) for one (scale_math.hpp).
   float alpha = p.alpha;
   const bool a_global = a.quantized && a.amax.has_value(), b_global = b.quantized && b.amax.has_value();
   if (a_global && b_global) {
-    alpha = ((alpha * *a.amax) * *b.amax) * (1.0f / 7225344.0f);  // 7225344 = 6 * 6 * 448 * 448
+    alpha = nvfp4_gemm_alpha(alpha, *a.amax, a.nvfp4_e4m3_max, *b.amax, b.nvfp4_e4m3_max);
   } else if (a_global || b_global) {
-    alpha = (alpha * (a_global ? *a.amax : *b.amax)) * (1.0f / 2688.0f);
+    alpha = a_global ? nvfp4_gemm_alpha(alpha, *a.amax, a.nvfp4_e4m3_max)
+                     : nvfp4_gemm_alpha(alpha, *b.amax, b.nvfp4_e4m3_max);
   }
 
   thread_local std::vector<float> acc;  // (L, M, N) fp32; kept across calls, every entry is overwritten

@@ -94,9 +94,25 @@ void validate_quantize(const InputMatrix& x, const QuantizeOptions& o) {
     for (const auto& amax : {o.amax_rowwise, o.amax_columnwise}) {
       if (amax) require(std::isfinite(*amax) && *amax >= 0.0f, "an amax override must be finite and >= 0");
     }
+    const bool four_over_six = o.four_over_six != FourOverSix::Off;
+    require(o.four_over_six == FourOverSix::Off || o.four_over_six == FourOverSix::MinMae ||
+                o.four_over_six == FourOverSix::MinMse,
+            "unknown 4over6 error mode id " + std::to_string(static_cast<int>(o.four_over_six)));
+    require(o.nvfp4_e4m3_max == 448 || (four_over_six && o.nvfp4_e4m3_max == 256),
+            "nvfp4_e4m3_max must be 448, or 256 with 4over6 (as in TransformerEngine); got " +
+                std::to_string(o.nvfp4_e4m3_max));
+    require(four_over_six || !o.four_over_six_scaled_error,
+            "four_over_six_scaled_error applies to 4over6 only");
+    if (four_over_six) {
+      require(!o.rht, "4over6 does not take the RHT (TransformerEngine has no 4over6 with RHT)");
+      require(!o.stochastic_rounding, "4over6 rounds to nearest; it does not take stochastic rounding");
+    }
   } else {
     require(o.tile == Tile::k1x16, name + " has 32-element blocks; tile applies to nvfp4 only");
     require(!o.rht, "RHT applies to nvfp4 only");
+    require(o.four_over_six == FourOverSix::Off && !o.four_over_six_scaled_error,
+            "4over6 applies to nvfp4 only");
+    require(o.nvfp4_e4m3_max == 448, "nvfp4_e4m3_max applies to nvfp4 only");
     require(!o.stochastic_rounding, "stochastic rounding applies to nvfp4 only");
     require(!o.amax_rowwise && !o.amax_columnwise,
             "amax overrides apply to nvfp4 only (MX has no global scale)");
@@ -121,6 +137,7 @@ QuantizedTensor allocate(const TensorView& input, const InputMatrix& x, const Qu
   q.scheme = o.scheme;
   q.tile = o.tile;
   q.rht = o.rht;
+  q.nvfp4_e4m3_max = o.nvfp4_e4m3_max;
   q.scale_layout = ScaleLayout::Compact;
   q.shape = input.shape;
   q.rows = x.rows;
@@ -302,6 +319,23 @@ Tile parse_tile(std::string_view name) {
   throw Error("unknown NVFP4 tile '" + std::string(name) + "' (expected 1x16 or 16x16)");
 }
 
+std::string_view four_over_six_name(FourOverSix mode) {
+  switch (mode) {
+    case FourOverSix::Off: return "off";
+    case FourOverSix::MinMae: return "mae";
+    case FourOverSix::MinMse: return "mse";
+  }
+  throw Error("unknown 4over6 error mode id " + std::to_string(static_cast<int>(mode)));
+}
+
+FourOverSix parse_four_over_six(std::string_view name) {
+  const std::string lower = ascii_lowercase(name);
+  for (FourOverSix mode : {FourOverSix::Off, FourOverSix::MinMae, FourOverSix::MinMse}) {
+    if (four_over_six_name(mode) == lower) return mode;
+  }
+  throw Error("unknown 4over6 error mode '" + std::string(name) + "' (expected off, mae or mse)");
+}
+
 ScaleMode parse_scale_mode(std::string_view name) {
   const std::string lower = ascii_lowercase(name);
   for (ScaleMode mode : {ScaleMode::Floor, ScaleMode::Ceil, ScaleMode::Even, ScaleMode::RCeil}) {
@@ -332,6 +366,9 @@ void check_consistent(const QuantizedTensor& q, Usage usage) {
   static_cast<void>(scheme_row(q.scheme));  // throws for an unknown scheme
   validate_scale_layout(q.scale_layout, "the quantized tensor");
   require(q.rows >= 0 && q.cols >= 0, "the quantized tensor's rows and cols must be >= 0");
+  require(q.nvfp4_e4m3_max == 448 || (q.scheme == Scheme::NVFP4 && q.nvfp4_e4m3_max == 256),
+          "the quantized tensor's nvfp4_e4m3_max must be 448, or 256 for nvfp4; got " +
+              std::to_string(q.nvfp4_e4m3_max));
   const int block = block_size(q.scheme);
   const bool packed = element_format(q.scheme) == Format::E2M1;
   if (usage == Usage::Rowwise) {
@@ -399,7 +436,7 @@ Tensor dequantize(const QuantizedTensor& q, Usage usage, DType out_dtype) {
   float s_dec = 0.0f;
   if (nvfp4) {
     const float amax = usage == Usage::Rowwise ? q.rowwise_amax : q.columnwise_amax;
-    s_dec = 1.0f / nvfp4_global_encode_scale(amax);
+    s_dec = 1.0f / nvfp4_global_encode_scale(amax, q.nvfp4_e4m3_max);
   }
   std::array<float, 256> element{}, factor{};
   const int codes_of_format = 1 << format_info(format).bits;

@@ -25,10 +25,11 @@ MICROSCALE_HOST_DEVICE float min_nonnegative(float a, float limit) {
 
 // ---- NVFP4 (numerics-te.md §1.1-1.4, TE >= 2.14) ------------------------------------------------
 
-/// Global encode scale S_enc = 2688 / amax, clamped to FLT_MAX; 1 when amax is 0 or S_enc is 0.
-MICROSCALE_HOST_DEVICE float nvfp4_global_encode_scale(float amax) {
-  float s_enc = 2688.0f / amax;               // 2688 = 448 * 6
-  s_enc = s_enc < FLT_MAX ? s_enc : FLT_MAX;  // +Inf (amax = 0) and NaN clamp to FLT_MAX
+/// Global encode scale S_enc = 6 * e4m3_max / amax (2688 / amax; 1536 / amax for 4over6's 256),
+/// clamped to FLT_MAX; 1 when amax is 0 or S_enc is 0.
+MICROSCALE_HOST_DEVICE float nvfp4_global_encode_scale(float amax, int e4m3_max = 448) {
+  float s_enc = static_cast<float>(6 * e4m3_max) / amax;  // exact: 2688 or 1536
+  s_enc = s_enc < FLT_MAX ? s_enc : FLT_MAX;              // +Inf (amax = 0) and NaN clamp to FLT_MAX
   if (amax == 0.0f || s_enc == 0.0f) s_enc = 1.0f;
   return s_enc;
 }
@@ -60,6 +61,56 @@ inline float max_abs_skipping_nan(float m, float v) { return std::isnan(v) ? m :
 MICROSCALE_HOST_DEVICE float nvfp4_block_encode_scale(float block_scale, float s_dec) {
   const float product = block_scale * s_dec;  // >= 0: a decoded scale times 1 / S_enc
   return min_nonnegative(1.0f / product, FLT_MAX);
+}
+
+/// TE's GEMM alpha with both operands' NVFP4 global scales: ((alpha * amax_a) * amax_b) times
+/// RN(1 / (6 * 6 * e4m3_max_a * e4m3_max_b)) (the product exact: 7225344 for 448 and 448).
+MICROSCALE_HOST_DEVICE float nvfp4_gemm_alpha(float alpha, float amax_a, int e4m3_max_a, float amax_b,
+                                              int e4m3_max_b) {
+  const float factor = 1.0f / (36.0f * static_cast<float>(e4m3_max_a) * static_cast<float>(e4m3_max_b));
+  return ((alpha * amax_a) * amax_b) * factor;
+}
+
+/// The same with one NVFP4 operand (mixed with a dense one): (alpha * amax) * RN(1 / (6 * e4m3_max)).
+MICROSCALE_HOST_DEVICE float nvfp4_gemm_alpha(float alpha, float amax, int e4m3_max) {
+  return (alpha * amax) * (1.0f / (6.0f * static_cast<float>(e4m3_max)));
+}
+
+// ---- NVFP4 4over6 (TE's quantize_4over6_nvfp4.cuh and reference_nvfp4.py) ----------------------
+
+/// The fp32 block scale both 4over6 candidates start from: RN(RN(amax / 6) * S_enc). NOTE: a true
+/// division, where the plain NVFP4 path multiplies by RN(S_enc * RN(1/6)): the two differ by an
+/// ulp for some amaxes, and TE's 4over6 kernel divides.
+MICROSCALE_HOST_DEVICE float four_over_six_base_scale(float block_amax, float s_enc) {
+  return block_amax / 6.0f * s_enc;
+}
+
+/// Map to 4's fp32 scale, before the E4M3 rounding: 1.5 times the base, at most 448 (map to 6's is
+/// min(base, 448)).
+MICROSCALE_HOST_DEVICE float four_over_six_map4_scale(float base) {
+  return min_nonnegative(base * 1.5f, 448.0f);
+}
+
+/// One element's term of a candidate's error, e.g. |d| or d^2 with, by default, d the element's
+/// dequantized value minus x: RN(RN(RN(code * scale) * amax) / (6 * e4m3_max)) - x (TE divides;
+/// `denominator` is 6 * e4m3_max). `scaled_error`: d = RN(code * scale) - RN(x * S_enc), TE's
+/// NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH (code * scale is exact: a 3-bit by 4-bit product).
+MICROSCALE_HOST_DEVICE float four_over_six_error_term(float code_value, float block_scale, float x,
+                                                      float amax, float denominator, float s_enc,
+                                                      bool scaled_error, bool squared) {
+  const float candidate = code_value * block_scale;
+  const float diff = scaled_error ? candidate - x * s_enc : candidate * amax / denominator - x;
+  return squared ? diff * diff : fabsf(diff);
+}
+
+/// A 16x16 tile's error from its 16 rows' errors, added in the order of TE's warp reduction
+/// (shuffles down by 8, 4, 2, 1): e[i] + e[i + 8], then + the sums 4 and 2 and 1 away.
+MICROSCALE_HOST_DEVICE float four_over_six_tile_error(const float* e, int stride) {
+  float a[8];
+  for (int i = 0; i < 8; ++i) a[i] = e[i * stride] + e[(i + 8) * stride];
+  for (int i = 0; i < 4; ++i) a[i] = a[i] + a[i + 4];
+  for (int i = 0; i < 2; ++i) a[i] = a[i] + a[i + 2];
+  return a[0] + a[1];
 }
 
 // ---- MX E8M0 scale (numerics-mx.md §3.3-3.4, torchao main) --------------------------------------

@@ -38,6 +38,8 @@ void quantize_mx_ref(const InputMatrix& x, const QuantizeOptions& options, Quant
 
 void quantize_nvfp4(const InputMatrix& x, const QuantizeOptions& options, QuantizedTensor& out);
 void quantize_mx(const InputMatrix& x, const QuantizeOptions& options, QuantizedTensor& out);
+/// quantize_nvfp4's 4over6 form (options.four_over_six set).
+void quantize_nvfp4_four_over_six(const InputMatrix& x, const QuantizeOptions& options, QuantizedTensor& out);
 
 // The AVX-512 kernels (quantize_*_avx512.cpp), tried first by the fast path: they return false,
 // having written nothing, when they do not apply (see kernel_set.hpp; stochastic rounding and

@@ -19,6 +19,7 @@
 #include "core/fp_environment.hpp"
 #include "cpu/cpu_dispatch.hpp"
 #include "cpu/encode_fast.hpp"
+#include "cpu/nvfp4_band.hpp"
 #include "cpu/quantize_kernels.hpp"
 #include "cpu/quantize_nvfp4_16.hpp"
 #include "cpu/rht.hpp"
@@ -49,21 +50,6 @@ Direction make_direction(float amax, const QuantizeOptions& o, uint64_t first_bl
   d.first_block = first_block;
   return d;
 }
-
-[[gnu::always_inline]] inline float max_abs(const float* v, int64_t n, float start) {
-  // On the bits (see quantize_mx.cpp's block_amax): NaN patterns are dropped, so a NaN never wins,
-  // as fmaxf in TE's amax kernels; the rest compare as unsigned integers, which vectorises.
-  // NOTE: std::max and a mask, not `?:`: GCC 12 vectorises this reduction only in that form.
-  uint32_t m = float_bits(start);
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t a = float_bits(v[i]) & 0x7FFFFFFFu;
-    m = std::max(m, a & (0u - static_cast<uint32_t>(a <= 0x7F800000u)));
-  }
-  const uint32_t result = m;
-  return bits_to_float(result);
-}
-
-MICROSCALE_CPU_DISPATCH float band_max_abs(const float* v, int64_t n) { return max_abs(v, n, 0.0f); }
 
 // Quantizes `count` consecutive 16-element blocks of `src`. `block_amax` (the 16x16 tiles' amaxes)
 // replaces the blocks' own amaxes when given. Block i is block number sr_block0 + i * sr_stride of
@@ -153,25 +139,10 @@ MICROSCALE_CPU_DISPATCH void quantize_blocks(const BlockRun& run, const Directio
   }
 }
 
-// tile[c * 16 + i] = band[i * k + c]: the band's 16-element column chunks as rows.
-MICROSCALE_CPU_DISPATCH void transpose_band(const float* band, int64_t k, float* tile) {
-  for (int64_t c = 0; c < k; ++c) {
-    for (int i = 0; i < kBlock; ++i) tile[c * kBlock + i] = band[i * k + c];
-  }
-}
-
-// Amax of every 16x16 tile of a full band: tile_amax[kb] over rows 0..15, columns 16kb..16kb+15.
-MICROSCALE_CPU_DISPATCH void band_tile_amax(const float* band, int64_t k, float* tile_amax) {
-  for (int64_t kb = 0; kb < k / kBlock; ++kb) {
-    float m = 0.0f;
-    for (int i = 0; i < kBlock; ++i) m = max_abs(band + i * k + kb * kBlock, kBlock, m);
-    tile_amax[kb] = m;
-  }
-}
-
 }  // namespace
 
 void quantize_nvfp4(const InputMatrix& x, const QuantizeOptions& o, QuantizedTensor& out) {
+  if (o.four_over_six != FourOverSix::Off) return quantize_nvfp4_four_over_six(x, o, out);
   if (quantize_nvfp4_avx512(x, o, out)) return;
   if (nvfp4_16_applies(x, o)) return quantize_nvfp4_16(x, o, out);  // bf16/f16 words, no widened band
   const int64_t m = x.rows, k = x.cols;

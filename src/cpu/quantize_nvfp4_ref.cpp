@@ -1,4 +1,5 @@
-// NVFP4 reference quantizer: plain loops that follow numerics-te.md §1-4 line by line.
+// NVFP4 reference quantizer: plain loops that follow numerics-te.md §1-4 line by line, and TE's
+// reference_nvfp4.py for 4over6.
 //
 // Each direction is quantized from a materialised fp32 source matrix: X itself (rowwise), or X^T
 // (columnwise), transformed by the RHT and rounded to bf16 when asked. That costs memory, not
@@ -16,6 +17,83 @@ namespace {
 
 constexpr int kBlock = 16;
 
+void put_code(uint8_t* data, int64_t cols, int64_t r, int64_t column, uint8_t code) {
+  uint8_t& byte = data[r * (cols / 2) + column / 2];
+  byte = (column % 2 == 0) ? static_cast<uint8_t>((byte & 0xF0) | code)
+                           : static_cast<uint8_t>((byte & 0x0F) | (code << 4));
+}
+
+// One 4over6 candidate of a block: its E4M3 scale, codes and error against the input.
+struct Candidate {
+  uint8_t scale = 0;
+  uint8_t codes[kBlock] = {};
+  float error = 0.0f;
+};
+
+// The candidate of scale `scale_f32` for the 16 elements at `x` (TE's reference: the elements
+// times the block's encode scale, rounded to E2M1 (clamped to 6), dequantized again, and the
+// error terms added in element order).
+Candidate four_over_six_candidate(const float* x, float scale_f32, float s_enc, float amax,
+                                  const QuantizeOptions& options) {
+  Candidate c;
+  c.scale = encode_rn(Format::E4M3, scale_f32);
+  const float block_scale = decode(Format::E4M3, c.scale);
+  const float encode_scale = nvfp4_block_encode_scale(block_scale, 1.0f / s_enc);
+  const auto denominator = static_cast<float>(6 * options.nvfp4_e4m3_max);
+  for (int i = 0; i < kBlock; ++i) {
+    const float scaled = x[i] * encode_scale;
+    c.codes[i] = scaled == 0.0f ? uint8_t{0} : encode_rn(Format::E2M1, scaled);  // any zero -> 0
+    c.error += four_over_six_error_term(decode(Format::E2M1, c.codes[i]), block_scale, x[i], amax,
+                                        denominator, s_enc, options.four_over_six_scaled_error,
+                                        options.four_over_six == FourOverSix::MinMse);
+  }
+  return c;
+}
+
+// 4over6 (FourOverSix in quantize.hpp): both candidates of every block, then the pick per block,
+// or per 16x16 tile from its 16 rows' errors. src, data, scale as in quantize_direction.
+void quantize_direction_four_over_six(const std::vector<float>& src, int64_t rows, int64_t cols, float amax,
+                                      const QuantizeOptions& options, uint8_t* data, uint8_t* scale) {
+  const float s_enc = nvfp4_global_encode_scale(amax, options.nvfp4_e4m3_max);
+  const bool tile_2d = options.tile == Tile::k16x16;
+  const int64_t blocks = cols / kBlock;
+  std::vector<Candidate> map4(static_cast<size_t>(rows * blocks)), map6(map4.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t r0 = tile_2d ? r / kBlock * kBlock : r;
+      const int64_t r1 = tile_2d ? r0 + kBlock : r + 1;
+      float block_amax = 0.0f;
+      for (int64_t rr = r0; rr < r1; ++rr) {
+        for (int i = 0; i < kBlock; ++i)
+          block_amax = max_abs_skipping_nan(block_amax, src[rr * cols + b * kBlock + i]);
+      }
+      const float base = four_over_six_base_scale(block_amax, s_enc);
+      const float* x = &src[r * cols + b * kBlock];
+      map4[r * blocks + b] = four_over_six_candidate(x, four_over_six_map4_scale(base), s_enc, amax, options);
+      map6[r * blocks + b] = four_over_six_candidate(x, std::fmin(base, 448.0f), s_enc, amax, options);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      float error4 = map4[r * blocks + b].error, error6 = map6[r * blocks + b].error;
+      if (tile_2d) {  // the tile's rows r0..r0+15, as TE's warp adds them
+        float rows4[kBlock], rows6[kBlock];
+        const int64_t r0 = r / kBlock * kBlock;
+        for (int i = 0; i < kBlock; ++i) {
+          rows4[i] = map4[(r0 + i) * blocks + b].error;
+          rows6[i] = map6[(r0 + i) * blocks + b].error;
+        }
+        error4 = four_over_six_tile_error(rows4, 1);
+        error6 = four_over_six_tile_error(rows6, 1);
+      }
+      const Candidate& pick =
+          error4 < error6 ? map4[r * blocks + b] : map6[r * blocks + b];  // a tie: map to 6
+      scale[r * blocks + b] = pick.scale;
+      for (int i = 0; i < kBlock; ++i) put_code(data, cols, r, b * kBlock + i, pick.codes[i]);
+    }
+  }
+}
+
 // src: [rows, cols] fp32 row-major. Writes data [rows, cols/2], scale [rows, cols/16]; returns amax.
 float quantize_direction(const std::vector<float>& src, int64_t rows, int64_t cols,
                          const QuantizeOptions& options, std::optional<float> amax_override,
@@ -23,6 +101,10 @@ float quantize_direction(const std::vector<float>& src, int64_t rows, int64_t co
   float amax = 0.0f;
   for (float v : src) amax = max_abs_skipping_nan(amax, v);
   if (amax_override) amax = *amax_override;
+  if (options.four_over_six != FourOverSix::Off) {
+    quantize_direction_four_over_six(src, rows, cols, amax, options, data, scale);
+    return amax;
+  }
 
   const float s_enc = nvfp4_global_encode_scale(amax);
   const float s_dec = 1.0f / s_enc;
@@ -62,10 +144,7 @@ float quantize_direction(const std::vector<float>& src, int64_t rows, int64_t co
         } else {
           code = encode_rn(Format::E2M1, scaled);
         }
-        const int64_t column = b * kBlock + i;
-        uint8_t& byte = data[r * (cols / 2) + column / 2];
-        byte = (column % 2 == 0) ? static_cast<uint8_t>((byte & 0xF0) | code)
-                                 : static_cast<uint8_t>((byte & 0x0F) | (code << 4));
+        put_code(data, cols, r, b * kBlock + i, code);
       }
     }
   }

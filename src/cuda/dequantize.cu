@@ -18,6 +18,7 @@ struct DequantParams {
   const uint8_t* data;
   const uint8_t* scale;
   const float* amax;  // NVFP4: the usage's amax
+  int e4m3_max;       // NVFP4: S_enc = 6 * e4m3_max / amax
   void* out;
   DType out_dtype;
   int64_t rows, cols, data_cols;
@@ -32,7 +33,7 @@ __global__ void dequantize_kernel(const __grid_constant__ DequantParams p) {
   for (int i = threadIdx.x; i < 256; i += blockDim.x) values[i] = p.values[i];
   for (int i = threadIdx.x; i < 256; i += blockDim.x) e4m3[i] = p.e4m3[i];
   __syncthreads();
-  const float s_dec = p.nvfp4 ? 1.0f / nvfp4_global_encode_scale(*p.amax) : 0.0f;
+  const float s_dec = p.nvfp4 ? 1.0f / nvfp4_global_encode_scale(*p.amax, p.e4m3_max) : 0.0f;
   const int64_t total = p.rows * p.cols;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -101,6 +102,7 @@ void dequantize(const QuantizedViews& q, const std::vector<int64_t>& shape, cons
   p.data = static_cast<const uint8_t*>((rowwise ? q.rowwise_data : q.columnwise_data).data);
   p.scale = static_cast<const uint8_t*>((rowwise ? q.rowwise_scale : q.columnwise_scale).data);
   p.amax = nvfp4 ? q.amax + (rowwise ? 0 : 1) : nullptr;
+  p.e4m3_max = o.nvfp4_e4m3_max;
   p.out = output.data;
   p.out_dtype = output.dtype;
   p.rows = rows;

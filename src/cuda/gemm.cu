@@ -91,6 +91,9 @@ GemmDeviceOperand device_operand(const GemmOperand& op, const float* device_amax
     out.has_amax = true;
     out.amax = device_amax;
   }
+  require(op.nvfp4_e4m3_max == 448 || op.nvfp4_e4m3_max == 256,
+          who + ": nvfp4_e4m3_max must be 448 or 256, got " + std::to_string(op.nvfp4_e4m3_max));
+  out.e4m3_max = op.nvfp4_e4m3_max;
   return out;
 }
 

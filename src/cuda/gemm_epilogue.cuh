@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "core/scale_math.hpp"
 #include "cuda/gemm_params.hpp"
 #include "microscale/half.hpp"
 
@@ -44,8 +45,9 @@ __host__ __device__ __forceinline__ float effective_alpha(const GemmDeviceParams
   const bool a_global = p.a.has_amax, b_global = p.b.has_amax;
   const float amax_a = p.a.amax ? *p.a.amax : p.a.amax_value;
   const float amax_b = p.b.amax ? *p.b.amax : p.b.amax_value;
-  if (a_global && b_global) return ((p.alpha * amax_a) * amax_b) * (1.0f / 7225344.0f);
-  if (a_global || b_global) return (p.alpha * (a_global ? amax_a : amax_b)) * (1.0f / 2688.0f);
+  if (a_global && b_global) return nvfp4_gemm_alpha(p.alpha, amax_a, p.a.e4m3_max, amax_b, p.b.e4m3_max);
+  if (a_global) return nvfp4_gemm_alpha(p.alpha, amax_a, p.a.e4m3_max);
+  if (b_global) return nvfp4_gemm_alpha(p.alpha, amax_b, p.b.e4m3_max);
   return p.alpha;
 }
 

@@ -30,6 +30,7 @@ struct GemmDeviceOperand {
   const float* amax = nullptr;    ///< NVFP4 device global amax, or null (then `amax_value` if has_amax)
   bool has_amax = false;
   float amax_value = 0.0f;
+  int e4m3_max = 448;  ///< NVFP4: the bound of the global scale (GemmOperand::nvfp4_e4m3_max)
 };
 
 /// A 2-D or 3-D epilogue tensor: element (m, n, l) at m*s0 + n*s1 + l*s2 (elements).

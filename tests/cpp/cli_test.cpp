@@ -97,6 +97,32 @@ TEST(Cli, QuantizeTensorsNvfp4) {
   EXPECT_EQ(SafetensorsFile::open(out).metadata().at("microscale.tile"), "16x16");
 }
 
+TEST(Cli, QuantizeTensorsNvfp4FourOverSix) {
+  const std::string in = make_input(), out = temp("out_4over6.safetensors");
+  const Result r = run_cli("quantize-tensors " + in + " -o " + out +
+                           " --scheme nvfp4 --tile 16x16 --4over6 MSE --e4m3-max 256");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const SafetensorsFile f = SafetensorsFile::open(out);
+  EXPECT_EQ(f.metadata().at("microscale.four_over_six"), "mse");
+  EXPECT_EQ(f.metadata().at("microscale.nvfp4_e4m3_max"), "256");
+  QuantizeOptions o;
+  o.rowwise = o.columnwise = true;
+  o.tile = Tile::k16x16;
+  o.four_over_six = FourOverSix::MinMse;
+  o.nvfp4_e4m3_max = 256;
+  const QuantizedTensor q = quantize(SafetensorsFile::open(in).view("layer.weight"), o);
+  for (const auto& [name, t] : {std::pair{"layer.weight.rowwise_data", &q.rowwise_data},
+                                {"layer.weight.columnwise_scale", &q.columnwise_scale}}) {
+    const SafetensorsEntry& e = f.at(name);
+    ASSERT_EQ(e.nbytes, t->nbytes()) << name;
+    EXPECT_EQ(0, std::memcmp(e.data, t->data(), e.nbytes)) << name;
+  }
+  // The plain scheme records the usual bound.
+  ASSERT_EQ(run_cli("quantize-tensors " + in + " -o " + out + " --scheme nvfp4").exit_code, 0);
+  EXPECT_EQ(SafetensorsFile::open(out).metadata().at("microscale.nvfp4_e4m3_max"), "448");
+  EXPECT_EQ(SafetensorsFile::open(out).metadata().count("microscale.four_over_six"), 0u);
+}
+
 TEST(Cli, QuantizeTensorsMxRowwiseOnly) {
   const std::string in = make_input(), out = temp("out_mx.safetensors");
   const Result r =
@@ -122,6 +148,14 @@ TEST(Cli, BadInputIsAMessageAndNonZeroExit) {
       {"quantize-tensors " + in + " -o " + out + " --scheme mxfp8_e4m3 --tile 16x16", "--tile applies"},
       {"quantize-tensors " + in + " -o " + out + " --scheme mxfp4 --sr-seed 3", "stochastic rounding"},
       {"quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --bogus", "bogus"},
+      {"quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --4over6 l1",
+       "unknown 4over6 error mode 'l1'"},
+      {"quantize-tensors " + in + " -o " + out + " --scheme mxfp4 --4over6 mae", "--4over6 applies to nvfp4"},
+      {"quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --e4m3-max 256", "or 256 with 4over6"},
+      {"quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --4over6 mae --rht",
+       "does not take the RHT"},
+      {"quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --4over6-scaled-error",
+       "applies to 4over6 only"},
       {"quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --sr-seed -5", "--sr-seed must be"},
       {"quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --sr-seed 18446744073709551616",
        "--sr-seed must be"},

@@ -1,0 +1,35 @@
+// A band of 16 input rows widened to fp32 ([rows, K] row-major), as the portable NVFP4 kernels
+// hold it: its amax, its 16x16 tiles' amaxes, and its transpose (the columnwise blocks).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cpu/cpu_dispatch.hpp"
+#include "microscale/half.hpp"
+
+namespace microscale::cpu {
+
+/// max(start, |v[0..n)|) on the bits: NaN patterns are dropped, so a NaN never wins, as fmaxf in
+/// TE's amax kernels; the rest compare as unsigned integers, which vectorises. NOTE: std::max and a
+/// mask, not `?:`: GCC 12 vectorises this reduction only in that form.
+MICROSCALE_CPU_INLINE float max_abs(const float* v, int64_t n, float start) {
+  uint32_t m = float_bits(start);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t a = float_bits(v[i]) & 0x7FFFFFFFu;
+    m = std::max(m, a & (0u - static_cast<uint32_t>(a <= 0x7F800000u)));
+  }
+  const uint32_t result = m;
+  return bits_to_float(result);
+}
+
+/// max|v[0..n)|, NaN skipped.
+float band_max_abs(const float* v, int64_t n);
+
+/// tile[c * 16 + i] = band[i * k + c]: a full band's 16-element column chunks as rows.
+void transpose_band(const float* band, int64_t k, float* tile);
+
+/// Amax of every 16x16 tile of a full band: tile_amax[kb] over rows 0..15, columns 16kb..16kb+15.
+void band_tile_amax(const float* band, int64_t k, float* tile_amax);
+
+}  // namespace microscale::cpu

@@ -1,0 +1,209 @@
+// NVFP4 4over6 fast path (FourOverSix in quantize.hpp): threads over bands of 16 input rows, each
+// step a loop over all the band's blocks of a direction so that it vectorises across them. Equal
+// bit for bit to quantize_nvfp4_ref.cpp's quantize_direction_four_over_six
+// (tests/cpp/four_over_six_test.cpp).
+//
+// Pass 1: the amax (4over6 has no RHT, so one amax serves both directions). Pass 2, per band: the
+// rowwise blocks are the band's [rows, K] read as rows * K/16 consecutive blocks, the columnwise
+// ones its transpose [K, 16] as K blocks (block c = block `band` of columnwise row c); both
+// candidates of every block, their errors, then the pick per block or per 16x16 tile.
+#include <algorithm>
+#include <cfloat>
+#include <vector>
+
+#include "core/fp_environment.hpp"
+#include "cpu/cpu_dispatch.hpp"
+#include "cpu/encode_fast.hpp"
+#include "cpu/nvfp4_band.hpp"
+#include "cpu/quantize_kernels.hpp"
+#include "cpu/row_loader.hpp"
+
+namespace microscale::cpu {
+namespace {
+
+constexpr int kBlock = 16;
+
+// A direction's global terms.
+struct Globals {
+  float amax = 0.0f;
+  float s_enc = 0.0f;
+  float s_dec = 0.0f;
+  float denominator = 0.0f;  // 6 * e4m3_max
+  bool scaled_error = false;
+  bool squared = false;
+};
+
+Globals make_globals(float amax, const QuantizeOptions& o) {
+  Globals g;
+  g.amax = amax;
+  g.s_enc = nvfp4_global_encode_scale(amax, o.nvfp4_e4m3_max);
+  g.s_dec = 1.0f / g.s_enc;
+  g.denominator = static_cast<float>(6 * o.nvfp4_e4m3_max);
+  g.scaled_error = o.four_over_six_scaled_error;
+  g.squared = o.four_over_six == FourOverSix::MinMse;
+  return g;
+}
+
+// Both candidates of up to K blocks: [blocks] scales and errors, [blocks * 16] codes.
+struct Candidates {
+  std::vector<float> amax, value4, value6, enc4, enc6, error4, error6;
+  std::vector<uint8_t> scale4, scale6, codes4, codes6;
+  explicit Candidates(int64_t max_blocks)
+      : amax(max_blocks),
+        value4(max_blocks),
+        value6(max_blocks),
+        enc4(max_blocks),
+        enc6(max_blocks),
+        error4(max_blocks),
+        error6(max_blocks),
+        scale4(max_blocks),
+        scale6(max_blocks),
+        codes4(max_blocks * kBlock),
+        codes6(max_blocks * kBlock) {}
+};
+
+// One candidate's codes and error for every block: x [blocks * 16], enc and value (the decoded
+// E4M3 scale) [blocks]. The error adds its 16 terms in element order, as the reference does.
+MICROSCALE_CPU_INLINE void encode_candidate(const float* __restrict x, int64_t blocks,
+                                            const float* __restrict enc, const float* __restrict value,
+                                            const Globals& g, uint8_t* __restrict codes,
+                                            float* __restrict error) {
+  for (int64_t i = 0; i < blocks; ++i) {
+    float terms[kBlock];
+    for (int j = 0; j < kBlock; ++j) {
+      const float xv = x[i * kBlock + j];
+      const float scaled = xv * enc[i];
+      const uint32_t code = select(scaled == 0.0f, 0u, E2M1Codec::encode_rn(scaled));  // any zero -> 0
+      codes[i * kBlock + j] = static_cast<uint8_t>(code);
+      terms[j] = four_over_six_error_term(E2M1Codec::decode(code), value[i], xv, g.amax, g.denominator,
+                                          g.s_enc, g.scaled_error, g.squared);
+    }
+    float e = 0.0f;
+    for (int j = 0; j < kBlock; ++j) e += terms[j];
+    error[i] = e;
+  }
+}
+
+// Both candidates of `blocks` consecutive blocks at `x`; block_amax (16x16 tiles) replaces their
+// own amaxes when given.
+MICROSCALE_CPU_DISPATCH void four_over_six_candidates(const float* x, int64_t blocks, const float* block_amax,
+                                                      const Globals& g, Candidates& c) {
+  float* __restrict amax = c.amax.data();
+  if (block_amax != nullptr) {
+    std::copy_n(block_amax, blocks, amax);
+  } else {
+    for (int64_t i = 0; i < blocks; ++i) amax[i] = max_abs(x + i * kBlock, kBlock, 0.0f);
+  }
+  uint8_t* __restrict scale4 = c.scale4.data();
+  uint8_t* __restrict scale6 = c.scale6.data();
+  float* __restrict value4 = c.value4.data();
+  float* __restrict value6 = c.value6.data();
+  float* __restrict enc4 = c.enc4.data();
+  float* __restrict enc6 = c.enc6.data();
+  for (int64_t i = 0; i < blocks; ++i) {
+    const float base = four_over_six_base_scale(amax[i], g.s_enc);
+    scale4[i] = E4M3Codec::encode_rn(four_over_six_map4_scale(base));
+    scale6[i] = E4M3Codec::encode_rn(min_nonnegative(base, 448.0f));
+    value4[i] = e4m3_code_value(scale4[i]);
+    value6[i] = e4m3_code_value(scale6[i]);
+    enc4[i] = nvfp4_block_encode_scale(value4[i], g.s_dec);
+    enc6[i] = nvfp4_block_encode_scale(value6[i], g.s_dec);
+  }
+  encode_candidate(x, blocks, enc4, value4, g, c.codes4.data(), c.error4.data());
+  encode_candidate(x, blocks, enc6, value6, g, c.codes6.data(), c.error6.data());
+}
+
+// Block i's pick: map to 4 where its error is smaller. With 16x16 tiles, the tile's: its blocks
+// are `tile_stride` apart (a band's rowwise blocks: K/16; its columnwise ones: 1), and
+// `tile_first(i)` is the first of block i's tile.
+template <typename TileFirst>
+bool pick_map4(const Candidates& c, int64_t i, bool tile_2d, int64_t tile_stride, TileFirst tile_first) {
+  if (!tile_2d) return c.error4[i] < c.error6[i];
+  const int64_t first = tile_first(i);
+  const auto stride = static_cast<int>(tile_stride);
+  return four_over_six_tile_error(&c.error4[first], stride) <
+         four_over_six_tile_error(&c.error6[first], stride);
+}
+
+// Writes block i's chosen candidate: its 8 code bytes at data, its scale at scale.
+void put_block(const Candidates& c, int64_t i, bool map4, uint8_t* data, uint8_t* scale) {
+  const uint8_t* codes = (map4 ? c.codes4.data() : c.codes6.data()) + i * kBlock;
+  for (int j = 0; j < kBlock / 2; ++j) data[j] = static_cast<uint8_t>(codes[2 * j] | (codes[2 * j + 1] << 4));
+  *scale = map4 ? c.scale4[i] : c.scale6[i];
+}
+
+}  // namespace
+
+void quantize_nvfp4_four_over_six(const InputMatrix& x, const QuantizeOptions& o, QuantizedTensor& out) {
+  const int64_t m = x.rows, k = x.cols, kb = k / kBlock;
+  const int threads = thread_count(o.num_threads);
+  const int64_t bands = (m + kBlock - 1) / kBlock;  // the last may be short (rowwise-only 1x16)
+  const bool tile_2d = o.tile == Tile::k16x16;
+
+  // Pass 1. NOTE: reduced as bit patterns, as quantize_nvfp4 does (an OpenMP reduction combines
+  // outside the region's IeeeSubnormals).
+  uint32_t amax_bits = 0;
+  if ((o.rowwise && !o.amax_rowwise) || (o.columnwise && !o.amax_columnwise)) {
+#pragma omp parallel num_threads(threads) reduction(max : amax_bits)
+    {
+      const IeeeSubnormals ieee;
+      std::vector<float> band(static_cast<size_t>(kBlock * k));
+#pragma omp for schedule(static)
+      for (int64_t b = 0; b < bands; ++b) {
+        const int64_t rows = std::min<int64_t>(kBlock, m - b * kBlock);
+        load_rows(x, b * kBlock, rows, band.data());
+        amax_bits = std::max(amax_bits, float_bits(band_max_abs(band.data(), rows * k)));
+      }
+    }
+  }
+  const float amax = bits_to_float(amax_bits);
+  if (o.rowwise) out.rowwise_amax = o.amax_rowwise ? *o.amax_rowwise : amax;
+  if (o.columnwise) out.columnwise_amax = o.amax_columnwise ? *o.amax_columnwise : amax;
+  const Globals row_globals = make_globals(out.rowwise_amax, o);
+  const Globals col_globals = make_globals(out.columnwise_amax, o);
+
+  // Pass 2.
+#pragma omp parallel num_threads(threads)
+  {
+    const IeeeSubnormals ieee;
+    std::vector<float> band(static_cast<size_t>(kBlock * k)), tile(static_cast<size_t>(kBlock * k));
+    std::vector<float> tile_amax(static_cast<size_t>(kb)), block_amax(static_cast<size_t>(k));
+    Candidates c(k);  // a band's rowwise blocks (rows * K/16 <= K) or its K columnwise blocks
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < bands; ++b) {
+      const int64_t rows = std::min<int64_t>(kBlock, m - b * kBlock);
+      load_rows(x, b * kBlock, rows, band.data());
+      if (tile_2d) band_tile_amax(band.data(), k, tile_amax.data());
+      if (o.rowwise) {
+        // Block i = (row i / kb, column block i % kb); its tile's blocks are kb apart.
+        if (tile_2d) {
+          for (int64_t i = 0; i < rows * kb; ++i) block_amax[i] = tile_amax[i % kb];
+        }
+        four_over_six_candidates(band.data(), rows * kb, tile_2d ? block_amax.data() : nullptr, row_globals,
+                                 c);
+        uint8_t* data = out.rowwise_data.data_as<uint8_t>() + b * kBlock * (k / 2);  // (M, K/2)
+        uint8_t* scale = out.rowwise_scale.data_as<uint8_t>() + b * kBlock * kb;     // (M, K/16)
+        for (int64_t i = 0; i < rows * kb; ++i) {
+          const bool map4 = pick_map4(c, i, tile_2d, kb, [kb](int64_t j) { return j % kb; });
+          put_block(c, i, map4, data + (i / kb) * (k / 2) + (i % kb) * (kBlock / 2), scale + i);
+        }
+      }
+      if (o.columnwise) {
+        // Block c = columnwise row c's block b; its tile's blocks are consecutive.
+        transpose_band(band.data(), k, tile.data());
+        if (tile_2d) {
+          for (int64_t i = 0; i < k; ++i) block_amax[i] = tile_amax[i / kBlock];
+        }
+        four_over_six_candidates(tile.data(), k, tile_2d ? block_amax.data() : nullptr, col_globals, c);
+        uint8_t* data = out.columnwise_data.data_as<uint8_t>();    // (K, M/2)
+        uint8_t* scale = out.columnwise_scale.data_as<uint8_t>();  // (K, M/16)
+        for (int64_t i = 0; i < k; ++i) {
+          const bool map4 = pick_map4(c, i, tile_2d, 1, [](int64_t j) { return j / kBlock * kBlock; });
+          put_block(c, i, map4, data + i * (m / 2) + b * (kBlock / 2), scale + i * (m / kBlock) + b);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace microscale::cpu
