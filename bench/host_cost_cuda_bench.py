@@ -71,7 +71,7 @@ def host_us(fn, calls, drain_every=2):
 def quantize_parts_rows(x, scheme, kw):
     """The pieces of an eager quantize call, each timed alone."""
     options = _options(scheme, True, kw["columnwise"], "rceil", "1x16", kw.get("rht", False), None, 0, None, None,
-                       False, torch.get_num_threads())
+                       False, num_threads=torch.get_num_threads())
     shapes = _C.quantized_shapes(list(x.shape), options)
     outs = [torch.empty(shapes[n], dtype=torch.uint8, device=x.device) for n in _PARTS]
     amax = torch.empty(2, dtype=torch.float32, device=x.device)
@@ -86,7 +86,7 @@ def quantize_parts_rows(x, scheme, kw):
         (f"{scheme} quantize: C++ call", call),
         (f"{scheme} quantize: options", lambda: _options(scheme, True, kw["columnwise"], "rceil", "1x16",
                                                          kw.get("rht", False), None, 0, None, None, False,
-                                                         torch.get_num_threads())),
+                                                         num_threads=torch.get_num_threads())),
         (f"{scheme} quantize: shapes", lambda: _C.quantized_shapes(list(x.shape), options)),
         (f"{scheme} quantize: 5 allocs", lambda: [torch.empty(shapes[n], dtype=torch.uint8, device=x.device)
                                                   for n in _PARTS] + [torch.empty(2, device=x.device)]),

@@ -107,6 +107,13 @@ int main(int argc, char** argv) {
       configs.push_back({"nvfp4 row+col", o});
       o.tile = Tile::k16x16;
       configs.push_back({"nvfp4 16x16 row+col", o});
+      // TE's nvfp4_4over6 for weights (16x16 tiles) and for activations (1x16), its default bound
+      QuantizeOptions w = o;
+      w.four_over_six = FourOverSix::MinMae;
+      w.nvfp4_e4m3_max = 256;
+      configs.push_back({"nvfp4 16x16 4over6", w});
+      w.tile = Tile::k1x16;
+      configs.push_back({"nvfp4 row+col 4over6", w});
       QuantizeOptions r;
       r.scheme = Scheme::NVFP4;
       configs.push_back({"nvfp4 row", r});

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string_view>
 #include <variant>
 
 #include "microscale/quantize.hpp"
@@ -26,6 +27,14 @@ enum class BackwardOverride : uint8_t {
 /// @brief "none", "high_precision", "dequantized" (TransformerEngine's spellings, where None is "none").
 const char* backward_override_name(BackwardOverride o);
 
+/// @brief The tensors an NVFP4 recipe option applies to (TransformerEngine's "none", "weights",
+/// "activations", "all"). Activations are the Linear's input; gradients are never in the scope.
+enum class Nvfp4Scope : uint8_t { None, Weights, Activations, All };
+
+/// @brief "none", "weights", "activations", "all" and back (any ASCII case; throws microscale::Error).
+const char* nvfp4_scope_name(Nvfp4Scope scope);
+Nvfp4Scope parse_nvfp4_scope(std::string_view name);
+
 /// @brief NVFP4 training, TransformerEngine's NVFP4BlockScaling (numerics-te.md §8).
 ///
 /// Every tensor: E2M1 elements, E4M3 block scales, an FP32 global scale from the tensor amax
@@ -34,6 +43,9 @@ const char* backward_override_name(BackwardOverride o);
 ///  - input x:      1x16 blocks; RHT on the columnwise output (the wgrad operand); round to nearest.
 ///  - weight W:     16x16 blocks (so W and W^T quantize to the same values); no RHT; nearest.
 ///  - grad dy:      1x16 blocks; RHT on columnwise; stochastic rounding on both directions.
+/// 4over6 (FourOverSix, quantize.hpp) for the tensors in `four_over_six`'s scope, with the bound 256
+/// for those also in `four_over_six_e4m3_use_256`'s (TE's nvfp4_4over6, nvfp4_4over6_e4m3_use_256,
+/// nvfp4_4over6_err_mode); an input in the scope needs disable_rht (TE has no 4over6 with the RHT).
 /// GEMMs (y = x W^T): fprop x.row x W.row, dgrad dy.row x W.col, wgrad dy.col x x.col; the
 /// quantized dimension is always the contraction dimension.
 class NVFP4BlockScaling {
@@ -43,13 +55,21 @@ class NVFP4BlockScaling {
     bool disable_stochastic_rounding = false;  ///< round grads to nearest
     bool disable_2d_quantization = false;      ///< weights in 1x16 blocks
     BackwardOverride backward_override = BackwardOverride::None;
+    Nvfp4Scope four_over_six = Nvfp4Scope::None;               ///< tensors quantized with 4over6
+    Nvfp4Scope four_over_six_e4m3_use_256 = Nvfp4Scope::All;   ///< of those, the ones with the bound 256
+    FourOverSix four_over_six_err_mode = FourOverSix::MinMae;  ///< MinMae or MinMse
   };
   NVFP4BlockScaling() = default;
-  explicit NVFP4BlockScaling(Options options) : options_(options) {}
+  /// Throws microscale::Error for options TransformerEngine refuses (4over6 on an input with the
+  /// RHT; an error mode that is not MAE or MSE).
+  explicit NVFP4BlockScaling(Options options);
   bool disable_rht() const { return options_.disable_rht; }
   bool disable_stochastic_rounding() const { return options_.disable_stochastic_rounding; }
   bool disable_2d_quantization() const { return options_.disable_2d_quantization; }
   BackwardOverride backward_override() const { return options_.backward_override; }
+  Nvfp4Scope four_over_six() const { return options_.four_over_six; }
+  Nvfp4Scope four_over_six_e4m3_use_256() const { return options_.four_over_six_e4m3_use_256; }
+  FourOverSix four_over_six_err_mode() const { return options_.four_over_six_err_mode; }
 
  private:
   Options options_;  // fixed at construction: a recipe is a value, not a setting to flip

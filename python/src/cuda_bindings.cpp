@@ -69,7 +69,7 @@ QuantizeOptions with_device_seed(const QuantizeOptions& options, const DeviceArr
 // One block-scaled operand of gemm_cuda: codes and scales in CUDA memory (an MX columnwise output
 // stored transposed, as GemmOperand::from gives it).
 GemmOperand device_operand(const std::string& scheme, const AnyArray& data, const AnyArray& scales,
-                           bool swizzle, bool stored_transposed, const char* what) {
+                           bool swizzle, bool stored_transposed, int nvfp4_e4m3_max, const char* what) {
   GemmOperand op;
   op.quantized = true;
   op.scheme = parse_scheme(scheme);
@@ -77,6 +77,7 @@ GemmOperand device_operand(const std::string& scheme, const AnyArray& data, cons
   op.scales = view_of(scales, what);
   op.scale_layout = swizzle ? ScaleLayout::Swizzled : ScaleLayout::Compact;
   op.stored_transposed = stored_transposed;
+  op.nvfp4_e4m3_max = nvfp4_e4m3_max;
   return op;
 }
 
@@ -141,7 +142,7 @@ void bind_cuda(nb::module_& m) {
          const AnyArray& b_data, const AnyArray& b_scales, DeviceArray b_amax, bool b_swizzle, float alpha,
          float beta, std::optional<AnyArray> c, std::optional<AnyArray> bias, nb::ndarray<> d,
          uintptr_t stream, DeviceArray workspace, const std::string& path, const std::string& a_scheme,
-         bool a_transposed, const std::string& b_scheme, bool b_transposed) {
+         bool a_transposed, const std::string& b_scheme, bool b_transposed, int a_e4m3_max, int b_e4m3_max) {
         GemmProblem problem;
         problem.alpha = alpha;
         problem.beta = beta;
@@ -150,22 +151,23 @@ void bind_cuda(nb::module_& m) {
         const TensorView workspace_view = device_view(workspace, "workspace");
         const size_t workspace_bytes =
             workspace ? static_cast<size_t>(workspace_view.numel()) * dtype_size(workspace_view.dtype) : 0;
-        cuda::gemm(device_operand(a_scheme, a_data, a_scales, a_swizzle, a_transposed, "operand A"),
-                   device_operand(b_scheme, b_data, b_scales, b_swizzle, b_transposed, "operand B"), problem,
-                   device_view(d, "D"), as_stream(stream), device_amax(a_amax, "A's amax"),
-                   device_amax(b_amax, "B's amax"), workspace_view.data, workspace_bytes,
-                   parse_gemm_path(path));
+        cuda::gemm(
+            device_operand(a_scheme, a_data, a_scales, a_swizzle, a_transposed, a_e4m3_max, "operand A"),
+            device_operand(b_scheme, b_data, b_scales, b_swizzle, b_transposed, b_e4m3_max, "operand B"),
+            problem, device_view(d, "D"), as_stream(stream), device_amax(a_amax, "A's amax"),
+            device_amax(b_amax, "B's amax"), workspace_view.data, workspace_bytes, parse_gemm_path(path));
       },
       nb::arg("a_data"), nb::arg("a_scales"), nb::arg("a_amax").none(), nb::arg("a_swizzle"),
       nb::arg("b_data"), nb::arg("b_scales"), nb::arg("b_amax").none(), nb::arg("b_swizzle"),
       nb::arg("alpha"), nb::arg("beta"), nb::arg("c").none(), nb::arg("bias").none(), nb::arg("d"),
       nb::arg("stream"), nb::arg("workspace").none() = nb::none(), nb::arg("path") = "auto",
       nb::arg("a_scheme") = "nvfp4", nb::arg("a_transposed") = false, nb::arg("b_scheme") = "nvfp4",
-      nb::arg("b_transposed") = false,
+      nb::arg("b_transposed") = false, nb::arg("a_e4m3_max") = 448, nb::arg("b_e4m3_max") = 448,
       "D = alpha * A B^T (+ beta C) (+ bias) for two block-scaled operands of one block size in CUDA memory "
       "(NVFP4 codes [rows, K/2(, L)] with optional device amaxes; MX codes [rows, K] or, a_transposed / "
       "b_transposed, an MX columnwise output [K, rows]; compact or swizzled scales), into the caller's CUDA "
-      "array D, on `stream`; workspace: contiguous CUDA memory of gemm_workspace_bytes (else the "
+      "array D, on `stream`; a_e4m3_max / b_e4m3_max: an NVFP4 operand's global-scale bound (448, or 256 "
+      "for 4over6); workspace: contiguous CUDA memory of gemm_workspace_bytes (else the "
       "stream-ordered pool's); path: 'auto', 'fused' or 'expanded' (cuda::GemmPath).");
 
   m.def(

@@ -66,23 +66,43 @@ void bind_training(nb::module_& m) {
       .def(
           "__init__",
           [](NVFP4BlockScaling* self, bool disable_rht, bool disable_stochastic_rounding,
-             bool disable_2d_quantization, const std::optional<std::string>& backward_override) {
-            new (self) NVFP4BlockScaling(NVFP4BlockScaling::Options{disable_rht, disable_stochastic_rounding,
-                                                                    disable_2d_quantization,
-                                                                    override_from_python(backward_override)});
+             bool disable_2d_quantization, const std::optional<std::string>& backward_override,
+             const std::string& nvfp4_4over6, const std::string& nvfp4_4over6_e4m3_use_256,
+             const std::string& nvfp4_4over6_err_mode) {
+            const FourOverSix err_mode = parse_four_over_six(nvfp4_4over6_err_mode);
+            if (err_mode == FourOverSix::Off)
+              throw Error("nvfp4_4over6_err_mode must be MAE or MSE, not '" + nvfp4_4over6_err_mode + "'");
+            new (self) NVFP4BlockScaling(NVFP4BlockScaling::Options{
+                disable_rht, disable_stochastic_rounding, disable_2d_quantization,
+                override_from_python(backward_override), parse_nvfp4_scope(nvfp4_4over6),
+                parse_nvfp4_scope(nvfp4_4over6_e4m3_use_256), err_mode});
           },
           nb::kw_only(), nb::arg("disable_rht") = false, nb::arg("disable_stochastic_rounding") = false,
-          nb::arg("disable_2d_quantization") = false, nb::arg("backward_override").none() = nb::none())
+          nb::arg("disable_2d_quantization") = false, nb::arg("backward_override").none() = nb::none(),
+          nb::arg("nvfp4_4over6") = "none", nb::arg("nvfp4_4over6_e4m3_use_256") = "all",
+          nb::arg("nvfp4_4over6_err_mode") = "MAE")
       .def_prop_ro("disable_rht", &NVFP4BlockScaling::disable_rht)
       .def_prop_ro("disable_stochastic_rounding", &NVFP4BlockScaling::disable_stochastic_rounding)
       .def_prop_ro("disable_2d_quantization", &NVFP4BlockScaling::disable_2d_quantization)
       .def_prop_ro("backward_override",
                    [](const NVFP4BlockScaling& r) { return override_to_python(r.backward_override()); })
+      .def_prop_ro("nvfp4_4over6",
+                   [](const NVFP4BlockScaling& r) { return nvfp4_scope_name(r.four_over_six()); })
+      .def_prop_ro(
+          "nvfp4_4over6_e4m3_use_256",
+          [](const NVFP4BlockScaling& r) { return nvfp4_scope_name(r.four_over_six_e4m3_use_256()); })
+      .def_prop_ro("nvfp4_4over6_err_mode",
+                   [](const NVFP4BlockScaling& r) {
+                     return r.four_over_six_err_mode() == FourOverSix::MinMse ? "MSE" : "MAE";
+                   })
       .def("__repr__", [](const NVFP4BlockScaling& r) {
         return std::string("NVFP4BlockScaling(disable_rht=") + (r.disable_rht() ? "True" : "False") +
                ", disable_stochastic_rounding=" + (r.disable_stochastic_rounding() ? "True" : "False") +
                ", disable_2d_quantization=" + (r.disable_2d_quantization() ? "True" : "False") +
-               ", backward_override=" + override_repr(r.backward_override()) + ")";
+               ", backward_override=" + override_repr(r.backward_override()) + ", nvfp4_4over6='" +
+               nvfp4_scope_name(r.four_over_six()) + "', nvfp4_4over6_e4m3_use_256='" +
+               nvfp4_scope_name(r.four_over_six_e4m3_use_256()) + "', nvfp4_4over6_err_mode='" +
+               (r.four_over_six_err_mode() == FourOverSix::MinMse ? "MSE" : "MAE") + "')";
       });
 
   nb::class_<MXFP8BlockScaling>(m, "MXFP8BlockScaling",

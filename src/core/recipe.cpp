@@ -1,5 +1,10 @@
 #include "microscale/recipe.hpp"
 
+#include <string>
+
+#include "core/ascii_lowercase.hpp"
+#include "core/require.hpp"
+
 namespace microscale {
 namespace {
 
@@ -20,7 +25,48 @@ QuantizeOptions both_usages(Scheme scheme) {
   return o;
 }
 
+// Whether `scope` takes a tensor of `role` (gradients: never).
+bool in_scope(Nvfp4Scope scope, TensorRole role) {
+  if (role == TensorRole::GradOutput) return false;
+  const bool weight = role == TensorRole::Weight;
+  return scope == Nvfp4Scope::All || (scope == Nvfp4Scope::Weights && weight) ||
+         (scope == Nvfp4Scope::Activations && !weight);
+}
+
+constexpr Nvfp4Scope kScopes[] = {Nvfp4Scope::None, Nvfp4Scope::Weights, Nvfp4Scope::Activations,
+                                  Nvfp4Scope::All};
+
 }  // namespace
+
+const char* nvfp4_scope_name(Nvfp4Scope scope) {
+  switch (scope) {
+    case Nvfp4Scope::None: return "none";
+    case Nvfp4Scope::Weights: return "weights";
+    case Nvfp4Scope::Activations: return "activations";
+    case Nvfp4Scope::All: return "all";
+  }
+  throw Error("unknown NVFP4 scope id " + std::to_string(static_cast<int>(scope)));
+}
+
+Nvfp4Scope parse_nvfp4_scope(std::string_view name) {
+  const std::string lower = ascii_lowercase(name);
+  for (Nvfp4Scope scope : kScopes) {
+    if (lower == nvfp4_scope_name(scope)) return scope;
+  }
+  throw Error("unknown NVFP4 scope '" + std::string(name) + "' (expected none, weights, activations or all)");
+}
+
+NVFP4BlockScaling::NVFP4BlockScaling(Options options) : options_(options) {
+  static_cast<void>(nvfp4_scope_name(options.four_over_six));  // throw for an unknown id
+  static_cast<void>(nvfp4_scope_name(options.four_over_six_e4m3_use_256));
+  require(options.four_over_six_err_mode == FourOverSix::MinMae ||
+              options.four_over_six_err_mode == FourOverSix::MinMse,
+          "nvfp4_4over6_err_mode must be MAE or MSE");
+  require(!in_scope(options.four_over_six, TensorRole::Input) || options.disable_rht,
+          std::string("nvfp4_4over6='") + nvfp4_scope_name(options.four_over_six) +
+              "' puts the input under 4over6, which does not take the RHT (TransformerEngine has no 4over6 "
+              "with the RHT): pass disable_rht=True too, or nvfp4_4over6='weights'");
+}
 
 std::optional<QuantizeOptions> quantize_options(const Recipe& recipe, TensorRole role,
                                                 StochasticRounding sr) {
@@ -32,6 +78,10 @@ std::optional<QuantizeOptions> quantize_options(const Recipe& recipe, TensorRole
       o.rht = !r->disable_rht();
     }
     if (role == TensorRole::GradOutput && !r->disable_stochastic_rounding()) o.stochastic_rounding = sr;
+    if (in_scope(r->four_over_six(), role)) {
+      o.four_over_six = r->four_over_six_err_mode();
+      o.nvfp4_e4m3_max = in_scope(r->four_over_six_e4m3_use_256(), role) ? 256 : 448;
+    }
     return o;
   }
   if (const auto* r = std::get_if<MXFP8BlockScaling>(&recipe)) {

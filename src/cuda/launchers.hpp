@@ -26,6 +26,9 @@ void launch_nvfp4_amax(const DeviceMatrix& x, DType dtype, const QuantizeOptions
 /// NVFP4: data and scales of both directions from one read of the input (amaxes already written).
 void launch_nvfp4_quantize(const DeviceMatrix& x, DType dtype, const QuantizeOptions& o,
                            const OutputPointers& out, cudaStream_t stream);
+/// NVFP4 with 4over6 (o.four_over_six set), in place of launch_nvfp4_quantize.
+void launch_nvfp4_four_over_six(const DeviceMatrix& x, DType dtype, const QuantizeOptions& o,
+                                const OutputPointers& out, cudaStream_t stream);
 /// MX: data and scales of both directions from one read of the input.
 void launch_mx_quantize(const DeviceMatrix& x, DType dtype, const QuantizeOptions& o,
                         const OutputPointers& out, cudaStream_t stream);

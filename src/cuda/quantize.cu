@@ -3,7 +3,6 @@
 // NVFP4 = amax pass + one quantize kernel; MX = one quantize kernel.
 #include "core/input_matrix.hpp"
 #include "core/quantize_checks.hpp"
-#include "core/require.hpp"
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/launchers.hpp"
@@ -38,8 +37,6 @@ void quantize(const TensorView& input, const QuantizeOptions& o, const Quantized
               void* stream_ptr) {
   const InputMatrix x = make_input_matrix(input, Device::CUDA);
   validate_quantize(x, o);
-  require(o.four_over_six == FourOverSix::Off,
-          "4over6 is not in the CUDA backend yet; quantize on the CPU (microscale::quantize)");
   const QuantizedShapes s = quantized_shapes(input.shape, o);
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   OutputPointers out;
@@ -63,7 +60,11 @@ void quantize(const TensorView& input, const QuantizeOptions& o, const Quantized
   const DeviceMatrix d = device_matrix(x);
   if (nvfp4) {
     launch_nvfp4_amax(d, x.dtype, o, out.amax, stream);
-    launch_nvfp4_quantize(d, x.dtype, o, out, stream);
+    if (o.four_over_six != FourOverSix::Off) {
+      launch_nvfp4_four_over_six(d, x.dtype, o, out, stream);
+    } else {
+      launch_nvfp4_quantize(d, x.dtype, o, out, stream);
+    }
   } else {
     launch_mx_quantize(d, x.dtype, o, out, stream);
   }

@@ -11,6 +11,7 @@
 #include "microscale/error.hpp"
 #include "microscale/gemm.hpp"
 #include "microscale/quantize.hpp"
+#include "microscale/recipe.hpp"
 #include "test_data.hpp"
 
 namespace microscale {
@@ -253,6 +254,36 @@ TEST(FourOverSix, OptionsItDoesNotTake) {
   EXPECT_EQ(parse_four_over_six("MSE"), FourOverSix::MinMse);
   EXPECT_EQ(four_over_six_name(FourOverSix::MinMae), "mae");
   EXPECT_THROW(parse_four_over_six("l1"), Error);
+}
+
+// The recipe's scopes: 4over6 on the tensors named (gradients never), the bound 256 on those of them
+// in the second scope; an input under 4over6 needs the RHT off.
+TEST(FourOverSix, RecipeScopes) {
+  NVFP4BlockScaling::Options o;
+  o.disable_rht = true;
+  o.four_over_six = Nvfp4Scope::All;
+  o.four_over_six_e4m3_use_256 = Nvfp4Scope::Weights;
+  o.four_over_six_err_mode = FourOverSix::MinMse;
+  const Recipe recipe = NVFP4BlockScaling(o);
+  const QuantizeOptions x = *quantize_options(recipe, TensorRole::Input);
+  const QuantizeOptions w = *quantize_options(recipe, TensorRole::Weight);
+  const QuantizeOptions dy = *quantize_options(recipe, TensorRole::GradOutput);
+  EXPECT_EQ(x.four_over_six, FourOverSix::MinMse);
+  EXPECT_EQ(x.nvfp4_e4m3_max, 448);
+  EXPECT_EQ(w.four_over_six, FourOverSix::MinMse);
+  EXPECT_EQ(w.nvfp4_e4m3_max, 256);
+  EXPECT_EQ(w.tile, Tile::k16x16);
+  EXPECT_EQ(dy.four_over_six, FourOverSix::Off);
+  EXPECT_EQ(dy.nvfp4_e4m3_max, 448);
+  EXPECT_TRUE(dy.stochastic_rounding.has_value());
+  o.disable_rht = false;
+  EXPECT_THROW(NVFP4BlockScaling{o}, Error);
+  o.four_over_six = Nvfp4Scope::Weights;  // the weight has no RHT: fine
+  EXPECT_EQ(quantize_options(NVFP4BlockScaling(o), TensorRole::Input)->four_over_six, FourOverSix::Off);
+  o.four_over_six_err_mode = FourOverSix::Off;
+  EXPECT_THROW(NVFP4BlockScaling{o}, Error);
+  EXPECT_EQ(parse_nvfp4_scope("Activations"), Nvfp4Scope::Activations);
+  EXPECT_THROW(parse_nvfp4_scope("grads"), Error);
 }
 
 }  // namespace

@@ -290,16 +290,23 @@ void random_suite(bool quick) {
       const bool specials = (cases % 3) == 1;
       const std::vector<float> values = random_values(n, rng, specials, (cases % 4) == 2);
       // NVFP4
-      for (int variant = 0; variant < 10; ++variant) {
+      // Variants 10-13: 4over6 (both error modes and domains, both bounds, both tiles).
+      for (int variant = 0; variant < 14; ++variant) {
         QuantizeOptions o;
         o.scheme = Scheme::NVFP4;
         o.rowwise = variant != 7;
         o.columnwise = variant != 6;
-        o.tile = (variant == 1 || variant == 5) ? Tile::k16x16 : Tile::k1x16;
+        o.tile =
+            (variant == 1 || variant == 5 || variant == 11 || variant == 13) ? Tile::k16x16 : Tile::k1x16;
+        if (variant >= 10) {
+          o.four_over_six = variant % 2 == 0 ? FourOverSix::MinMae : FourOverSix::MinMse;
+          o.four_over_six_scaled_error = variant >= 12;
+          o.nvfp4_e4m3_max = variant == 12 ? 448 : 256;
+        }
         o.rht = (variant == 2 || variant == 4 || variant == 7 || variant == 8) && dtype == DType::BF16;
         if (variant == 3 || variant == 4 || variant == 5)
           o.stochastic_rounding = StochasticRounding{0x1234567890ABCDEFull + variant, 77};
-        if (variant == 8) {
+        if (variant == 8 || variant == 13) {
           o.amax_rowwise = 3.5f;
           o.amax_columnwise = 11.0f;
         }
@@ -308,7 +315,8 @@ void random_suite(bool quick) {
         if (o.rowwise && k % 16) continue;
         if (o.columnwise && m % 16) continue;
         if (quick && is_big) continue;
-        compare_case(values, shape, {}, dtype, o, variant == 0 || variant == 2 || variant == 5);
+        compare_case(values, shape, {}, dtype, o,
+                     variant == 0 || variant == 2 || variant == 5 || variant == 10);
         ++cases;
       }
       // MX

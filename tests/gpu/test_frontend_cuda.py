@@ -22,6 +22,8 @@ CASES = [
     ("nvfp4", dict(columnwise=True, tile="16x16")),
     ("nvfp4", dict(columnwise=True, sr_seed=11, sr_offset=3)),
     ("nvfp4", dict(columnwise=True, swizzle=True, amax_rowwise=3.0, amax_columnwise=5.0)),
+    ("nvfp4", dict(columnwise=True, four_over_six="mae", nvfp4_e4m3_max=256)),
+    ("nvfp4", dict(columnwise=True, tile="16x16", four_over_six="mse", four_over_six_scaled_error=True, swizzle=True)),
     ("mxfp8_e4m3", dict(columnwise=True)),
     ("mxfp8_e5m2", dict(columnwise=True, scale_mode="floor", swizzle=True)),
     ("mxfp6_e2m3", dict(columnwise=True, scale_mode="even")),
@@ -274,6 +276,7 @@ def test_column_sums_on_cuda(dtype, rows, cols):
 LINEAR_RECIPES = {
     "nvfp4": lambda: NVFP4BlockScaling(),
     "nvfp4_1d_no_rht": lambda: NVFP4BlockScaling(disable_rht=True, disable_2d_quantization=True),
+    "nvfp4_4over6": lambda: NVFP4BlockScaling(disable_rht=True, nvfp4_4over6="all", nvfp4_4over6_err_mode="MSE"),
     "mxfp8": lambda: MXFP8BlockScaling(),
     "mxfp8_hybrid": lambda: MXFP8BlockScaling(fp8_format=Format.HYBRID),
     # backward_override: the backward's GEMMs unquantized (torch's cuBLAS GEMM, fp32 accumulation)

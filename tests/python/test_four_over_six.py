@@ -141,3 +141,56 @@ def test_options_it_does_not_take():
         microscale.quantize(x, "nvfp4", nvfp4_e4m3_max=256)
     with pytest.raises(microscale.Error, match="unknown 4over6 error mode"):
         microscale.quantize(x, "nvfp4", four_over_six="l2")
+
+
+def test_recipe_puts_the_tensors_of_its_scope_under_4over6():
+    """TransformerEngine's NVFP4BlockScaling fields: nvfp4_4over6 picks the tensors (gradients never),
+    nvfp4_4over6_e4m3_use_256 those of them with the bound 256, nvfp4_4over6_err_mode the error."""
+    from microscale.recipe import NVFP4BlockScaling
+
+    def options(recipe):
+        return {role: ms_options(recipe, role) for role in ("input", "weight", "grad_output")}
+
+    def ms_options(recipe, role):
+        o = microscale._C.quantize_options(recipe, role)
+        return o.four_over_six, o.nvfp4_e4m3_max
+
+    assert options(NVFP4BlockScaling()) == {r: ("off", 448) for r in ("input", "weight", "grad_output")}
+    assert options(NVFP4BlockScaling(nvfp4_4over6="weights")) == {
+        "input": ("off", 448), "weight": ("mae", 256), "grad_output": ("off", 448)}
+    assert options(NVFP4BlockScaling(disable_rht=True, nvfp4_4over6="ALL", nvfp4_4over6_e4m3_use_256="activations",
+                                     nvfp4_4over6_err_mode="mse")) == {
+        "input": ("mse", 256), "weight": ("mse", 448), "grad_output": ("off", 448)}
+    r = NVFP4BlockScaling(disable_rht=True, nvfp4_4over6="activations", nvfp4_4over6_e4m3_use_256="none")
+    assert options(r)["input"] == ("mae", 448) and options(r)["weight"] == ("off", 448)
+    assert (r.nvfp4_4over6, r.nvfp4_4over6_e4m3_use_256, r.nvfp4_4over6_err_mode) == ("activations", "none", "MAE")
+    assert "nvfp4_4over6='activations'" in repr(r)
+    # The input under 4over6 needs the RHT off (TransformerEngine refuses the pair too).
+    for scope in ("activations", "all"):
+        with pytest.raises(microscale.Error, match="does not take the RHT"):
+            NVFP4BlockScaling(nvfp4_4over6=scope)
+    with pytest.raises(microscale.Error, match="unknown NVFP4 scope"):
+        NVFP4BlockScaling(nvfp4_4over6="some")
+    with pytest.raises(microscale.Error, match="MAE or MSE"):
+        NVFP4BlockScaling(nvfp4_4over6="weights", nvfp4_4over6_err_mode="off")
+
+
+def test_linear_under_4over6_quantizes_its_weight_with_it():
+    """The layer's forward is the GEMM of x's plain NVFP4 and W's 4over6 quantization (16x16 tiles,
+    the bound 256): bit for bit against the operands quantized and multiplied by hand."""
+    import microscale.torch as mst
+    from microscale.recipe import NVFP4BlockScaling
+
+    torch.manual_seed(0)
+    layer = mst.Linear(64, 32, bias=False)
+    x = torch.randn(16, 64)
+    with mst.autocast(recipe=NVFP4BlockScaling(nvfp4_4over6="weights", nvfp4_4over6_err_mode="MSE")):
+        y = layer(x)
+    w_q = mst.quantize(layer.weight.detach(), "nvfp4", tile="16x16", four_over_six="mse", nvfp4_e4m3_max=256)
+    x_q = mst.quantize(x.to(torch.bfloat16), "nvfp4")  # the RHT recipe rounds an f32 x to bf16 first
+    assert w_q.options.nvfp4_e4m3_max == 256
+    want = mst.gemm(x_q, w_q)
+    assert torch.equal(y.detach(), want)
+    # Without 4over6 the weight's bytes differ (and so does y).
+    plain = mst.quantize(layer.weight.detach(), "nvfp4", tile="16x16")
+    assert not torch.equal(plain.rowwise_data, w_q.rowwise_data)

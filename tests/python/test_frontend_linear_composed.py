@@ -21,6 +21,7 @@ from microscale.torch.linear_plan import linear_plan
 RECIPES = {  # made in the test: recipe objects held by pytest's parametrization outlive the module
     "nvfp4": lambda: NVFP4BlockScaling(),
     "nvfp4_1d_no_rht": lambda: NVFP4BlockScaling(disable_rht=True, disable_2d_quantization=True),
+    "nvfp4_4over6": lambda: NVFP4BlockScaling(disable_rht=True, nvfp4_4over6="all"),
     "mxfp8": lambda: MXFP8BlockScaling(),
     "mxfp8_hybrid": lambda: MXFP8BlockScaling(fp8_format=Format.HYBRID),
     # TransformerEngine's backward_override: the backward's GEMMs unquantized (dense, the library's GEMM)

@@ -93,7 +93,7 @@ def dequantized(x, options, usage):
 
 def option_args(options):
     return dict(scheme=options.scheme, columnwise=True, scale_mode=options.scale_mode, tile=options.tile,
-                rht=options.rht)
+                rht=options.rht, four_over_six=options.four_over_six, nvfp4_e4m3_max=options.nvfp4_e4m3_max)
 
 
 def assert_close_by_fp32_accumulation(got, want, bound):
@@ -105,6 +105,10 @@ def assert_close_by_fp32_accumulation(got, want, bound):
 
 RECIPES = {  # made in the test: recipe objects held by pytest's parametrization outlive the module
     "nvfp4_sr_off": lambda: NVFP4BlockScaling(disable_stochastic_rounding=True),
+    # 4over6 on x and W (the bound 256 on W only), the gradient plain NVFP4
+    "nvfp4_4over6": lambda: NVFP4BlockScaling(disable_rht=True, disable_stochastic_rounding=True,
+                                              nvfp4_4over6="all", nvfp4_4over6_e4m3_use_256="weights",
+                                              nvfp4_4over6_err_mode="MSE"),
     "mxfp8": lambda: MXFP8BlockScaling(),
     "mxfp8_hybrid": lambda: MXFP8BlockScaling(fp8_format=Format.HYBRID),
 }
@@ -306,18 +310,23 @@ def test_the_ops_pass_opcheck():
         torch.library.opcheck(_column_sums_op, (torch.randn(48, 40).to(dtype),))
 
     x = torch.randn(32, 64, dtype=torch.bfloat16)
+    plain = ("off", False, 448)  # no 4over6
     torch.library.opcheck(_quantize_op, (x, "nvfp4", True, True, "rceil", "1x16", True, None, 0, None, None, False,
-                                         None))
+                                         *plain, None))
     torch.library.opcheck(_quantize_op, (x, "mxfp8_e4m3", True, True, "floor", "1x16", False, None, 0, None, None,
-                                         True, None))
+                                         True, *plain, None))
     seed = torch.tensor([7], dtype=torch.int64)  # stochastic rounding's seed as a tensor
     torch.library.opcheck(_quantize_op, (x, "nvfp4", True, True, "rceil", "1x16", True, 0, 0, None, None, False,
-                                         seed))
-    q = mst.quantize(x, "nvfp4", columnwise=True)
-    o = q.options
-    torch.library.opcheck(_dequantize_op, (q.rowwise_data, q.rowwise_scale, q.columnwise_data, q.columnwise_scale,
-                                           q.amax, list(q.shape), o.scheme, o.rowwise, o.columnwise, o.scale_mode,
-                                           o.tile, o.rht, o.swizzle, "columnwise", torch.bfloat16))
+                                         *plain, seed))
+    torch.library.opcheck(_quantize_op, (x, "nvfp4", True, True, "rceil", "16x16", False, None, 0, None, None, False,
+                                         "mse", True, 256, None))
+    for q in (mst.quantize(x, "nvfp4", columnwise=True),
+              mst.quantize(x, "nvfp4", columnwise=True, four_over_six="mae", nvfp4_e4m3_max=256)):
+        o = q.options
+        torch.library.opcheck(_dequantize_op, (q.rowwise_data, q.rowwise_scale, q.columnwise_data,
+                                               q.columnwise_scale, q.amax, list(q.shape), o.scheme, o.rowwise,
+                                               o.columnwise, o.scale_mode, o.tile, o.rht, o.swizzle,
+                                               o.nvfp4_e4m3_max, "columnwise", torch.bfloat16))
 
 
 def test_convert_linears_swaps_in_place_over_the_same_parameters():

@@ -33,7 +33,8 @@ def _gemm_operand(x, usage):
     if x.amax is not None:
         amax = float(x.amax[0 if usage == "rowwise" else 1])
     return _C.GemmOperand.quantized(o.scheme, data, scales, swizzle=o.swizzle, amax=amax,
-                                    stored_transposed=usage == "columnwise" and o.scheme != "nvfp4")
+                                    stored_transposed=usage == "columnwise" and o.scheme != "nvfp4",
+                                    nvfp4_e4m3_max=o.nvfp4_e4m3_max)
 
 
 def _device_of(x):
@@ -138,7 +139,8 @@ def _gemm_cuda(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype, out=None
                      _capsule(None if c is None else c.detach()), _capsule(None if bias is None else bias.detach()),
                      _capsule(d), _stream(a_data.device), _capsule(workspace), "auto",
                      scheme_a, a_usage == "columnwise" and scheme_a != "nvfp4",
-                     scheme_b, b_usage == "columnwise" and scheme_b != "nvfp4")
+                     scheme_b, b_usage == "columnwise" and scheme_b != "nvfp4",
+                     a.options.nvfp4_e4m3_max, b.options.nvfp4_e4m3_max)
     return d
 
 
@@ -172,15 +174,17 @@ def _run_gemm(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype, out=None)
     return d if out is None else _copy_into(out, d)
 
 
-# An operand crosses the op's schema as its tensors, its input shape and its QuantizeSpec's fields;
-# a dense operand as [tensor], its shape and the scheme "" (then the other fields are unused).
+# An operand crosses the op's schema as its tensors, its input shape and the QuantizeSpec's fields a
+# GEMM reads (4over6's error mode, which only shaped the bytes, stays behind); a dense operand as
+# [tensor], its shape and the scheme "" (then the other fields are unused).
 _OPERAND_PARTS = ("rowwise_data", "rowwise_scale", "columnwise_data", "columnwise_scale", "amax")
 
 
 def _op_operand(x):
-    """(tensors, shape, scheme, [rowwise, columnwise, rht, swizzle], scale_mode, tile) of one operand."""
+    """(tensors, shape, scheme, [rowwise, columnwise, rht, swizzle], scale_mode, tile, nvfp4_e4m3_max) of one
+    operand."""
     if isinstance(x, torch.Tensor):
-        return [x.detach()], list(x.shape), "", [False] * 4, "", ""
+        return [x.detach()], list(x.shape), "", [False] * 4, "", "", 448
     if not isinstance(x, QuantizedTensor):
         raise _C.Error(f"microscale.torch.gemm: operands are microscale.torch.QuantizedTensor or tensors, not "
                        f"{type(x).__name__}")
@@ -188,23 +192,24 @@ def _op_operand(x):
     # Parts not asked for cross as empty tensors (the schema has no optional list entries).
     tensors = [getattr(x, n) if getattr(x, n) is not None else like.new_empty(0) for n in _OPERAND_PARTS]
     o = x.options
-    return tensors, list(x.shape), o.scheme, [o.rowwise, o.columnwise, o.rht, o.swizzle], o.scale_mode, o.tile
+    return (tensors, list(x.shape), o.scheme, [o.rowwise, o.columnwise, o.rht, o.swizzle], o.scale_mode, o.tile,
+            o.nvfp4_e4m3_max)
 
 
-def _operand_from_op(tensors, shape, scheme, flags, scale_mode, tile):
+def _operand_from_op(tensors, shape, scheme, flags, scale_mode, tile, nvfp4_e4m3_max):
     """_op_operand's inverse: the dense tensor, or a QuantizedTensor over the same tensors."""
     if scheme == "":
         return tensors[0]
     rowwise, columnwise, rht, swizzle = flags
     return quantized_tensor(tensors, tuple(shape), QuantizeSpec(scheme, rowwise, columnwise, scale_mode, tile, rht,
-                                                                swizzle))
+                                                                swizzle, nvfp4_e4m3_max=nvfp4_e4m3_max))
 
 
-def _gemm_body(a_tensors, a_shape, a_scheme, a_flags, a_scale_mode, a_tile, b_tensors, b_shape, b_scheme, b_flags,
-               b_scale_mode, b_tile, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
+def _gemm_body(a_tensors, a_shape, a_scheme, a_flags, a_scale_mode, a_tile, a_e4m3_max, b_tensors, b_shape, b_scheme,
+               b_flags, b_scale_mode, b_tile, b_e4m3_max, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
     """The op microscale::gemm (below)."""
-    a = _operand_from_op(a_tensors, a_shape, a_scheme, a_flags, a_scale_mode, a_tile)
-    b = _operand_from_op(b_tensors, b_shape, b_scheme, b_flags, b_scale_mode, b_tile)
+    a = _operand_from_op(a_tensors, a_shape, a_scheme, a_flags, a_scale_mode, a_tile, a_e4m3_max)
+    b = _operand_from_op(b_tensors, b_shape, b_scheme, b_flags, b_scale_mode, b_tile, b_e4m3_max)
     return _run_gemm(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype)
 
 
@@ -216,18 +221,21 @@ def _rows_and_batches(x, usage):
     return _logical_rows_k(x, usage)[0], None
 
 
-def _gemm_fake(a_tensors, a_shape, a_scheme, a_flags, a_scale_mode, a_tile, b_tensors, b_shape, b_scheme, b_flags,
-      b_scale_mode, b_tile, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
-    m, la = _rows_and_batches(_operand_from_op(a_tensors, a_shape, a_scheme, a_flags, a_scale_mode, a_tile), a_usage)
-    n, lb = _rows_and_batches(_operand_from_op(b_tensors, b_shape, b_scheme, b_flags, b_scale_mode, b_tile), b_usage)
+def _gemm_fake(a_tensors, a_shape, a_scheme, a_flags, a_scale_mode, a_tile, a_e4m3_max, b_tensors, b_shape, b_scheme,
+               b_flags, b_scale_mode, b_tile, b_e4m3_max, a_usage, b_usage, alpha, beta, c, bias, out_dtype):
+    a = _operand_from_op(a_tensors, a_shape, a_scheme, a_flags, a_scale_mode, a_tile, a_e4m3_max)
+    b = _operand_from_op(b_tensors, b_shape, b_scheme, b_flags, b_scale_mode, b_tile, b_e4m3_max)
+    m, la = _rows_and_batches(a, a_usage)
+    n, lb = _rows_and_batches(b, b_usage)
     batches = la if la is not None else lb
     return a_tensors[0].new_empty([m, n] + ([batches] if batches is not None else []), dtype=out_dtype)
 
 
 _gemm_op = define_op(
     "gemm(Tensor[] a_tensors, SymInt[] a_shape, str a_scheme, bool[] a_flags, str a_scale_mode, str a_tile, "
-    "Tensor[] b_tensors, SymInt[] b_shape, str b_scheme, bool[] b_flags, str b_scale_mode, str b_tile, str a_usage, "
-    "str b_usage, float alpha, float beta, Tensor? c, Tensor? bias, ScalarType out_dtype) -> Tensor",
+    "int a_e4m3_max, Tensor[] b_tensors, SymInt[] b_shape, str b_scheme, bool[] b_flags, str b_scale_mode, "
+    "str b_tile, int b_e4m3_max, str a_usage, str b_usage, float alpha, float beta, Tensor? c, Tensor? bias, "
+    "ScalarType out_dtype) -> Tensor",
     _gemm_body, _gemm_fake)
 
 

@@ -28,7 +28,7 @@ class OperandOptions(QuantizeSpec):
     sr_seed: None, or 0 where the recipe rounds this operand stochastically (the seed itself is
     drawn per call)."""
 
-    sr_seed: Optional[int]
+    sr_seed: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,8 @@ class LinearPlan:
 
 def _operand_options(recipe, role):
     o = _C.quantize_options(recipe, role)
-    return OperandOptions(o.scheme, o.rowwise, o.columnwise, o.scale_mode, o.tile, o.rht, o.swizzle,
-                          None if o.sr_seed is None else 0)
+    return OperandOptions(o.scheme, o.rowwise, o.columnwise, o.scale_mode, o.tile, o.rht, o.swizzle, o.four_over_six,
+                          o.four_over_six_scaled_error, o.nvfp4_e4m3_max, None if o.sr_seed is None else 0)
 
 
 # Plans by their recipe's repr (recipes are immutable values: equal reprs, equal recipes), the

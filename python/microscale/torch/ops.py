@@ -29,6 +29,9 @@ class QuantizeSpec:
     tile: str
     rht: bool
     swizzle: bool
+    four_over_six: str = "off"  # NVFP4 4over6 error mode: off, mae or mse (docs/schemes.md)
+    four_over_six_scaled_error: bool = False
+    nvfp4_e4m3_max: int = 448  # NVFP4: the global scale's E4M3 bound, S_enc = 6 * bound / amax
 
 
 @dataclass(frozen=True)
@@ -54,11 +57,14 @@ class QuantizedTensor:
 
 
 def _options(scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
-             amax_columnwise, swizzle, num_threads=0):
+             amax_columnwise, swizzle, four_over_six="off", four_over_six_scaled_error=False, nvfp4_e4m3_max=448,
+             num_threads=0):
     """The C++ options from the op's arguments."""
     return _C.QuantizeOptions(scheme=scheme, rowwise=rowwise, columnwise=columnwise, scale_mode=scale_mode, tile=tile,
                               rht=rht, sr_seed=sr_seed, sr_offset=sr_offset, amax_rowwise=amax_rowwise,
-                              amax_columnwise=amax_columnwise, swizzle=swizzle, num_threads=num_threads)
+                              amax_columnwise=amax_columnwise, swizzle=swizzle, num_threads=num_threads,
+                              four_over_six=four_over_six, four_over_six_scaled_error=four_over_six_scaled_error,
+                              nvfp4_e4m3_max=nvfp4_e4m3_max)
 
 
 _PARTS = ["rowwise_data", "rowwise_scale", "columnwise_data", "columnwise_scale"]
@@ -101,12 +107,14 @@ def _empty_u8(device):
 
 
 def _quantize_body(x, scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
-                   amax_columnwise, swizzle, sr_seed_tensor):
+                   amax_columnwise, swizzle, four_over_six, four_over_six_scaled_error, nvfp4_e4m3_max,
+                   sr_seed_tensor):
     """The op microscale::quantize (below)."""
     sr_seed, sr_seed_tensor = _seed_arguments(sr_seed, sr_seed_tensor, x.device)
     # CPU threads: as many as torch's intra-op pool (torch.set_num_threads), as torch's own ops use
     options = _options(scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
-                       amax_columnwise, swizzle, torch.get_num_threads())
+                       amax_columnwise, swizzle, four_over_six, four_over_six_scaled_error, nvfp4_e4m3_max,
+                       num_threads=torch.get_num_threads())
     return quantize_parts(x.detach(), options, sr_seed_tensor)
 
 
@@ -162,12 +170,14 @@ def _quantize_fake(x, *option_args):
 # [rowwise_data, rowwise_scale, columnwise_data, columnwise_scale, amax]: quantize_parts' outputs.
 _quantize_op = define_op(
     "quantize(Tensor x, str scheme, bool rowwise, bool columnwise, str scale_mode, str tile, bool rht, SymInt? "
-    "sr_seed, SymInt sr_offset, float? amax_rowwise, float? amax_columnwise, bool swizzle, Tensor? sr_seed_tensor) "
-    "-> Tensor[]", _quantize_body, _quantize_fake)
+    "sr_seed, SymInt sr_offset, float? amax_rowwise, float? amax_columnwise, bool swizzle, str four_over_six, "
+    "bool four_over_six_scaled_error, int nvfp4_e4m3_max, Tensor? sr_seed_tensor) -> Tensor[]", _quantize_body,
+    _quantize_fake)
 
 
 def quantize(x, scheme="nvfp4", *, rowwise=True, columnwise=False, scale_mode="rceil", tile="1x16", rht=False,
-             sr_seed=None, sr_offset=0, amax_rowwise=None, amax_columnwise=None, swizzle=False):
+             sr_seed=None, sr_offset=0, amax_rowwise=None, amax_columnwise=None, swizzle=False, four_over_six="off",
+             four_over_six_scaled_error=False, nvfp4_e4m3_max=448):
     """Quantizes a float32 / bfloat16 / float16 tensor (arguments as microscale.quantize's, but for
     num_threads, which is torch.get_num_threads(), and reference).
     Returns a QuantizedTensor of uint8 tensors on x's device (CPU, or CUDA with the CUDA backend).
@@ -185,14 +195,17 @@ def quantize(x, scheme="nvfp4", *, rowwise=True, columnwise=False, scale_mode="r
         sr_seed = 0  # stochastic rounding on; the seed is read from seed_tensor
     if torch.compiler.is_compiling():  # the op's body reads the seed tensor as the eager call below
         parts = _quantize_op(x.detach(), scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset,
-                             amax_rowwise, amax_columnwise, swizzle, seed_tensor)
+                             amax_rowwise, amax_columnwise, swizzle, four_over_six, four_over_six_scaled_error,
+                             nvfp4_e4m3_max, seed_tensor)
     else:
         sr_seed, seed_tensor = _seed_arguments(sr_seed, seed_tensor, x.device)
         options = _options(scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
-                           amax_columnwise, swizzle, torch.get_num_threads())
+                           amax_columnwise, swizzle, four_over_six, four_over_six_scaled_error, nvfp4_e4m3_max,
+                           num_threads=torch.get_num_threads())
         parts = quantize_parts(x.detach(), options, seed_tensor)
     return quantized_tensor(parts, tuple(x.shape), QuantizeSpec(scheme, rowwise, columnwise, scale_mode, tile, rht,
-                                                                swizzle))
+                                                                swizzle, four_over_six, four_over_six_scaled_error,
+                                                                nvfp4_e4m3_max))
 
 
 def quantized_tensor(parts, shape, spec):
@@ -217,9 +230,10 @@ def _dequantized_shape(shape, scheme, usage):
 
 
 def _dequantize_parts(rowwise_data, rowwise_scale, columnwise_data, columnwise_scale, amax, shape, scheme, rowwise,
-                      columnwise, scale_mode, tile, rht, swizzle, usage, dtype):
+                      columnwise, scale_mode, tile, rht, swizzle, nvfp4_e4m3_max, usage, dtype):
     """The dequantize op's body."""
-    options = _options(scheme, rowwise, columnwise, scale_mode, tile, rht, None, 0, None, None, swizzle)
+    options = _options(scheme, rowwise, columnwise, scale_mode, tile, rht, None, 0, None, None, swizzle,
+                       nvfp4_e4m3_max=nvfp4_e4m3_max)
     if dtype not in _DTYPE_NAMES:
         raise _C.Error(f"microscale.torch.dequantize: dtype must be float32, bfloat16 or float16, not {dtype}")
     device = rowwise_data.device if rowwise else columnwise_data.device
@@ -227,7 +241,8 @@ def _dequantize_parts(rowwise_data, rowwise_scale, columnwise_data, columnwise_s
         amax_values = amax.tolist() if amax.numel() == 2 else [0.0, 0.0]
         # Only the usage asked for is copied into the C++ QuantizedTensor.
         row = usage == "rowwise"
-        one = _options(scheme, row, not row, scale_mode, tile, rht, None, 0, None, None, swizzle)
+        one = _options(scheme, row, not row, scale_mode, tile, rht, None, 0, None, None, swizzle,
+                       nvfp4_e4m3_max=nvfp4_e4m3_max)
         q = _C.quantized_tensor(
             list(shape), one,
             rowwise_data.contiguous() if row else None, rowwise_scale.contiguous() if row else None,
@@ -251,7 +266,7 @@ def _dequantize_parts(rowwise_data, rowwise_scale, columnwise_data, columnwise_s
 
 
 def _dequantize_fake(rowwise_data, rowwise_scale, columnwise_data, columnwise_scale, amax, shape, scheme, rowwise,
-                     columnwise, scale_mode, tile, rht, swizzle, usage, dtype):
+                     columnwise, scale_mode, tile, rht, swizzle, nvfp4_e4m3_max, usage, dtype):
     like = rowwise_data if rowwise else columnwise_data
     return like.new_empty(_dequantized_shape(shape, scheme, usage), dtype=dtype)
 
@@ -259,7 +274,7 @@ def _dequantize_fake(rowwise_data, rowwise_scale, columnwise_data, columnwise_sc
 _dequantize_op = define_op(
     "dequantize(Tensor rowwise_data, Tensor rowwise_scale, Tensor columnwise_data, Tensor columnwise_scale, "
     "Tensor amax, SymInt[] shape, str scheme, bool rowwise, bool columnwise, str scale_mode, str tile, bool rht, "
-    "bool swizzle, str usage, ScalarType dtype) -> Tensor", _dequantize_parts, _dequantize_fake)
+    "bool swizzle, int nvfp4_e4m3_max, str usage, ScalarType dtype) -> Tensor", _dequantize_parts, _dequantize_fake)
 
 
 def dequantize(q, usage="rowwise", dtype=torch.float32):
@@ -278,6 +293,6 @@ def dequantize(q, usage="rowwise", dtype=torch.float32):
     return run(
         q.rowwise_data if o.rowwise else empty, q.rowwise_scale if o.rowwise else empty,
         q.columnwise_data if o.columnwise else empty, q.columnwise_scale if o.columnwise else empty,
-        amax, list(q.shape), o.scheme, o.rowwise, o.columnwise, o.scale_mode, o.tile, o.rht, o.swizzle, usage,
-        dtype)
+        amax, list(q.shape), o.scheme, o.rowwise, o.columnwise, o.scale_mode, o.tile, o.rht, o.swizzle,
+        o.nvfp4_e4m3_max, usage, dtype)
 

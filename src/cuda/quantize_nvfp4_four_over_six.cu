@@ -1,0 +1,154 @@
+// NVFP4 4over6 on the device (FourOverSix, quantize.hpp): one thread per 16-element block of one
+// direction, the same fp32 operations in the same order as the CPU backend
+// (cpu/quantize_nvfp4_ref.cpp; the formulas from core/scale_math.hpp, the encoders from
+// core/element_codec.hpp). The amaxes are already in out.amax (launch_nvfp4_amax; 4over6 has no
+// RHT, so both are max|x| or the overrides).
+//
+// Threads are numbered so that the 16 lanes of a half warp hold one 16x16 tile's blocks: rowwise,
+// block b of 16 consecutive rows (thread b * M + r); columnwise, row block rb of 16 consecutive
+// columns (thread rb * K + c). A tile's amax and its error sums are then shuffles within the half
+// warp, the sums in TE's order (down by 8, 4, 2, 1). The reads are not coalesced rowwise (each
+// lane reads 32 or 64 contiguous bytes of its own row): correct first; docs/perf.md has its speed.
+#include <cfloat>
+#include <cstdint>
+
+#include "core/element_codec.hpp"
+#include "core/scale_math.hpp"
+#include "cuda/common.cuh"
+#include "cuda/cuda_check.hpp"
+#include "cuda/launchers.hpp"
+
+namespace microscale::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+struct FourOverSixParams {
+  DeviceMatrix x;
+  uint8_t* data;
+  uint8_t* scale;
+  const float* amax;  // this direction's
+  int64_t scale_cols;
+  bool tile_2d, swizzled, scaled_error, squared;
+  int e4m3_max;
+};
+
+// One candidate: its 16 codes packed (even element in the low nibble), its E4M3 scale and error.
+struct Candidate {
+  uint32_t words[2];
+  uint32_t scale;
+  float error;
+};
+
+__device__ __forceinline__ Candidate candidate(const float (&v)[16], float scale_f32, float s_enc, float amax,
+                                               const FourOverSixParams& p) {
+  Candidate c{{0u, 0u}, E4M3Codec::encode_rn(scale_f32), 0.0f};
+  const float scale_value = e4m3_code_value(c.scale);
+  const float encode_scale = nvfp4_block_encode_scale(scale_value, 1.0f / s_enc);
+  const auto denominator = static_cast<float>(6 * p.e4m3_max);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const float scaled = v[i] * encode_scale;
+    const uint32_t code =
+        scaled == 0.0f ? 0u : static_cast<uint32_t>(E2M1Codec::encode_rn(scaled));  // any zero
+    c.words[i / 8] |= code << (4 * (i % 8));
+    c.error += four_over_six_error_term(E2M1Codec::decode(code), scale_value, v[i], amax, denominator, s_enc,
+                                        p.scaled_error, p.squared);
+  }
+  return c;
+}
+
+// The sum of a 16x16 tile's 16 block errors, held one per lane of a half warp, as TE's warp
+// reduction adds them; every lane of the half gets it.
+__device__ __forceinline__ float tile_error(float e) {
+#pragma unroll
+  for (int s = 8; s > 0; s >>= 1) e += __shfl_down_sync(0xFFFFFFFFu, e, s, 16);
+  return __shfl_sync(0xFFFFFFFFu, e, 0, 16);
+}
+
+template <typename T, bool kColumnwise>
+__global__ void __launch_bounds__(kThreads)
+    four_over_six_kernel(const __grid_constant__ FourOverSixParams p) {
+  const int64_t M = p.x.rows, K = p.x.cols;
+  const int64_t groups = kColumnwise ? (M / 16) * K : M * (K / 16);
+  const int64_t g = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x;
+  // Threads past the end stay to the end (with zeros): the shuffles need every lane of a warp.
+  const bool active = g < groups;
+  // Rowwise: row r, columns 16b..16b+15. Columnwise (a row of X^T): column c, rows 16rb..16rb+15.
+  const int64_t lead = kColumnwise ? g % K : g % M, block = kColumnwise ? g / K : g / M;
+  float v[16];
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int64_t r = kColumnwise ? block * 16 + i : lead, c = kColumnwise ? lead : block * 16 + i;
+    v[i] = active ? Elem<T>::load(p.x.data, r * p.x.row_stride + c * p.x.col_stride) : 0.0f;
+    amax = max_abs_skip_nan(amax, v[i]);
+  }
+  if (p.tile_2d) {
+#pragma unroll
+    for (int s = 1; s < 16; s <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, s));
+  }
+  const float global_amax = *p.amax;
+  const float s_enc = nvfp4_global_encode_scale(global_amax, p.e4m3_max);
+  const float base = four_over_six_base_scale(amax, s_enc);
+  const Candidate map4 = candidate(v, four_over_six_map4_scale(base), s_enc, global_amax, p);
+  const Candidate map6 = candidate(v, min_nonnegative(base, 448.0f), s_enc, global_amax, p);
+  float error4 = map4.error, error6 = map6.error;
+  if (p.tile_2d) {
+    error4 = tile_error(error4);
+    error6 = tile_error(error6);
+  }
+  if (!active) return;
+  const Candidate& pick = error4 < error6 ? map4 : map6;  // a tie keeps map to 6
+  const int64_t row_bytes = kColumnwise ? M / 2 : K / 2;
+  uint8_t* dst = p.data + lead * row_bytes + block * 8;
+  if ((reinterpret_cast<uintptr_t>(dst) & 7) == 0) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(pick.words[0], pick.words[1]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) dst[j] = static_cast<uint8_t>(pick.words[j / 4] >> (8 * (j % 4)));
+  }
+  p.scale[scale_offset(lead, block, p.scale_cols, p.swizzled)] = static_cast<uint8_t>(pick.scale);
+}
+
+template <bool kColumnwise>
+void launch_direction(const FourOverSixParams& p, DType dtype, cudaStream_t stream) {
+  const int64_t groups = kColumnwise ? (p.x.rows / 16) * p.x.cols : p.x.rows * (p.x.cols / 16);
+  if (groups == 0) return;
+  const auto grid = static_cast<unsigned>((groups + kThreads - 1) / kThreads);
+  switch (dtype) {
+    case DType::BF16: four_over_six_kernel<Bf16, kColumnwise><<<grid, kThreads, 0, stream>>>(p); break;
+    case DType::F16: four_over_six_kernel<F16, kColumnwise><<<grid, kThreads, 0, stream>>>(p); break;
+    default: four_over_six_kernel<float, kColumnwise><<<grid, kThreads, 0, stream>>>(p); break;
+  }
+  MICROSCALE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void launch_nvfp4_four_over_six(const DeviceMatrix& x, DType dtype, const QuantizeOptions& o,
+                                const OutputPointers& out, cudaStream_t stream) {
+  FourOverSixParams p{};
+  p.x = x;
+  p.tile_2d = o.tile == Tile::k16x16;
+  p.swizzled = o.scale_layout == ScaleLayout::Swizzled;
+  p.scaled_error = o.four_over_six_scaled_error;
+  p.squared = o.four_over_six == FourOverSix::MinMse;
+  p.e4m3_max = o.nvfp4_e4m3_max;
+  if (o.rowwise) {
+    p.data = out.rowwise_data;
+    p.scale = out.rowwise_scale;
+    p.amax = out.amax;
+    p.scale_cols = x.cols / 16;
+    launch_direction<false>(p, dtype, stream);
+  }
+  if (o.columnwise) {
+    p.data = out.columnwise_data;
+    p.scale = out.columnwise_scale;
+    p.amax = out.amax + 1;
+    p.scale_cols = x.rows / 16;
+    launch_direction<true>(p, dtype, stream);
+  }
+}
+
+}  // namespace microscale::cuda
