@@ -91,6 +91,10 @@ std::vector<Case> cases() {
   // reads its input once (no pass 1).
   QuantizeOptions nvfp4_2d_given = nvfp4_2d;
   nvfp4_2d_given.amax_rowwise = nvfp4_2d_given.amax_columnwise = input_amax();
+  // TE's nvfp4_4over6 for weights, with its default bound (256)
+  QuantizeOptions nvfp4_4over6 = nvfp4_2d;
+  nvfp4_4over6.four_over_six = FourOverSix::MinMae;
+  nvfp4_4over6.nvfp4_e4m3_max = 256;
   QuantizeOptions mxfp8 = nvfp4;
   mxfp8.scheme = Scheme::MXFP8_E4M3;
   QuantizeOptions mxfp4 = nvfp4;
@@ -103,6 +107,7 @@ std::vector<Case> cases() {
           {"nvfp4_row_col_rht", nvfp4_rht},
           {"nvfp4_16x16", nvfp4_2d},
           {"nvfp4_16x16_amax_given", nvfp4_2d_given},
+          {"nvfp4_16x16_4over6", nvfp4_4over6},
           {"mxfp8_row_col", mxfp8},
           {"mxfp4_row_col", mxfp4},
           {"mxfp6_e2m3_row_col", mxfp6},
