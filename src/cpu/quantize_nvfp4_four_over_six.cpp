@@ -17,6 +17,7 @@
 #include "cpu/nvfp4_band.hpp"
 #include "cpu/quantize_kernels.hpp"
 #include "cpu/row_loader.hpp"
+#include "cuda/fast_codec.cuh"  // host and device: e2m1_code_and_value
 
 namespace microscale::cpu {
 namespace {
@@ -72,9 +73,10 @@ struct Candidates {
 // the element index outside, so that GCC vectorises every loop without changing any block's order
 // of additions (the per-block form, a chain of 16 dependent adds per block, ran at 0.1 GB/s).
 template <bool kScaledError, bool kSquared>
-MICROSCALE_CPU_INLINE void encode_candidate(const float* __restrict x, int64_t blocks, const float* __restrict enc,
-                                            const float* __restrict value, const Globals& g, Candidates& c,
-                                            uint8_t* __restrict codes, float* __restrict error) {
+MICROSCALE_CPU_INLINE void encode_candidate(const float* __restrict x, int64_t blocks,
+                                            const float* __restrict enc, const float* __restrict value,
+                                            const Globals& g, Candidates& c, uint8_t* __restrict codes,
+                                            float* __restrict error) {
   const int64_t n = blocks * kBlock;
   float* __restrict enc_e = c.enc_per_element.data();
   float* __restrict value_e = c.value_per_element.data();
@@ -87,11 +89,11 @@ MICROSCALE_CPU_INLINE void encode_candidate(const float* __restrict x, int64_t b
   }
   const float amax = g.amax, denominator = g.denominator, s_enc = g.s_enc;
   for (int64_t e = 0; e < n; ++e) {
-    const float scaled = x[e] * enc_e[e];
-    const uint32_t code = select(scaled == 0.0f, 0u, E2M1Codec::encode_rn(scaled));  // any zero -> 0
+    float code_value;                                                              // E2M1Codec::decode(code)
+    const uint32_t code = cuda::e2m1_code_and_value(x[e] * enc_e[e], code_value);  // any zero -> 0
     codes[e] = static_cast<uint8_t>(code);
-    terms[e] = four_over_six_error_term(E2M1Codec::decode(code), value_e[e], x[e], amax, denominator, s_enc,
-                                        kScaledError, kSquared);
+    terms[e] = four_over_six_error_term(code_value, value_e[e], x[e], amax, denominator, s_enc, kScaledError,
+                                        kSquared);
   }
   for (int64_t i = 0; i < blocks; ++i) error[i] = 0.0f;
   for (int j = 0; j < kBlock; ++j) {

@@ -36,11 +36,14 @@ namespace microscale::cuda {
 /// code modulo 8. Code parity is step parity, so ties to even agree. A clamp, a mask, an
 /// add-and-max and the fp32 add (the kernels' instruction count is what limits them;
 /// docs/perf.md, CUDA v9).
+MICROSCALE_HOST_DEVICE float e2m1_grid_addend(float a) {                  // M for a = |x| clamped to 6
+  const uint32_t m = (float_bits(a) & 0x7F800000u) + (0x0B000000u + 6u);  // P + 6 ulp for a >= 1
+  return bits_to_float(m < 0x4A800006u ? 0x4A800006u : m);                // 2^22 + 6 ulp below 1
+}
+
 MICROSCALE_HOST_DEVICE uint32_t e2m1_grid_sum(float x) {
-  const float a = fabsf(x) < 6.0f ? fabsf(x) : 6.0f;                // NaN -> 6
-  uint32_t m = (float_bits(a) & 0x7F800000u) + (0x0B000000u + 6u);  // P + 6 ulp for a >= 1
-  m = m < 0x4A800006u ? 0x4A800006u : m;                            // 2^22 + 6 ulp below 1
-  return float_bits(a + bits_to_float(m));
+  const float a = fabsf(x) < 6.0f ? fabsf(x) : 6.0f;  // NaN -> 6
+  return float_bits(a + e2m1_grid_addend(a));
 }
 
 /// The bits of 1.0f (0x3F800000) when x < 0 (so not for -0.0 nor NaN), else 0: what PTX's
@@ -53,6 +56,23 @@ MICROSCALE_HOST_DEVICE uint32_t one_if_negative(float x) {
 #else
   return x < 0.0f ? 0x3F800000u : 0u;
 #endif
+}
+
+/// E2M1Codec::encode_rn's code of x with NVFP4's rule (any zero, -0.0 too, is code 0; NaN is
+/// 0x7) and the value that code decodes to (E2M1Codec::decode's, -0.0 for code 0x8), for 4over6,
+/// which needs both. The grid sum is M + k ulp(P), so sum - M = k ulp(P) is |x| rounded to its
+/// grid, exactly (the two are in one binade).
+MICROSCALE_HOST_DEVICE uint32_t e2m1_code_and_value(float x, float& value) {
+  // |x| clamped to 6 on the bits (NaN patterns are above 6's): an integer min, which CPU loops
+  // vectorise (a `?:` between floats stays a branch there).
+  const uint32_t abs_bits = float_bits(x) & 0x7FFFFFFFu;
+  const float a = bits_to_float(abs_bits < 0x40C00000u ? abs_bits : 0x40C00000u);
+  const float m = e2m1_grid_addend(a);
+  const float sum = a + m;
+  const uint32_t r = float_bits(sum);
+  const uint32_t sign = (one_if_negative(x) >> 26) & 8u;  // 0x3F800000 >> 26 = 0xF
+  value = bits_to_float(float_bits(sum - m) | (sign << 28));
+  return ((r + (r >> 22)) & 7u) | sign;
 }
 
 /// Eight E2M1 codes, round to nearest even, packed into one word with x[0] in the low nibble:

@@ -56,6 +56,25 @@ void check_e2m1x8() {
   EXPECT_EQ(mismatches, 0);
 }
 
+// 4over6's encoder (the CPU fast path and the CUDA kernel): the code of encode_rn with NVFP4's
+// zero rule, and that code's decoded value, bit for bit, on every tested pattern.
+TEST(DeviceCodec, E2m1CodeAndValueEqualsEncodeRnAndDecode) {
+  constexpr uint64_t kCount = uint64_t{5} << 24;
+  int64_t mismatches = 0;
+  for (uint64_t n = 0; n < kCount; ++n) {
+    const float x = bits_to_float(tested_pattern(n));
+    float value = 0.0f;
+    const uint32_t code = cuda::e2m1_code_and_value(x, value);
+    const uint32_t want = reference_code<true>(x);
+    const float want_value = decode(Format::E2M1, static_cast<uint8_t>(want));
+    if ((code != want || float_bits(value) != float_bits(want_value)) && ++mismatches <= 5) {
+      ADD_FAILURE() << "x = 0x" << std::hex << float_bits(x) << ": code 0x" << code << " value 0x"
+                    << float_bits(value) << ", want 0x" << want << " value 0x" << float_bits(want_value);
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
 TEST(DeviceCodec, E2m1x8EqualsEncodeRn) { check_e2m1x8<false>(); }
 
 TEST(DeviceCodec, E2m1x8ZeroUnsignedEqualsEncodeRnButZeros) { check_e2m1x8<true>(); }
