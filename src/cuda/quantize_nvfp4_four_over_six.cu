@@ -7,8 +7,10 @@
 // Threads are numbered so that the 16 lanes of a half warp hold one 16x16 tile's blocks: rowwise,
 // block b of 16 consecutive rows (thread b * M + r); columnwise, row block rb of 16 consecutive
 // columns (thread rb * K + c). A tile's amax and its error sums are then shuffles within the half
-// warp, the sums in TE's order (down by 8, 4, 2, 1). The reads are not coalesced rowwise (each
-// lane reads 32 or 64 contiguous bytes of its own row): correct first; docs/perf.md has its speed.
+// warp, the sums in TE's order (down by 8, 4, 2, 1). Rowwise 1x16 blocks run along the rows
+// instead (thread r * K/16 + b), so that a warp reads and writes contiguous bytes. A rowwise
+// block's 16 elements are read with 16-byte loads where the input allows (DeviceMatrix::vector_ok).
+
 #include <cfloat>
 #include <cstdint>
 
@@ -16,6 +18,7 @@
 #include "core/scale_math.hpp"
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
+#include "cuda/fast_codec.cuh"
 #include "cuda/launchers.hpp"
 
 namespace microscale::cuda {
@@ -48,11 +51,10 @@ __device__ __forceinline__ Candidate candidate(const float (&v)[16], float scale
   const auto denominator = static_cast<float>(6 * p.e4m3_max);
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    const float scaled = v[i] * encode_scale;
-    const uint32_t code =
-        scaled == 0.0f ? 0u : static_cast<uint32_t>(E2M1Codec::encode_rn(scaled));  // any zero
+    float code_value;                                                            // E2M1Codec::decode(code)
+    const uint32_t code = e2m1_code_and_value(v[i] * encode_scale, code_value);  // any zero -> 0
     c.words[i / 8] |= code << (4 * (i % 8));
-    c.error += four_over_six_error_term(E2M1Codec::decode(code), scale_value, v[i], amax, denominator, s_enc,
+    c.error += four_over_six_error_term(code_value, scale_value, v[i], amax, denominator, s_enc,
                                         p.scaled_error, p.squared);
   }
   return c;
@@ -66,7 +68,33 @@ __device__ __forceinline__ float tile_error(float e) {
   return __shfl_sync(0xFFFFFFFFu, e, 0, 16);
 }
 
-template <typename T, bool kColumnwise>
+// The 16 elements of a rowwise block starting at element `first` of row-major storage: 16-byte
+// loads (bf16/f16: two, f32: four), the input's rows 16-byte aligned (vector_ok).
+template <typename T>
+__device__ __forceinline__ void load_contiguous16(const void* base, int64_t first, float (&v)[16]) {
+  const uint4* src = reinterpret_cast<const uint4*>(static_cast<const char*>(base) + first * kElemBytes<T>);
+  if constexpr (kElemBytes<T> == 2) {
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const uint4 w = src[q];
+      widen<T>(w.x, v + q * 8);
+      widen<T>(w.y, v + q * 8 + 2);
+      widen<T>(w.z, v + q * 8 + 4);
+      widen<T>(w.w, v + q * 8 + 6);
+    }
+  } else {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint4 w = src[q];
+      v[q * 4] = bits_to_float(w.x);
+      v[q * 4 + 1] = bits_to_float(w.y);
+      v[q * 4 + 2] = bits_to_float(w.z);
+      v[q * 4 + 3] = bits_to_float(w.w);
+    }
+  }
+}
+
+template <typename T, bool kColumnwise, bool kTile2d>
 __global__ void __launch_bounds__(kThreads)
     four_over_six_kernel(const __grid_constant__ FourOverSixParams p) {
   const int64_t M = p.x.rows, K = p.x.cols;
@@ -74,17 +102,33 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t g = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x;
   // Threads past the end stay to the end (with zeros): the shuffles need every lane of a warp.
   const bool active = g < groups;
-  // Rowwise: row r, columns 16b..16b+15. Columnwise (a row of X^T): column c, rows 16rb..16rb+15.
-  const int64_t lead = kColumnwise ? g % K : g % M, block = kColumnwise ? g / K : g / M;
+  // lead: the output row (rowwise: X's row r; columnwise: X^T's row, X's column c); block: the
+  // 16-element block of that row.
+  int64_t lead, block;
+  if constexpr (kColumnwise) {
+    lead = g % K;
+    block = g / K;
+  } else if constexpr (kTile2d) {
+    lead = g % M;
+    block = g / M;
+  } else {
+    lead = g / (K / 16);
+    block = g % (K / 16);
+  }
   float v[16];
+  if (active && !kColumnwise && p.x.vector_ok) {
+    load_contiguous16<T>(p.x.data, lead * p.x.row_stride + block * 16, v);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int64_t r = kColumnwise ? block * 16 + i : lead, c = kColumnwise ? lead : block * 16 + i;
+      v[i] = active ? Elem<T>::load(p.x.data, r * p.x.row_stride + c * p.x.col_stride) : 0.0f;
+    }
+  }
   float amax = 0.0f;
 #pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const int64_t r = kColumnwise ? block * 16 + i : lead, c = kColumnwise ? lead : block * 16 + i;
-    v[i] = active ? Elem<T>::load(p.x.data, r * p.x.row_stride + c * p.x.col_stride) : 0.0f;
-    amax = max_abs_skip_nan(amax, v[i]);
-  }
-  if (p.tile_2d) {
+  for (int i = 0; i < 16; ++i) amax = max_abs_skip_nan(amax, v[i]);
+  if constexpr (kTile2d) {
 #pragma unroll
     for (int s = 1; s < 16; s <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, s));
   }
@@ -94,7 +138,7 @@ __global__ void __launch_bounds__(kThreads)
   const Candidate map4 = candidate(v, four_over_six_map4_scale(base), s_enc, global_amax, p);
   const Candidate map6 = candidate(v, min_nonnegative(base, 448.0f), s_enc, global_amax, p);
   float error4 = map4.error, error6 = map6.error;
-  if (p.tile_2d) {
+  if constexpr (kTile2d) {
     error4 = tile_error(error4);
     error6 = tile_error(error6);
   }
@@ -116,10 +160,20 @@ void launch_direction(const FourOverSixParams& p, DType dtype, cudaStream_t stre
   const int64_t groups = kColumnwise ? (p.x.rows / 16) * p.x.cols : p.x.rows * (p.x.cols / 16);
   if (groups == 0) return;
   const auto grid = static_cast<unsigned>((groups + kThreads - 1) / kThreads);
+  const auto launch = [&](auto kernel) { kernel<<<grid, kThreads, 0, stream>>>(p); };
   switch (dtype) {
-    case DType::BF16: four_over_six_kernel<Bf16, kColumnwise><<<grid, kThreads, 0, stream>>>(p); break;
-    case DType::F16: four_over_six_kernel<F16, kColumnwise><<<grid, kThreads, 0, stream>>>(p); break;
-    default: four_over_six_kernel<float, kColumnwise><<<grid, kThreads, 0, stream>>>(p); break;
+    case DType::BF16:
+      p.tile_2d ? launch(four_over_six_kernel<Bf16, kColumnwise, true>)
+                : launch(four_over_six_kernel<Bf16, kColumnwise, false>);
+      break;
+    case DType::F16:
+      p.tile_2d ? launch(four_over_six_kernel<F16, kColumnwise, true>)
+                : launch(four_over_six_kernel<F16, kColumnwise, false>);
+      break;
+    default:
+      p.tile_2d ? launch(four_over_six_kernel<float, kColumnwise, true>)
+                : launch(four_over_six_kernel<float, kColumnwise, false>);
+      break;
   }
   MICROSCALE_CUDA_CHECK(cudaGetLastError());
 }
