@@ -144,8 +144,11 @@ void run(const Args& a) {
       metadata["microscale.sr_seed"] = std::to_string(options.stochastic_rounding->seed);
     // Readers need the bound: the amaxes' S_enc is 6 * nvfp4_e4m3_max / amax.
     metadata["microscale.nvfp4_e4m3_max"] = std::to_string(options.nvfp4_e4m3_max);
-    if (options.four_over_six != FourOverSix::Off)
+    if (options.four_over_six != FourOverSix::Off) {
       metadata["microscale.four_over_six"] = std::string(four_over_six_name(options.four_over_six));
+      metadata["microscale.four_over_six_scaled_error"] =
+          options.four_over_six_scaled_error ? "true" : "false";
+    }
   }
   write_safetensors(a.output, out, metadata);
   std::printf("wrote %zu tensors to %s\n", out.size(), a.output.c_str());

@@ -69,9 +69,11 @@ void bind_training(nb::module_& m) {
              bool disable_2d_quantization, const std::optional<std::string>& backward_override,
              const std::string& nvfp4_4over6, const std::string& nvfp4_4over6_e4m3_use_256,
              const std::string& nvfp4_4over6_err_mode) {
-            const FourOverSix err_mode = parse_four_over_six(nvfp4_4over6_err_mode);
-            if (err_mode == FourOverSix::Off)
+            std::string mode = nvfp4_4over6_err_mode;  // TE's spellings, in any ASCII case
+            for (char& ch : mode) ch = (ch >= 'A' && ch <= 'Z') ? static_cast<char>(ch - 'A' + 'a') : ch;
+            if (mode != "mae" && mode != "mse")
               throw Error("nvfp4_4over6_err_mode must be MAE or MSE, not '" + nvfp4_4over6_err_mode + "'");
+            const FourOverSix err_mode = mode == "mse" ? FourOverSix::MinMse : FourOverSix::MinMae;
             new (self) NVFP4BlockScaling(NVFP4BlockScaling::Options{
                 disable_rht, disable_stochastic_rounding, disable_2d_quantization,
                 override_from_python(backward_override), parse_nvfp4_scope(nvfp4_4over6),

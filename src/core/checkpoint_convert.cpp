@@ -18,6 +18,7 @@
 #include "core/fp_environment.hpp"
 #include "core/input_matrix.hpp"
 #include "core/quantize_checks.hpp"
+#include "core/require.hpp"
 #include "core/scale_math.hpp"
 #include "core/unfinished_outputs.hpp"
 #include "microscale/checkpoint.hpp"
@@ -158,7 +159,10 @@ uint64_t write_quantized_piece(SafetensorsStreamWriter& writer, const WeightPiec
   writer.write(specs[1].name, q.rowwise_scale.data(), q.rowwise_scale.nbytes());
   uint64_t bytes = q.rowwise_data.nbytes() + q.rowwise_scale.nbytes();
   if (specs.size() >= 3) {  // NVFP4 global scale: ModelOpt's decode 1/S_enc, or CT's S_enc
-    const float s_enc = nvfp4_global_encode_scale(q.rowwise_amax);
+    // (The serving conventions' decode is scale * global with the usual bound: conversion never
+    // quantizes with 4over6's 256.)
+    require(q.nvfp4_e4m3_max == 448, "a checkpoint's NVFP4 weights take the global-scale bound 448");
+    const float s_enc = nvfp4_global_encode_scale(q.rowwise_amax, q.nvfp4_e4m3_max);
     const float global = ct ? s_enc : 1.0f / s_enc;
     writer.write(specs[2].name, &global, sizeof global);
     bytes += sizeof global;

@@ -79,9 +79,12 @@ std::array<int64_t, 3> check_operand(const GemmOperand& op, const char* name) {
   if (op.amax) {
     require(op.scheme == Scheme::NVFP4, who + ": only NVFP4 operands carry an amax");
     require(std::isfinite(*op.amax) && *op.amax >= 0.0f, who + ": amax must be finite and >= 0");
-    require(op.nvfp4_e4m3_max == 448 || op.nvfp4_e4m3_max == 256,
-            who + ": nvfp4_e4m3_max must be 448 or 256, got " + std::to_string(op.nvfp4_e4m3_max));
   }
+  require(
+      op.nvfp4_e4m3_max == 448 || (op.amax && op.nvfp4_e4m3_max == 256),
+      who +
+          ": nvfp4_e4m3_max must be 448, or 256 for an NVFP4 operand with an amax (its global scale); got " +
+          std::to_string(op.nvfp4_e4m3_max));
   return {rows, k, batches};
 }
 

@@ -76,7 +76,9 @@ bool same_quantization(const QuantizeOptions& a, const QuantizeOptions& b) {
   return a.scheme == b.scheme && a.rowwise == b.rowwise && a.columnwise == b.columnwise &&
          a.scale_mode == b.scale_mode && a.tile == b.tile && a.rht == b.rht &&
          a.rht_sign_mask == b.rht_sign_mask && sr(a) == sr(b) && a.amax_rowwise == b.amax_rowwise &&
-         a.amax_columnwise == b.amax_columnwise && a.scale_layout == b.scale_layout;
+         a.amax_columnwise == b.amax_columnwise && a.scale_layout == b.scale_layout &&
+         a.four_over_six == b.four_over_six && a.four_over_six_scaled_error == b.four_over_six_scaled_error &&
+         a.nvfp4_e4m3_max == b.nvfp4_e4m3_max;
 }
 
 // dgrad and wgrad as an unquantized Linear computes them, from f32 copies of dy [M, N], the weight
@@ -152,12 +154,14 @@ Tensor linear_forward(const TensorView& x, const TensorView& weight, const std::
     if (cached_weight) {  // it must be what quantize(weight, wo) would give, at least in kind and shape
       const QuantizedTensor& c = *cached_weight;
       if (c.scheme != wo.scheme || c.tile != wo.tile || c.rows != n || c.cols != k ||
-          !c.has(Usage::Rowwise)) {
+          !c.has(Usage::Rowwise) || c.nvfp4_e4m3_max != wo.nvfp4_e4m3_max) {
         throw Error("the cached weight is " + std::string(scheme_name(c.scheme)) + " [" +
                     std::to_string(c.rows) + ", " + std::to_string(c.cols) + "]" +
-                    (c.has(Usage::Rowwise) ? "" : " without rowwise data") + "; this recipe's weight is " +
-                    std::string(scheme_name(wo.scheme)) + " [" + std::to_string(n) + ", " +
-                    std::to_string(k) + "] with rowwise data");
+                    (c.has(Usage::Rowwise) ? "" : " without rowwise data") +
+                    (c.scheme == Scheme::NVFP4 ? ", bound " + std::to_string(c.nvfp4_e4m3_max) : "") +
+                    "; this recipe's weight is " + std::string(scheme_name(wo.scheme)) + " [" +
+                    std::to_string(n) + ", " + std::to_string(k) + "] with rowwise data" +
+                    (wo.scheme == Scheme::NVFP4 ? ", bound " + std::to_string(wo.nvfp4_e4m3_max) : ""));
       }
     }
     const QuantizedTensor wq = cached_weight ? *cached_weight : quantize_operand(weight, wo, "weight");

@@ -91,8 +91,11 @@ GemmDeviceOperand device_operand(const GemmOperand& op, const float* device_amax
     out.has_amax = true;
     out.amax = device_amax;
   }
-  require(op.nvfp4_e4m3_max == 448 || op.nvfp4_e4m3_max == 256,
-          who + ": nvfp4_e4m3_max must be 448 or 256, got " + std::to_string(op.nvfp4_e4m3_max));
+  require(
+      op.nvfp4_e4m3_max == 448 || (out.has_amax && op.nvfp4_e4m3_max == 256),
+      who +
+          ": nvfp4_e4m3_max must be 448, or 256 for an NVFP4 operand with an amax (its global scale); got " +
+          std::to_string(op.nvfp4_e4m3_max));
   out.e4m3_max = op.nvfp4_e4m3_max;
   return out;
 }

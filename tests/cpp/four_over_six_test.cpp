@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/scale_math.hpp"
 #include "kernel_sets.hpp"
 #include "microscale/error.hpp"
 #include "microscale/gemm.hpp"
@@ -84,6 +85,24 @@ TEST(FourOverSix, WorkedBlocks) {
   EXPECT_EQ(back.data_as<float>()[1], 36.0f);
 }
 
+// The tile's error adds its rows in TE's tree, not in row order: 4 and fifteen times 2^-22 (half an
+// ulp of 4) stay 4 in row order (each add a tie to even), and not in the tree, where the small
+// terms meet each other first.
+TEST(FourOverSix, TileErrorAddsAsATree) {
+  float e[16];
+  for (float& v : e) v = 0x1p-22f;
+  e[0] = 4.0f;
+  float in_order = 0.0f;
+  for (float v : e) in_order += v;
+  EXPECT_EQ(in_order, 4.0f);
+  // (ulp(4) = 2^-21) e[0] + e[8] = 4 (a tie, to even), the seven other pairs 2^-21; 4 apart:
+  // 4 + 2^-21 and three of 2^-20; 2 apart: 4 + 3 * 2^-21 and 2^-19; 1 apart: 4 + 7 * 2^-21, exact.
+  EXPECT_EQ(four_over_six_tile_error(e, 1), 4.0f + 7 * 0x1p-21f);
+  float strided[32] = {};
+  for (int i = 0; i < 16; ++i) strided[2 * i] = e[i];
+  EXPECT_EQ(four_over_six_tile_error(strided, 2), 4.0f + 7 * 0x1p-21f);
+}
+
 TEST(FourOverSix, TilePicksFromTheSumOfItsRows) {
   // A 16x16 tile of amax 48 whose rows favour map to 4 (rows [48, 36], off by 4 under map to 6)
   // and map to 6 (rows [48, 32], off by 4 under map to 4): the tile goes with the sum.
@@ -113,14 +132,14 @@ TEST(FourOverSix, FastEqualsReference) {
   for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
     for (Fill fill : {Fill::Normal, Fill::Heavy, Fill::Specials, Fill::Sparse, Fill::Tiny}) {
       for (auto shape : {std::vector<int64_t>{32, 64}, {2, 48, 160}, {64, 16}}) {
-        for (int variant = 0; variant < 8; ++variant) {
+        for (int variant = 0; variant < 16; ++variant) {
           const Tensor x = random_tensor(dtype, shape, fill, seed++);
           QuantizeOptions o;
           o.scheme = Scheme::NVFP4;
           o.four_over_six = variant % 2 == 0 ? FourOverSix::MinMae : FourOverSix::MinMse;
           o.four_over_six_scaled_error = variant % 4 >= 2;
-          o.nvfp4_e4m3_max = variant < 4 ? 256 : 448;
-          o.tile = seed % 2 == 0 ? Tile::k16x16 : Tile::k1x16;
+          o.nvfp4_e4m3_max = variant % 8 < 4 ? 256 : 448;
+          o.tile = variant < 8 ? Tile::k16x16 : Tile::k1x16;  // every mode, domain and bound in both
           o.columnwise = true;
           o.rowwise = seed % 5 != 0;
           if (seed % 7 == 0) o.amax_rowwise = o.amax_columnwise = 3.0f;

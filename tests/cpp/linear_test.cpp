@@ -417,6 +417,16 @@ TEST(Linear, WeightQuantizationIsCachedUntilTheWeightChanges) {
   EXPECT_EQ(layer.weight_quantizations(), 4);
   layer.forward(x.view());  // the default NVFP4 recipe again
   EXPECT_EQ(layer.weight_quantizations(), 5);
+  // Recipes that differ only in the weight's 4over6: its error mode, then its bound.
+  NVFP4BlockScaling::Options fos{.four_over_six = Nvfp4Scope::Weights};
+  for (int expected : {6, 7, 8}) {
+    autocast other{NVFP4BlockScaling(fos)};
+    layer.forward(x.view());
+    layer.backward(dy.view());
+    EXPECT_EQ(layer.weight_quantizations(), expected);
+    if (expected == 6) fos.four_over_six_err_mode = FourOverSix::MinMse;
+    if (expected == 7) fos.four_over_six_e4m3_use_256 = Nvfp4Scope::None;
+  }
 }
 
 TEST(Linear, ClearErrors) {

@@ -296,8 +296,9 @@ void random_suite(bool quick) {
         o.scheme = Scheme::NVFP4;
         o.rowwise = variant != 7;
         o.columnwise = variant != 6;
+        // 4over6 variants: 10 MAE 1x16, 11 MSE 16x16, 12 MAE 16x16, 13 MSE 1x16 (12-13 the scaled error)
         o.tile =
-            (variant == 1 || variant == 5 || variant == 11 || variant == 13) ? Tile::k16x16 : Tile::k1x16;
+            (variant == 1 || variant == 5 || variant == 11 || variant == 12) ? Tile::k16x16 : Tile::k1x16;
         if (variant >= 10) {
           o.four_over_six = variant % 2 == 0 ? FourOverSix::MinMae : FourOverSix::MinMse;
           o.four_over_six_scaled_error = variant >= 12;
@@ -377,7 +378,24 @@ void random_suite(bool quick) {
     tm.columnwise = true;
     compare_case(std::vector<float>(v.begin(), v.begin() + 64 * 64), {64, 64}, {1, 64}, DType::F32, tm,
                  false);
-    cases += 8;
+    // 4over6: rowwise only with M = 37 (1x16 blocks along the rows), columnwise only with K = 75,
+    // and transposed views (no 16-byte loads), in both tiles
+    QuantizeOptions f;
+    f.scheme = Scheme::NVFP4;
+    f.four_over_six = FourOverSix::MinMae;
+    f.nvfp4_e4m3_max = 256;
+    compare_case(std::vector<float>(v.begin(), v.begin() + 37 * 80), {37, 80}, {}, DType::BF16, f, true);
+    f.rowwise = false;
+    f.columnwise = true;
+    f.four_over_six = FourOverSix::MinMse;
+    compare_case(std::vector<float>(v.begin(), v.begin() + 48 * 75), {48, 75}, {}, DType::F32, f, true);
+    f.rowwise = true;
+    compare_case(std::vector<float>(v.begin(), v.begin() + 64 * 48), {64, 48}, {1, 64}, DType::BF16, f,
+                 false);
+    f.tile = Tile::k16x16;
+    f.four_over_six = FourOverSix::MinMae;
+    compare_case(std::vector<float>(v.begin(), v.begin() + 64 * 48), {64, 48}, {1, 64}, DType::F16, f, false);
+    cases += 12;
   }
   std::printf("random suite: %d cases\n", cases);
 }

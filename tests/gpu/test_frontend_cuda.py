@@ -23,6 +23,8 @@ CASES = [
     ("nvfp4", dict(columnwise=True, sr_seed=11, sr_offset=3)),
     ("nvfp4", dict(columnwise=True, swizzle=True, amax_rowwise=3.0, amax_columnwise=5.0)),
     ("nvfp4", dict(columnwise=True, four_over_six="mae", nvfp4_e4m3_max=256)),
+    ("nvfp4", dict(columnwise=True, tile="16x16", four_over_six="mae", nvfp4_e4m3_max=256)),
+    ("nvfp4", dict(columnwise=True, four_over_six="mse", four_over_six_scaled_error=True)),
     ("nvfp4", dict(columnwise=True, tile="16x16", four_over_six="mse", four_over_six_scaled_error=True, swizzle=True)),
     ("mxfp8_e4m3", dict(columnwise=True)),
     ("mxfp8_e5m2", dict(columnwise=True, scale_mode="floor", swizzle=True)),
