@@ -43,11 +43,11 @@ struct Candidate {
   float error;
 };
 
-__device__ __forceinline__ Candidate candidate(const float (&v)[16], float scale_f32, float s_enc, float amax,
-                                               const FourOverSixParams& p) {
-  Candidate c{{0u, 0u}, E4M3Codec::encode_rn(scale_f32), 0.0f};
-  const float scale_value = e4m3_code_value(c.scale);
-  const float encode_scale = nvfp4_block_encode_scale(scale_value, 1.0f / s_enc);
+__device__ __forceinline__ Candidate candidate(const float (&v)[16], float scale_f32, float s_enc,
+                                               float s_dec, float amax, const FourOverSixParams& p) {
+  float scale_value;  // E4M3Codec::encode_rn's code (scale_f32 is finite and >= 0) and its value
+  Candidate c{{0u, 0u}, e4m3_scale(scale_f32, scale_value), 0.0f};
+  const float encode_scale = nvfp4_block_encode_scale(scale_value, s_dec);
   const auto denominator = static_cast<float>(6 * p.e4m3_max);
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
@@ -104,17 +104,20 @@ __global__ void __launch_bounds__(kThreads)
   const bool active = g < groups;
   // lead: the output row (rowwise: X's row r; columnwise: X^T's row, X's column c); block: the
   // 16-element block of that row.
-  int64_t lead, block;
-  if constexpr (kColumnwise) {
-    lead = g % K;
-    block = g / K;
-  } else if constexpr (kTile2d) {
-    lead = g % M;
-    block = g / M;
+  // NOTE: in 32 bits where the count allows (every divisor is at most the count): a 64-bit
+  // division is a long software routine on the GPU, and these took about a quarter of the kernel.
+  const int64_t divisor = kColumnwise ? K : kTile2d ? M : K / 16;
+  int64_t quotient, remainder;
+  if (groups <= 0xFFFFFFFF) {
+    const auto g32 = static_cast<uint32_t>(g), d32 = static_cast<uint32_t>(divisor);
+    quotient = g32 / d32;
+    remainder = g32 % d32;
   } else {
-    lead = g / (K / 16);
-    block = g % (K / 16);
+    quotient = g / divisor;
+    remainder = g % divisor;
   }
+  const int64_t lead = kColumnwise || kTile2d ? remainder : quotient;
+  const int64_t block = kColumnwise || kTile2d ? quotient : remainder;
   float v[16];
   if (active && !kColumnwise && p.x.vector_ok) {
     load_contiguous16<T>(p.x.data, lead * p.x.row_stride + block * 16, v);
@@ -133,10 +136,10 @@ __global__ void __launch_bounds__(kThreads)
     for (int s = 1; s < 16; s <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, s));
   }
   const float global_amax = *p.amax;
-  const float s_enc = nvfp4_global_encode_scale(global_amax, p.e4m3_max);
+  const float s_enc = nvfp4_global_encode_scale(global_amax, p.e4m3_max), s_dec = 1.0f / s_enc;
   const float base = four_over_six_base_scale(amax, s_enc);
-  const Candidate map4 = candidate(v, four_over_six_map4_scale(base), s_enc, global_amax, p);
-  const Candidate map6 = candidate(v, min_nonnegative(base, 448.0f), s_enc, global_amax, p);
+  const Candidate map4 = candidate(v, four_over_six_map4_scale(base), s_enc, s_dec, global_amax, p);
+  const Candidate map6 = candidate(v, min_nonnegative(base, 448.0f), s_enc, s_dec, global_amax, p);
   float error4 = map4.error, error6 = map6.error;
   if constexpr (kTile2d) {
     error4 = tile_error(error4);
