@@ -146,16 +146,21 @@ __global__ void __launch_bounds__(kThreads)
     error6 = tile_error(error6);
   }
   if (!active) return;
-  const Candidate& pick = error4 < error6 ? map4 : map6;  // a tie keeps map to 6
+  // The pick by value, field by field: a reference to either candidate would put both in local
+  // memory (a 32-byte stack frame).
+  const bool map4_wins = error4 < error6;  // a tie keeps map to 6
+  const uint32_t word0 = map4_wins ? map4.words[0] : map6.words[0];
+  const uint32_t word1 = map4_wins ? map4.words[1] : map6.words[1];
+  const uint32_t scale = map4_wins ? map4.scale : map6.scale;
   const int64_t row_bytes = kColumnwise ? M / 2 : K / 2;
   uint8_t* dst = p.data + lead * row_bytes + block * 8;
   if ((reinterpret_cast<uintptr_t>(dst) & 7) == 0) {
-    *reinterpret_cast<uint2*>(dst) = make_uint2(pick.words[0], pick.words[1]);
+    *reinterpret_cast<uint2*>(dst) = make_uint2(word0, word1);
   } else {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) dst[j] = static_cast<uint8_t>(pick.words[j / 4] >> (8 * (j % 4)));
+    for (int j = 0; j < 8; ++j) dst[j] = static_cast<uint8_t>((j < 4 ? word0 : word1) >> (8 * (j % 4)));
   }
-  p.scale[scale_offset(lead, block, p.scale_cols, p.swizzled)] = static_cast<uint8_t>(pick.scale);
+  p.scale[scale_offset(lead, block, p.scale_cols, p.swizzled)] = static_cast<uint8_t>(scale);
 }
 
 template <bool kColumnwise>
