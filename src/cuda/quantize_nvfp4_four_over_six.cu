@@ -49,13 +49,32 @@ __device__ __forceinline__ Candidate candidate(const float (&v)[16], float scale
   Candidate c{{0u, 0u}, e4m3_scale(scale_f32, scale_value), 0.0f};
   const float encode_scale = nvfp4_block_encode_scale(scale_value, s_dec);
   const auto denominator = static_cast<float>(6 * p.e4m3_max);
+  // four_over_six_error_term's candidate (the dequantized value, or code * scale in the scaled
+  // domain) for each E2M1 magnitude: 7 divisions per block instead of 16. A negative code's is
+  // the negation, exactly (every rounding is symmetric), so the terms are the same bits.
+  constexpr float kMagnitudes[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  float dequantized[8];
+#pragma unroll
+  for (int m = 0; m < 8; ++m) {
+    const float product = kMagnitudes[m] * scale_value;
+    dequantized[m] = p.scaled_error ? product : product * amax / denominator;
+  }
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    float code_value;                                                            // E2M1Codec::decode(code)
-    const uint32_t code = e2m1_code_and_value(v[i] * encode_scale, code_value);  // any zero -> 0
+    float unused;
+    const uint32_t code = e2m1_code_and_value(v[i] * encode_scale, unused);  // any zero -> 0
     c.words[i / 8] |= code << (4 * (i % 8));
-    c.error += four_over_six_error_term(code_value, scale_value, v[i], amax, denominator, s_enc,
-                                        p.scaled_error, p.squared);
+    // dequantized[code & 7] as a tree of selects on its bits (an indexed register array would
+    // go to local memory), then the code's sign
+    const float pair0 = code & 1u ? dequantized[1] : dequantized[0],
+                pair1 = code & 1u ? dequantized[3] : dequantized[2];
+    const float pair2 = code & 1u ? dequantized[5] : dequantized[4],
+                pair3 = code & 1u ? dequantized[7] : dequantized[6];
+    const float half0 = code & 2u ? pair1 : pair0, half1 = code & 2u ? pair3 : pair2;
+    const float magnitude = code & 4u ? half1 : half0;
+    const float candidate = bits_to_float(float_bits(magnitude) ^ ((code & 8u) << 28));
+    const float diff = candidate - (p.scaled_error ? v[i] * s_enc : v[i]);
+    c.error += p.squared ? diff * diff : fabsf(diff);
   }
   return c;
 }
