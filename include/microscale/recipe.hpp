@@ -35,6 +35,11 @@ enum class Nvfp4Scope : uint8_t { None, Weights, Activations, All };
 const char* nvfp4_scope_name(Nvfp4Scope scope);
 Nvfp4Scope parse_nvfp4_scope(std::string_view name);
 
+/// @brief TransformerEngine's nvfp4_4over6_err_mode spellings: "MAE" (FourOverSix::MinMae), "MSE"
+/// (MinMse) and back (any ASCII case; anything else, "off" too, throws microscale::Error).
+const char* four_over_six_err_mode_name(FourOverSix mode);
+FourOverSix parse_four_over_six_err_mode(std::string_view name);
+
 /// @brief NVFP4 training, TransformerEngine's NVFP4BlockScaling (numerics-te.md §8).
 ///
 /// Every tensor: E2M1 elements, E4M3 block scales, an FP32 global scale from the tensor amax

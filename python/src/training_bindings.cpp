@@ -69,15 +69,11 @@ void bind_training(nb::module_& m) {
              bool disable_2d_quantization, const std::optional<std::string>& backward_override,
              const std::string& nvfp4_4over6, const std::string& nvfp4_4over6_e4m3_use_256,
              const std::string& nvfp4_4over6_err_mode) {
-            std::string mode = nvfp4_4over6_err_mode;  // TE's spellings, in any ASCII case
-            for (char& ch : mode) ch = (ch >= 'A' && ch <= 'Z') ? static_cast<char>(ch - 'A' + 'a') : ch;
-            if (mode != "mae" && mode != "mse")
-              throw Error("nvfp4_4over6_err_mode must be MAE or MSE, not '" + nvfp4_4over6_err_mode + "'");
-            const FourOverSix err_mode = mode == "mse" ? FourOverSix::MinMse : FourOverSix::MinMae;
             new (self) NVFP4BlockScaling(NVFP4BlockScaling::Options{
                 disable_rht, disable_stochastic_rounding, disable_2d_quantization,
                 override_from_python(backward_override), parse_nvfp4_scope(nvfp4_4over6),
-                parse_nvfp4_scope(nvfp4_4over6_e4m3_use_256), err_mode});
+                parse_nvfp4_scope(nvfp4_4over6_e4m3_use_256),
+                parse_four_over_six_err_mode(nvfp4_4over6_err_mode)});
           },
           nb::kw_only(), nb::arg("disable_rht") = false, nb::arg("disable_stochastic_rounding") = false,
           nb::arg("disable_2d_quantization") = false, nb::arg("backward_override").none() = nb::none(),
@@ -93,10 +89,9 @@ void bind_training(nb::module_& m) {
       .def_prop_ro(
           "nvfp4_4over6_e4m3_use_256",
           [](const NVFP4BlockScaling& r) { return nvfp4_scope_name(r.four_over_six_e4m3_use_256()); })
-      .def_prop_ro("nvfp4_4over6_err_mode",
-                   [](const NVFP4BlockScaling& r) {
-                     return r.four_over_six_err_mode() == FourOverSix::MinMse ? "MSE" : "MAE";
-                   })
+      .def_prop_ro(
+          "nvfp4_4over6_err_mode",
+          [](const NVFP4BlockScaling& r) { return four_over_six_err_mode_name(r.four_over_six_err_mode()); })
       .def("__repr__", [](const NVFP4BlockScaling& r) {
         return std::string("NVFP4BlockScaling(disable_rht=") + (r.disable_rht() ? "True" : "False") +
                ", disable_stochastic_rounding=" + (r.disable_stochastic_rounding() ? "True" : "False") +
@@ -104,7 +99,7 @@ void bind_training(nb::module_& m) {
                ", backward_override=" + override_repr(r.backward_override()) + ", nvfp4_4over6='" +
                nvfp4_scope_name(r.four_over_six()) + "', nvfp4_4over6_e4m3_use_256='" +
                nvfp4_scope_name(r.four_over_six_e4m3_use_256()) + "', nvfp4_4over6_err_mode='" +
-               (r.four_over_six_err_mode() == FourOverSix::MinMse ? "MSE" : "MAE") + "')";
+               (four_over_six_err_mode_name(r.four_over_six_err_mode())) + "')";
       });
 
   nb::class_<MXFP8BlockScaling>(m, "MXFP8BlockScaling",

@@ -56,12 +56,27 @@ Nvfp4Scope parse_nvfp4_scope(std::string_view name) {
   throw Error("unknown NVFP4 scope '" + std::string(name) + "' (expected none, weights, activations or all)");
 }
 
+const char* four_over_six_err_mode_name(FourOverSix mode) {
+  switch (mode) {
+    case FourOverSix::MinMae: return "MAE";
+    case FourOverSix::MinMse: return "MSE";
+    default: break;
+  }
+  throw Error("nvfp4_4over6_err_mode must be MAE or MSE, not the mode id " +
+              std::to_string(static_cast<int>(mode)));
+}
+
+FourOverSix parse_four_over_six_err_mode(std::string_view name) {
+  const std::string lower = ascii_lowercase(name);
+  if (lower == "mae") return FourOverSix::MinMae;
+  if (lower == "mse") return FourOverSix::MinMse;
+  throw Error("nvfp4_4over6_err_mode must be MAE or MSE, not '" + std::string(name) + "'");
+}
+
 NVFP4BlockScaling::NVFP4BlockScaling(Options options) : options_(options) {
   static_cast<void>(nvfp4_scope_name(options.four_over_six));  // throw for an unknown id
   static_cast<void>(nvfp4_scope_name(options.four_over_six_e4m3_use_256));
-  require(options.four_over_six_err_mode == FourOverSix::MinMae ||
-              options.four_over_six_err_mode == FourOverSix::MinMse,
-          "nvfp4_4over6_err_mode must be MAE or MSE");
+  static_cast<void>(four_over_six_err_mode_name(options.four_over_six_err_mode));  // MAE or MSE only
   require(!in_scope(options.four_over_six, TensorRole::Input) || options.disable_rht,
           std::string("nvfp4_4over6='") + nvfp4_scope_name(options.four_over_six) +
               "' puts the input under 4over6, which does not take the RHT (TransformerEngine has no 4over6 "

@@ -91,15 +91,27 @@ MICROSCALE_HOST_DEVICE float four_over_six_map4_scale(float base) {
   return min_nonnegative(base * 1.5f, 448.0f);
 }
 
-/// One element's term of a candidate's error, e.g. |d| or d^2 with, by default, d the element's
-/// dequantized value minus x: RN(RN(RN(code * scale) * amax) / (6 * e4m3_max)) - x (TE divides;
-/// `denominator` is 6 * e4m3_max). `scaled_error`: d = RN(code * scale) - RN(x * S_enc), TE's
-/// NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH (code * scale is exact: a 3-bit by 4-bit product).
-MICROSCALE_HOST_DEVICE float four_over_six_error_term(float code_value, float block_scale, float x,
-                                                      float amax, float denominator, float s_enc,
-                                                      bool scaled_error, bool squared) {
-  const float candidate = code_value * block_scale;
-  const float diff = scaled_error ? candidate - x * s_enc : candidate * amax / denominator - x;
+/// A candidate element in the domain its error is measured in: by default its dequantized value
+/// RN(RN(RN(code * scale) * amax) / (6 * e4m3_max)) (TE divides; `denominator` is 6 * e4m3_max);
+/// `scaled_error`, TE's NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH: RN(code * scale) (exact: a 3-bit by
+/// 4-bit product). Odd in code_value (every rounding is symmetric), so a kernel may take it per
+/// magnitude and negate.
+MICROSCALE_HOST_DEVICE float four_over_six_candidate_value(float code_value, float block_scale, float amax,
+                                                           float denominator, bool scaled_error) {
+  const float product = code_value * block_scale;
+  return scaled_error ? product : product * amax / denominator;
+}
+
+/// x in that domain: x itself, or RN(x * S_enc) with `scaled_error`.
+MICROSCALE_HOST_DEVICE float four_over_six_input_value(float x, float s_enc, bool scaled_error) {
+  return scaled_error ? x * s_enc : x;
+}
+
+/// One element's term of a candidate's error: |d| (MAE) or RN(d * d) (MSE), d = RN(candidate - input)
+/// of the two values above.
+MICROSCALE_HOST_DEVICE float four_over_six_error_term(float candidate_value, float input_value,
+                                                      bool squared) {
+  const float diff = candidate_value - input_value;
   return squared ? diff * diff : fabsf(diff);
 }
 

@@ -92,8 +92,9 @@ MICROSCALE_CPU_INLINE void encode_candidate(const float* __restrict x, int64_t b
     float code_value;                                                              // E2M1Codec::decode(code)
     const uint32_t code = cuda::e2m1_code_and_value(x[e] * enc_e[e], code_value);  // any zero -> 0
     codes[e] = static_cast<uint8_t>(code);
-    terms[e] = four_over_six_error_term(code_value, value_e[e], x[e], amax, denominator, s_enc, kScaledError,
-                                        kSquared);
+    terms[e] = four_over_six_error_term(
+        four_over_six_candidate_value(code_value, value_e[e], amax, denominator, kScaledError),
+        four_over_six_input_value(x[e], s_enc, kScaledError), kSquared);
   }
   for (int64_t i = 0; i < blocks; ++i) error[i] = 0.0f;
   for (int j = 0; j < kBlock; ++j) {

@@ -40,11 +40,13 @@ Candidate four_over_six_candidate(const float* x, float scale_f32, float s_enc, 
   const float block_scale = decode(Format::E4M3, c.scale);
   const float encode_scale = nvfp4_block_encode_scale(block_scale, 1.0f / s_enc);
   const auto denominator = static_cast<float>(6 * options.nvfp4_e4m3_max);
+  const bool scaled_error = options.four_over_six_scaled_error;
   for (int i = 0; i < kBlock; ++i) {
     const float scaled = x[i] * encode_scale;
     c.codes[i] = scaled == 0.0f ? uint8_t{0} : encode_rn(Format::E2M1, scaled);  // any zero -> 0
-    c.error += four_over_six_error_term(decode(Format::E2M1, c.codes[i]), block_scale, x[i], amax,
-                                        denominator, s_enc, options.four_over_six_scaled_error,
+    const float candidate = four_over_six_candidate_value(decode(Format::E2M1, c.codes[i]), block_scale, amax,
+                                                          denominator, scaled_error);
+    c.error += four_over_six_error_term(candidate, four_over_six_input_value(x[i], s_enc, scaled_error),
                                         options.four_over_six == FourOverSix::MinMse);
   }
   return c;

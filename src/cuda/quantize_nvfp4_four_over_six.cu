@@ -49,16 +49,15 @@ __device__ __forceinline__ Candidate candidate(const float (&v)[16], float scale
   Candidate c{{0u, 0u}, e4m3_scale(scale_f32, scale_value), 0.0f};
   const float encode_scale = nvfp4_block_encode_scale(scale_value, s_dec);
   const auto denominator = static_cast<float>(6 * p.e4m3_max);
-  // four_over_six_error_term's candidate (the dequantized value, or code * scale in the scaled
-  // domain) for each E2M1 magnitude: 7 divisions per block instead of 16. A negative code's is
-  // the negation, exactly (every rounding is symmetric), so the terms are the same bits.
+  // The candidate value of each E2M1 magnitude: 7 divisions per block instead of 16. A negative
+  // code's is the negation, exactly (four_over_six_candidate_value is odd), so the terms are the
+  // CPU's bits.
   constexpr float kMagnitudes[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
   float dequantized[8];
 #pragma unroll
-  for (int m = 0; m < 8; ++m) {
-    const float product = kMagnitudes[m] * scale_value;
-    dequantized[m] = p.scaled_error ? product : product * amax / denominator;
-  }
+  for (int m = 0; m < 8; ++m)
+    dequantized[m] =
+        four_over_six_candidate_value(kMagnitudes[m], scale_value, amax, denominator, p.scaled_error);
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     float unused;
@@ -73,8 +72,8 @@ __device__ __forceinline__ Candidate candidate(const float (&v)[16], float scale
     const float half0 = code & 2u ? pair1 : pair0, half1 = code & 2u ? pair3 : pair2;
     const float magnitude = code & 4u ? half1 : half0;
     const float candidate = bits_to_float(float_bits(magnitude) ^ ((code & 8u) << 28));
-    const float diff = candidate - (p.scaled_error ? v[i] * s_enc : v[i]);
-    c.error += p.squared ? diff * diff : fabsf(diff);
+    c.error += four_over_six_error_term(candidate, four_over_six_input_value(v[i], s_enc, p.scaled_error),
+                                        p.squared);
   }
   return c;
 }
