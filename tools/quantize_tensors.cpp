@@ -27,6 +27,7 @@ struct Args {
   std::optional<std::string> four_over_six;
   bool four_over_six_scaled_error = false;
   int e4m3_max = 448;
+  bool row_scaled = false;
   int threads = 0;
 };
 
@@ -62,6 +63,8 @@ QuantizeOptions to_options(const Args& a) {
   }
   o.four_over_six_scaled_error = a.four_over_six_scaled_error;
   o.nvfp4_e4m3_max = a.e4m3_max;
+  if (a.row_scaled && is_mx(o.scheme)) throw Error("--row-scaled applies to nvfp4 only");
+  o.row_scaled = a.row_scaled;
   return o;
 }
 
@@ -119,7 +122,9 @@ void run(const Args& a) {
       const std::string prefix = e.name + (usage == Usage::Rowwise ? ".rowwise" : ".columnwise");
       append(out, prefix + "_data", usage == Usage::Rowwise ? q.rowwise_data : q.columnwise_data);
       append(out, prefix + "_scale", usage == Usage::Rowwise ? q.rowwise_scale : q.columnwise_scale);
-      if (!is_mx(q.scheme)) {
+      if (q.row_scaled) {  // one amax per row of the usage's matrix: F32 [M] or [K]
+        append(out, prefix + "_amax", usage == Usage::Rowwise ? q.rowwise_amaxes : q.columnwise_amaxes);
+      } else if (!is_mx(q.scheme)) {
         Tensor amax(DType::F32, {1});
         amax.data_as<float>()[0] = usage == Usage::Rowwise ? q.rowwise_amax : q.columnwise_amax;
         amaxes.push_back(amax);
@@ -144,6 +149,7 @@ void run(const Args& a) {
       metadata["microscale.sr_seed"] = std::to_string(options.stochastic_rounding->seed);
     // Readers need the bound: the amaxes' S_enc is 6 * nvfp4_e4m3_max / amax.
     metadata["microscale.nvfp4_e4m3_max"] = std::to_string(options.nvfp4_e4m3_max);
+    if (options.row_scaled) metadata["microscale.row_scaled"] = "true";
     if (options.four_over_six != FourOverSix::Off) {
       metadata["microscale.four_over_six"] = std::string(four_over_six_name(options.four_over_six));
       metadata["microscale.four_over_six_scaled_error"] =
@@ -162,7 +168,8 @@ void add_quantize_tensors_command(CLI::App& app) {
       "quantize-tensors",
       "Quantize every floating tensor (F32/BF16/F16) of a safetensors file; other tensors are copied.\n"
       "For a tensor x it writes x.rowwise_data, x.rowwise_scale, x.columnwise_data, x.columnwise_scale\n"
-      "(U8) and, for nvfp4, x.rowwise_amax / x.columnwise_amax (F32), and prints each usage's error.");
+      "(U8) and, for nvfp4, x.rowwise_amax / x.columnwise_amax (F32, [1]; per row with --row-scaled),\n"
+      "and prints each usage's error.");
   cmd->add_option("input", args->input, "input .safetensors file")->required()->check(CLI::ExistingFile);
   cmd->add_option("-o,--output", args->output, "output .safetensors file")->required();
   cmd->add_option("--scheme", args->scheme,
@@ -186,6 +193,9 @@ void add_quantize_tensors_command(CLI::App& app) {
   cmd->add_option("--e4m3-max", args->e4m3_max,
                   "nvfp4: E4M3 bound of the global scale, 448 (default) or 256 (TE's 4over6 default; needs "
                   "--4over6)");
+  cmd->add_flag("--row-scaled", args->row_scaled,
+                "nvfp4 1x16: a global scale per row (x.rowwise_amax is F32 [M], x.columnwise_amax F32 [K]; "
+                "TransformerEngine's row_scaled_nvfp4)");
   add_threads_option(cmd, args->threads);
   cmd->callback([args] { run(*args); });
 }

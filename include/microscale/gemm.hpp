@@ -11,6 +11,11 @@
 // right, as TransformerEngine's cuBLASLt call does (numerics-te.md §6); with one NVFP4 operand
 // (mixed with a dense one), by amax * RN(1 / 2688). An operand quantized with 4over6's bound of
 // 256 puts 256 in place of its 448, as TE does.
+// A row-scaled NVFP4 operand (row_amaxes) follows TE's general_gemm for it: alpha as above with
+// every global amax taken as 1, D = RN(alpha * sum) in fp32, then D[m, n] times the global amaxes:
+// RN(D * RN(row_a[m] * b)) when B has one amax (or RN(D * RN(a * row_b[n])) when A has), else
+// RN(RN(D * row_a[m]) * row_b[n]); the bias added in fp32, then C (beta 1 only: TE's accumulate)
+// added to D rounded to D's dtype.
 //
 // Which stored data a Linear GEMM reads follows TransformerEngine's layout strings:
 // te_gemm_operands(A, B, "TN" | "NN" | "NT") gives the operands of D = op(B) op(A)^T, taking a
@@ -45,6 +50,9 @@ struct GemmOperand {
   std::optional<float> amax;
   /// NVFP4 E4M3 bound of that global scale: S_enc = 6 * nvfp4_e4m3_max / amax (256 for 4over6's).
   int nvfp4_e4m3_max = 448;
+  /// Row-scaled NVFP4 (QuantizeOptions::row_scaled): f32 [rows], row r's global amax, in place of
+  /// `amax`. Not with a batch dim.
+  TensorView row_amaxes;
   /// MX columnwise outputs are stored untransposed: data [K, rows] (FP4: [K, rows/2]) with compact
   /// scales [K/block, rows]. Swizzled scales are always those of the logical [rows, K/block].
   bool stored_transposed = false;

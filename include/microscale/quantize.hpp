@@ -13,6 +13,9 @@
 //   Tile::k16x16 shares one scale per 16x16 tile (weights); rows/columns of a tile repeat it.
 //   4over6 (TE's nvfp4_4over6): each block keeps the better of two encodings, and S_enc may be
 //                     1536 / amax (nvfp4_e4m3_max = 256); see FourOverSix.
+//   row_scaled (TE's row_scaled_nvfp4): one global scale per row of each direction's matrix:
+//                     rowwise_amaxes f32 [M] = max|X[m, :]|, columnwise_amaxes f32 [K] = max|X[:, k]|
+//                     (the rows of X^T); rowwise_amax / columnwise_amax then hold their largest.
 // MX (torchao main to_mx numerics, OCP MX v1.0 blocks of 32; numerics-mx.md §3-5):
 //   rowwise_data      u8  [M, K]     one code per byte (FP8, FP6 in the low 6 bits), FP4: [M, K/2]
 //   rowwise_scale     u8  [M, K/32]  E8M0 exponents (compact) or swizzled
@@ -108,6 +111,10 @@ struct QuantizeOptions {
   /// NVFP4 E4M3 bound in the global scale, S_enc = 6 * nvfp4_e4m3_max / amax: 448, or 256 with
   /// 4over6 (TE's nvfp4_4over6_e4m3_use_256), which keeps map to 4's 1.5x scales below 448.
   int nvfp4_e4m3_max = 448;
+  /// NVFP4 1x16: a global scale per row of each direction's matrix (X's rows, X^T's rows) instead of
+  /// one per tensor, TE's row_scaled_nvfp4 (its recipe's row_scaled_activation). Not with the RHT,
+  /// 16x16 tiles, stochastic rounding or amax overrides, as in TE; with 4over6, rowwise only.
+  bool row_scaled = false;
   ScaleLayout scale_layout = ScaleLayout::Compact;
   int num_threads = 0;  ///< CPU fast path: 0 = all hardware threads; at most kMaxThreads
 };
@@ -126,8 +133,15 @@ struct QuantizedTensor {
   float rowwise_amax = 0.0f;     ///< NVFP4 only
   float columnwise_amax = 0.0f;  ///< NVFP4 only
   int nvfp4_e4m3_max = 448;      ///< NVFP4 only: S_enc = 6 * nvfp4_e4m3_max / amax (448 or 256)
+  /// NVFP4 row_scaled: row r of a direction's matrix has S_enc = 6 * nvfp4_e4m3_max / amaxes[r].
+  bool row_scaled = false;
+  Tensor rowwise_amaxes;     ///< row_scaled: f32 [M], max|X[m, :]|
+  Tensor columnwise_amaxes;  ///< row_scaled: f32 [K], max|X[:, k]| (row k of X^T)
 
   bool has(Usage usage) const;
+  /// @brief The global amax of row `r` of a usage's matrix (X, or X^T for NVFP4 columnwise): its
+  /// row's amax when row_scaled, else the tensor's.
+  float amax_of_row(Usage usage, int64_t r) const;
 };
 
 /// @brief Shapes of the outputs a quantization writes (u8 tensors); empty where not asked for.
@@ -181,7 +195,7 @@ QuantizedTensor quantize_ref(const TensorView& input, const QuantizeOptions& opt
 /// MX the non-transposed [M, K]. The result is reshaped to the original shape when it is [M, K].
 /// MX: code * 2^(e-127) (NaN when e = 0xFF), exact in fp32, rounded once to the output dtype.
 /// NVFP4: code * RN(scale_e4m3 * RN(1 / S_enc)) in fp32, then rounded to the output dtype
-/// (S_enc = 6 * q.nvfp4_e4m3_max / amax).
+/// (S_enc = 6 * q.nvfp4_e4m3_max / amax, with the row's amax when row_scaled).
 Tensor dequantize(const QuantizedTensor& q, Usage usage, DType out_dtype = DType::F32);
 
 }  // namespace microscale

@@ -51,6 +51,9 @@ FourOverSix parse_four_over_six_err_mode(std::string_view name);
 /// 4over6 (FourOverSix, quantize.hpp) for the tensors in `four_over_six`'s scope, with the bound 256
 /// for those also in `four_over_six_e4m3_use_256`'s (TE's nvfp4_4over6, nvfp4_4over6_e4m3_use_256,
 /// nvfp4_4over6_err_mode); an input in the scope needs disable_rht (TE has no 4over6 with the RHT).
+/// row_scaled_activation (TE's): the input's global scales per row of x (rowwise) and per column
+/// (columnwise, the wgrad operand), QuantizeOptions::row_scaled; it needs disable_rht, and with
+/// 4over6 on the input a backward_override (row-scaled 4over6 is rowwise only), as in TE.
 /// GEMMs (y = x W^T): fprop x.row x W.row, dgrad dy.row x W.col, wgrad dy.col x x.col; the
 /// quantized dimension is always the contraction dimension.
 class NVFP4BlockScaling {
@@ -63,10 +66,12 @@ class NVFP4BlockScaling {
     Nvfp4Scope four_over_six = Nvfp4Scope::None;               ///< tensors quantized with 4over6
     Nvfp4Scope four_over_six_e4m3_use_256 = Nvfp4Scope::All;   ///< of those, the ones with the bound 256
     FourOverSix four_over_six_err_mode = FourOverSix::MinMae;  ///< MinMae or MinMse
+    bool row_scaled_activation = false;                        ///< the input row-scaled (x's rows)
   };
   NVFP4BlockScaling() = default;
   /// Throws microscale::Error for options TransformerEngine refuses (4over6 on an input with the
-  /// RHT; an error mode that is not MAE or MSE).
+  /// RHT; an error mode that is not MAE or MSE; a row-scaled input with the RHT, or with 4over6 and
+  /// a quantized backward).
   explicit NVFP4BlockScaling(Options options);
   bool disable_rht() const { return options_.disable_rht; }
   bool disable_stochastic_rounding() const { return options_.disable_stochastic_rounding; }
@@ -75,6 +80,7 @@ class NVFP4BlockScaling {
   Nvfp4Scope four_over_six() const { return options_.four_over_six; }
   Nvfp4Scope four_over_six_e4m3_use_256() const { return options_.four_over_six_e4m3_use_256; }
   FourOverSix four_over_six_err_mode() const { return options_.four_over_six_err_mode; }
+  bool row_scaled_activation() const { return options_.row_scaled_activation; }
 
  private:
   Options options_;  // fixed at construction: a recipe is a value, not a setting to flip

@@ -34,6 +34,7 @@ def quantize(
     four_over_six="off",
     four_over_six_scaled_error=False,
     nvfp4_e4m3_max=448,
+    row_scaled=False,
     reference=False,
 ):
     """Quantizes a CPU array (float32, float16 or, through DLPack, bfloat16; N-D, any strides that
@@ -46,7 +47,9 @@ def quantize(
     ``four_over_six`` (NVFP4) ``"mae"`` or ``"mse"`` keeps, per block, the better of the usual
     encoding and one scaled by 1.5 (TransformerEngine's nvfp4_4over6, docs/formats.md), with
     ``nvfp4_e4m3_max=256`` for TE's default bound and ``four_over_six_scaled_error`` for its
-    NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH error.
+    NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH error. ``row_scaled`` (NVFP4 1x16) gives each row its
+    own global scale (TransformerEngine's row_scaled_nvfp4): ``rowwise_amaxes`` [M] and, for the
+    columnwise X^T, ``columnwise_amaxes`` [K].
     ``reference=True`` runs the plain-loop reference path (the same bytes, slowly).
     ``scale_mode`` defaults to rceil, TransformerEngine's MXFP8 choice (torchao's to_mx defaults
     to floor). Returns a QuantizedTensor whose arrays share its memory.
@@ -67,6 +70,7 @@ def quantize(
         four_over_six=four_over_six,
         four_over_six_scaled_error=four_over_six_scaled_error,
         nvfp4_e4m3_max=nvfp4_e4m3_max,
+        row_scaled=row_scaled,
     )
     return _C.quantize(x, options, reference)
 

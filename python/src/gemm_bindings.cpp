@@ -42,8 +42,8 @@ PyGemmOperand dense_operand(const AnyArray& x) {
 }
 
 PyGemmOperand raw_operand(const std::string& scheme, const AnyArray& data, const AnyArray& scales,
-                          bool swizzle, std::optional<float> amax, bool stored_transposed,
-                          int nvfp4_e4m3_max) {
+                          bool swizzle, std::optional<float> amax, bool stored_transposed, int nvfp4_e4m3_max,
+                          const std::optional<AnyArray>& row_amaxes) {
   PyGemmOperand p;
   p.op.quantized = true;
   p.op.scheme = parse_scheme(scheme);
@@ -54,6 +54,10 @@ PyGemmOperand raw_operand(const std::string& scheme, const AnyArray& data, const
   p.op.stored_transposed = stored_transposed;
   p.op.nvfp4_e4m3_max = nvfp4_e4m3_max;
   p.arrays = {data, scales};
+  if (row_amaxes) {
+    p.op.row_amaxes = view_of(*row_amaxes, "GEMM operand row_amaxes");
+    p.arrays.push_back(*row_amaxes);
+  }
   return p;
 }
 
@@ -86,10 +90,12 @@ void bind_gemm(nb::module_& m) {
       .def_static("quantized", &raw_operand, nb::arg("scheme"), nb::arg("data"), nb::arg("scales"),
                   nb::kw_only(), nb::arg("swizzle") = false, nb::arg("amax") = nb::none(),
                   nb::arg("stored_transposed") = false, nb::arg("nvfp4_e4m3_max") = 448,
+                  nb::arg("row_amaxes").none() = nb::none(),
                   "Codes [rows, K] (FP4: [rows, K/2]) and block scales (compact [rows, K/block] or, "
                   "swizzle=True, the 128x4 layout), optionally with a batch dim L last; amax: NVFP4's "
                   "global amax (None: the scales carry everything, as GPU MODE's interface); nvfp4_e4m3_max: "
-                  "its bound, 448 or 256 (4over6), S_enc = 6 * bound / amax.")
+                  "its bound, 448 or 256 (4over6), S_enc = 6 * bound / amax; row_amaxes: a row-scaled NVFP4 "
+                  "operand's float32 [rows] global amaxes, in place of amax.")
       .def_prop_ro("is_quantized", [](const PyGemmOperand& p) { return p.op.quantized; });
 
   m.def("gemm", &run_gemm, nb::arg("a"), nb::arg("b"), nb::arg("alpha") = 1.0f, nb::arg("beta") = 0.0f,

@@ -21,7 +21,7 @@ QuantizeOptions make_options(const std::string& scheme, bool rowwise, bool colum
                              std::optional<uint64_t> sr_seed, uint64_t sr_offset,
                              std::optional<float> amax_rowwise, std::optional<float> amax_columnwise,
                              bool swizzle, int num_threads, const std::string& four_over_six,
-                             bool four_over_six_scaled_error, int nvfp4_e4m3_max) {
+                             bool four_over_six_scaled_error, int nvfp4_e4m3_max, bool row_scaled) {
   QuantizeOptions o;
   o.scheme = parse_scheme(scheme);
   o.rowwise = rowwise;
@@ -37,6 +37,7 @@ QuantizeOptions make_options(const std::string& scheme, bool rowwise, bool colum
   o.four_over_six = parse_four_over_six(four_over_six);
   o.four_over_six_scaled_error = four_over_six_scaled_error;
   o.nvfp4_e4m3_max = nvfp4_e4m3_max;
+  o.row_scaled = row_scaled;
   return o;
 }
 
@@ -52,6 +53,19 @@ Tensor copy_u8(const AnyArray& a, const std::vector<int64_t>& shape, const char*
   return t;
 }
 
+// A host float32 [n] array copied into a new Tensor (a row-scaled tensor's amaxes).
+Tensor copy_amaxes(const AnyArray& a, int64_t n, const char* what) {
+  const TensorView v = view_of(a, what);
+  if (v.dtype != DType::F32 || v.device != Device::CPU || v.shape != std::vector<int64_t>{n} ||
+      !v.is_contiguous())
+    throw Error(std::string(what) + ": expected a contiguous float32 CPU array of shape [" +
+                std::to_string(n) + "], got " + std::string(dtype_name(v.dtype)) + " " +
+                shape_string(v.shape));
+  Tensor t(DType::F32, {n});
+  if (t.nbytes() > 0) std::memcpy(t.data(), v.data, t.nbytes());
+  return t;
+}
+
 // A QuantizedTensor from the arrays quantize() gave for an input of `shape` with `options` (the
 // PyTorch frontend's tensors, e.g. after they passed through a custom op). Copies the bytes.
 QuantizedTensor quantized_from_arrays(const std::vector<int64_t>& shape, const QuantizeOptions& options,
@@ -59,7 +73,8 @@ QuantizedTensor quantized_from_arrays(const std::vector<int64_t>& shape, const Q
                                       const std::optional<AnyArray>& rowwise_scale,
                                       const std::optional<AnyArray>& columnwise_data,
                                       const std::optional<AnyArray>& columnwise_scale, float rowwise_amax,
-                                      float columnwise_amax) {
+                                      float columnwise_amax, const std::optional<AnyArray>& rowwise_amaxes,
+                                      const std::optional<AnyArray>& columnwise_amaxes) {
   const QuantizedShapes s = microscale::quantized_shapes(shape, options);
   QuantizedTensor q;
   q.scheme = options.scheme;
@@ -72,6 +87,17 @@ QuantizedTensor quantized_from_arrays(const std::vector<int64_t>& shape, const Q
   q.cols = s.cols;
   q.rowwise_amax = rowwise_amax;
   q.columnwise_amax = columnwise_amax;
+  q.row_scaled = options.row_scaled;
+  if (options.row_scaled) {  // the amaxes per row; the scalar fields hold their largest
+    if (options.rowwise) {
+      if (!rowwise_amaxes) throw Error("a row-scaled tensor needs its rowwise_amaxes");
+      q.rowwise_amaxes = copy_amaxes(*rowwise_amaxes, s.rows, "rowwise_amaxes");
+    }
+    if (options.columnwise) {
+      if (!columnwise_amaxes) throw Error("a row-scaled tensor needs its columnwise_amaxes");
+      q.columnwise_amaxes = copy_amaxes(*columnwise_amaxes, s.cols, "columnwise_amaxes");
+    }
+  }
   if (options.rowwise) {
     if (!rowwise_data || !rowwise_scale) throw Error("rowwise data and scale are required by these options");
     q.rowwise_data = copy_u8(*rowwise_data, s.rowwise_data, "rowwise_data");
@@ -102,7 +128,8 @@ void bind_quantize(nb::module_& m) {
            nb::arg("rht") = false, nb::arg("sr_seed") = nb::none(), nb::arg("sr_offset") = 0,
            nb::arg("amax_rowwise") = nb::none(), nb::arg("amax_columnwise") = nb::none(),
            nb::arg("swizzle") = false, nb::arg("num_threads") = 0, nb::arg("four_over_six") = "off",
-           nb::arg("four_over_six_scaled_error") = false, nb::arg("nvfp4_e4m3_max") = 448)
+           nb::arg("four_over_six_scaled_error") = false, nb::arg("nvfp4_e4m3_max") = 448,
+           nb::arg("row_scaled") = false)
       .def_prop_ro("scheme", [](const QuantizeOptions& o) { return std::string(scheme_name(o.scheme)); })
       .def_ro("rowwise", &QuantizeOptions::rowwise)
       .def_ro("columnwise", &QuantizeOptions::columnwise)
@@ -114,6 +141,7 @@ void bind_quantize(nb::module_& m) {
                    [](const QuantizeOptions& o) { return std::string(four_over_six_name(o.four_over_six)); })
       .def_ro("four_over_six_scaled_error", &QuantizeOptions::four_over_six_scaled_error)
       .def_ro("nvfp4_e4m3_max", &QuantizeOptions::nvfp4_e4m3_max)
+      .def_ro("row_scaled", &QuantizeOptions::row_scaled)
       .def_prop_ro("sr_seed",
                    [](const QuantizeOptions& o) -> std::optional<uint64_t> {
                      if (!o.stochastic_rounding) return std::nullopt;
@@ -128,6 +156,7 @@ void bind_quantize(nb::module_& m) {
       .def_prop_ro("tile", [](const QuantizedTensor& q) { return std::string(tile_name(q.tile)); })
       .def_ro("rht", &QuantizedTensor::rht)
       .def_ro("nvfp4_e4m3_max", &QuantizedTensor::nvfp4_e4m3_max)
+      .def_ro("row_scaled", &QuantizedTensor::row_scaled)
       .def_prop_ro("swizzle",
                    [](const QuantizedTensor& q) { return q.scale_layout == ScaleLayout::Swizzled; })
       .def_ro("shape", &QuantizedTensor::shape)
@@ -150,10 +179,17 @@ void bind_quantize(nb::module_& m) {
                      if (q.scheme != Scheme::NVFP4 || !q.has(Usage::Rowwise)) return std::nullopt;
                      return q.rowwise_amax;
                    })
-      .def_prop_ro("columnwise_amax", [](const QuantizedTensor& q) -> std::optional<float> {
-        if (q.scheme != Scheme::NVFP4 || !q.has(Usage::Columnwise)) return std::nullopt;
-        return q.columnwise_amax;
-      });
+      .def_prop_ro("columnwise_amax",
+                   [](const QuantizedTensor& q) -> std::optional<float> {
+                     if (q.scheme != Scheme::NVFP4 || !q.has(Usage::Columnwise)) return std::nullopt;
+                     return q.columnwise_amax;
+                   })
+      .def_prop_ro(
+          "rowwise_amaxes", [](const QuantizedTensor& q) { return array_or_none(q.rowwise_amaxes); },
+          nb::rv_policy::reference)
+      .def_prop_ro(
+          "columnwise_amaxes", [](const QuantizedTensor& q) { return array_or_none(q.columnwise_amaxes); },
+          nb::rv_policy::reference);
 
   m.def(
       "quantize",
@@ -187,6 +223,7 @@ void bind_quantize(nb::module_& m) {
       "quantized_tensor", &quantized_from_arrays, nb::arg("shape"), nb::arg("options"),
       nb::arg("rowwise_data").none(), nb::arg("rowwise_scale").none(), nb::arg("columnwise_data").none(),
       nb::arg("columnwise_scale").none(), nb::arg("rowwise_amax") = 0.0f, nb::arg("columnwise_amax") = 0.0f,
+      nb::arg("rowwise_amaxes").none() = nb::none(), nb::arg("columnwise_amaxes").none() = nb::none(),
       "A QuantizedTensor from host uint8 arrays (copied) shaped as quantized_shapes(shape, options) gives.");
 
   m.def(

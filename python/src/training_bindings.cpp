@@ -68,22 +68,23 @@ void bind_training(nb::module_& m) {
           [](NVFP4BlockScaling* self, bool disable_rht, bool disable_stochastic_rounding,
              bool disable_2d_quantization, const std::optional<std::string>& backward_override,
              const std::string& nvfp4_4over6, const std::string& nvfp4_4over6_e4m3_use_256,
-             const std::string& nvfp4_4over6_err_mode) {
+             const std::string& nvfp4_4over6_err_mode, bool row_scaled_activation) {
             new (self) NVFP4BlockScaling(NVFP4BlockScaling::Options{
                 disable_rht, disable_stochastic_rounding, disable_2d_quantization,
                 override_from_python(backward_override), parse_nvfp4_scope(nvfp4_4over6),
                 parse_nvfp4_scope(nvfp4_4over6_e4m3_use_256),
-                parse_four_over_six_err_mode(nvfp4_4over6_err_mode)});
+                parse_four_over_six_err_mode(nvfp4_4over6_err_mode), row_scaled_activation});
           },
           nb::kw_only(), nb::arg("disable_rht") = false, nb::arg("disable_stochastic_rounding") = false,
           nb::arg("disable_2d_quantization") = false, nb::arg("backward_override").none() = nb::none(),
           nb::arg("nvfp4_4over6") = "none", nb::arg("nvfp4_4over6_e4m3_use_256") = "all",
-          nb::arg("nvfp4_4over6_err_mode") = "MAE")
+          nb::arg("nvfp4_4over6_err_mode") = "MAE", nb::arg("row_scaled_activation") = false)
       .def_prop_ro("disable_rht", &NVFP4BlockScaling::disable_rht)
       .def_prop_ro("disable_stochastic_rounding", &NVFP4BlockScaling::disable_stochastic_rounding)
       .def_prop_ro("disable_2d_quantization", &NVFP4BlockScaling::disable_2d_quantization)
       .def_prop_ro("backward_override",
                    [](const NVFP4BlockScaling& r) { return override_to_python(r.backward_override()); })
+      .def_prop_ro("row_scaled_activation", &NVFP4BlockScaling::row_scaled_activation)
       .def_prop_ro("nvfp4_4over6",
                    [](const NVFP4BlockScaling& r) { return nvfp4_scope_name(r.four_over_six()); })
       .def_prop_ro(
@@ -96,8 +97,9 @@ void bind_training(nb::module_& m) {
         return std::string("NVFP4BlockScaling(disable_rht=") + (r.disable_rht() ? "True" : "False") +
                ", disable_stochastic_rounding=" + (r.disable_stochastic_rounding() ? "True" : "False") +
                ", disable_2d_quantization=" + (r.disable_2d_quantization() ? "True" : "False") +
-               ", backward_override=" + override_repr(r.backward_override()) + ", nvfp4_4over6='" +
-               nvfp4_scope_name(r.four_over_six()) + "', nvfp4_4over6_e4m3_use_256='" +
+               ", backward_override=" + override_repr(r.backward_override()) +
+               ", row_scaled_activation=" + (r.row_scaled_activation() ? "True" : "False") +
+               ", nvfp4_4over6='" + nvfp4_scope_name(r.four_over_six()) + "', nvfp4_4over6_e4m3_use_256='" +
                nvfp4_scope_name(r.four_over_six_e4m3_use_256()) + "', nvfp4_4over6_err_mode='" +
                (four_over_six_err_mode_name(r.four_over_six_err_mode())) + "')";
       });

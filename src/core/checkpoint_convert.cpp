@@ -162,6 +162,7 @@ uint64_t write_quantized_piece(SafetensorsStreamWriter& writer, const WeightPiec
     // (The serving conventions' decode is scale * global with the usual bound: conversion never
     // quantizes with 4over6's 256.)
     require(q.nvfp4_e4m3_max == 448, "a checkpoint's NVFP4 weights take the global-scale bound 448");
+    require(!q.row_scaled, "a checkpoint's NVFP4 weights take one global scale per tensor, not per row");
     const float s_enc = nvfp4_global_encode_scale(q.rowwise_amax, q.nvfp4_e4m3_max);
     const float global = ct ? s_enc : 1.0f / s_enc;
     writer.write(specs[2].name, &global, sizeof global);

@@ -19,4 +19,13 @@ inline bool store_float(DType dtype, void* data, int64_t i, float v) {
   }
 }
 
+/// v rounded once to `dtype` (f32, bf16 or f16; any other dtype leaves v as it is) and read back.
+inline float round_to(DType dtype, float v) {
+  switch (dtype) {
+    case DType::BF16: return bf16_to_float(float_to_bf16(v));
+    case DType::F16: return half_to_float(float_to_half(v));
+    default: return v;
+  }
+}
+
 }  // namespace microscale

@@ -80,8 +80,22 @@ std::array<int64_t, 3> check_operand(const GemmOperand& op, const char* name) {
     require(op.scheme == Scheme::NVFP4, who + ": only NVFP4 operands carry an amax");
     require(std::isfinite(*op.amax) && *op.amax >= 0.0f, who + ": amax must be finite and >= 0");
   }
+  const bool row_scaled = op.row_amaxes.data != nullptr;
+  if (row_scaled) {
+    require(op.scheme == Scheme::NVFP4, who + ": only NVFP4 operands can be row-scaled");
+    require(!op.amax, who + ": a row-scaled operand takes row_amaxes in place of amax, not both");
+    require(batches == 1 && op.data.ndim() == 2, who + ": a row-scaled operand takes no batch dim");
+    require(
+        op.row_amaxes.dtype == DType::F32 && op.row_amaxes.device == Device::CPU &&
+            op.row_amaxes.shape == std::vector<int64_t>{rows} && op.row_amaxes.is_contiguous(),
+        who + ": row_amaxes must be contiguous f32 CPU memory of [rows] = [" + std::to_string(rows) + "]");
+    const auto* amaxes = static_cast<const float*>(op.row_amaxes.data);
+    for (int64_t r = 0; r < rows; ++r) {
+      require(std::isfinite(amaxes[r]) && amaxes[r] >= 0.0f, who + ": row amaxes must be finite and >= 0");
+    }
+  }
   require(
-      op.nvfp4_e4m3_max == 448 || (op.amax && op.nvfp4_e4m3_max == 256),
+      op.nvfp4_e4m3_max == 448 || ((op.amax || row_scaled) && op.nvfp4_e4m3_max == 256),
       who +
           ": nvfp4_e4m3_max must be 448, or 256 for an NVFP4 operand with an amax (its global scale); got " +
           std::to_string(op.nvfp4_e4m3_max));
@@ -106,6 +120,41 @@ int64_t offset3(const std::vector<int64_t>& strides, int64_t m, int64_t n, int64
   return m * strides[0] + n * strides[1] + (strides.size() == 3 ? l * strides[2] : 0);
 }
 
+// D from the sums of a GEMM with a row-scaled operand (m x n, no batch dim), as TE's general_gemm
+// does it for row-scaled NVFP4 (gemm.hpp): the fp32 product, the outer scales, the bias, then C.
+void row_scaled_epilogue(const GemmOperand& a, const GemmOperand& b, float alpha, const float* sums,
+                         const GemmProblem& p, const TensorView& d) {
+  const int64_t m = d.shape[0], n = d.shape[1];
+  const auto* a_rows = static_cast<const float*>(a.row_amaxes.data);
+  const auto* b_rows = static_cast<const float*>(b.row_amaxes.data);
+  // An operand's single amax (or none: a dense operand, or scales that carry everything).
+  const std::optional<float> a_one = a.quantized && a_rows == nullptr ? a.amax : std::nullopt;
+  const std::optional<float> b_one = b.quantized && b_rows == nullptr ? b.amax : std::nullopt;
+  const std::vector<int64_t> ds = d.effective_strides();
+  const std::vector<int64_t> cs = p.c ? p.c->effective_strides() : std::vector<int64_t>{};
+#pragma omp parallel
+  {
+    const IeeeSubnormals ieee;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        float v = alpha * sums[i * n + j];
+        if (a_rows != nullptr && b_rows != nullptr) {
+          v = v * a_rows[i];
+          v = v * b_rows[j];
+        } else if (a_rows != nullptr) {
+          v = v * (b_one ? a_rows[i] * *b_one : a_rows[i]);
+        } else {
+          v = v * (a_one ? b_rows[j] * *a_one : b_rows[j]);
+        }
+        if (p.bias) v = v + value_of(*p.bias, j);
+        if (p.c) v = value_of(*p.c, offset3(cs, i, j, 0)) + round_to(d.dtype, v);
+        store(d, offset3(ds, i, j, 0), v);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 GemmOperand GemmOperand::from(const QuantizedTensor& q, Usage usage) {
@@ -122,7 +171,11 @@ GemmOperand GemmOperand::from(const QuantizedTensor& q, Usage usage) {
   op.scales = scales.view();
   op.scale_layout = q.scale_layout;
   if (q.scheme == Scheme::NVFP4) {
-    op.amax = usage == Usage::Rowwise ? q.rowwise_amax : q.columnwise_amax;
+    if (q.row_scaled) {
+      op.row_amaxes = (usage == Usage::Rowwise ? q.rowwise_amaxes : q.columnwise_amaxes).view();
+    } else {
+      op.amax = usage == Usage::Rowwise ? q.rowwise_amax : q.columnwise_amax;
+    }
     op.nvfp4_e4m3_max = q.nvfp4_e4m3_max;
   }
   op.stored_transposed = usage == Usage::Columnwise && is_mx(q.scheme);
@@ -179,18 +232,28 @@ void gemm_into(const GemmOperand& a, const GemmOperand& b, const GemmProblem& p,
   }
 
   // Global scales: TE's alpha for two NVFP4 operands, amax * RN(1/2688) for one (scale_math.hpp).
+  // With a row-scaled operand, every global amax is 1 in alpha and the amaxes scale D afterwards.
+  const bool a_rows = a.quantized && a.row_amaxes.data != nullptr;
+  const bool b_rows = b.quantized && b.row_amaxes.data != nullptr;
+  const bool row_scaled = a_rows || b_rows;
+  require(!row_scaled || !p.c || p.beta == 1.0f,
+          "a GEMM with a row-scaled operand adds C with beta 1 only (TransformerEngine's accumulate)");
   float alpha = p.alpha;
-  const bool a_global = a.quantized && a.amax.has_value(), b_global = b.quantized && b.amax.has_value();
+  const bool a_global = a.quantized && (a.amax.has_value() || a_rows);
+  const bool b_global = b.quantized && (b.amax.has_value() || b_rows);
+  const float a_amax = row_scaled ? 1.0f : a.amax.value_or(0.0f);
+  const float b_amax = row_scaled ? 1.0f : b.amax.value_or(0.0f);
   if (a_global && b_global) {
-    alpha = nvfp4_gemm_alpha(alpha, *a.amax, a.nvfp4_e4m3_max, *b.amax, b.nvfp4_e4m3_max);
+    alpha = nvfp4_gemm_alpha(alpha, a_amax, a.nvfp4_e4m3_max, b_amax, b.nvfp4_e4m3_max);
   } else if (a_global || b_global) {
-    alpha = a_global ? nvfp4_gemm_alpha(alpha, *a.amax, a.nvfp4_e4m3_max)
-                     : nvfp4_gemm_alpha(alpha, *b.amax, b.nvfp4_e4m3_max);
+    alpha = a_global ? nvfp4_gemm_alpha(alpha, a_amax, a.nvfp4_e4m3_max)
+                     : nvfp4_gemm_alpha(alpha, b_amax, b.nvfp4_e4m3_max);
   }
 
   thread_local std::vector<float> acc;  // (L, M, N) fp32; kept across calls, every entry is overwritten
   acc.resize(std::max(acc.size(), static_cast<size_t>(batches * m * n)));
   cpu::gemm_accumulate(a, b, m, n, k, batches, acc.data());
+  if (row_scaled) return row_scaled_epilogue(a, b, alpha, acc.data(), p, d);
 
   const std::vector<int64_t> ds = d.effective_strides();
   if (batches == 1 && !p.c && !p.bias && d.dtype == DType::F32 && d.is_contiguous()) {  // plain f32 output

@@ -78,7 +78,7 @@ bool same_quantization(const QuantizeOptions& a, const QuantizeOptions& b) {
          a.rht_sign_mask == b.rht_sign_mask && sr(a) == sr(b) && a.amax_rowwise == b.amax_rowwise &&
          a.amax_columnwise == b.amax_columnwise && a.scale_layout == b.scale_layout &&
          a.four_over_six == b.four_over_six && a.four_over_six_scaled_error == b.four_over_six_scaled_error &&
-         a.nvfp4_e4m3_max == b.nvfp4_e4m3_max;
+         a.nvfp4_e4m3_max == b.nvfp4_e4m3_max && a.row_scaled == b.row_scaled;
 }
 
 // dgrad and wgrad as an unquantized Linear computes them, from f32 copies of dy [M, N], the weight

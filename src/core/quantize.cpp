@@ -107,12 +107,25 @@ void validate_quantize(const InputMatrix& x, const QuantizeOptions& o) {
       require(!o.rht, "4over6 does not take the RHT (TransformerEngine has no 4over6 with RHT)");
       require(!o.stochastic_rounding, "4over6 rounds to nearest; it does not take stochastic rounding");
     }
+    if (o.row_scaled) {  // TransformerEngine's checks for row_scaled_nvfp4
+      require(o.tile == Tile::k1x16, "row-scaled nvfp4 takes 1x16 blocks only, not 16x16 tiles");
+      require(!o.rht, "row-scaled nvfp4 does not take the RHT (as in TransformerEngine)");
+      require(!o.stochastic_rounding,
+              "row-scaled nvfp4 does not take stochastic rounding (as in TransformerEngine)");
+      require(
+          !o.amax_rowwise && !o.amax_columnwise,
+          "row-scaled nvfp4 measures each row's amax: it takes no amax override (TransformerEngine refuses "
+          "an amax reduction)");
+      require(!four_over_six || !o.columnwise,
+              "row-scaled nvfp4 with 4over6 is rowwise only (as in TransformerEngine)");
+    }
   } else {
     require(o.tile == Tile::k1x16, name + " has 32-element blocks; tile applies to nvfp4 only");
     require(!o.rht, "RHT applies to nvfp4 only");
     require(o.four_over_six == FourOverSix::Off && !o.four_over_six_scaled_error,
             "4over6 applies to nvfp4 only");
     require(o.nvfp4_e4m3_max == 448, "nvfp4_e4m3_max applies to nvfp4 only");
+    require(!o.row_scaled, "row_scaled applies to nvfp4 only (MX has no global scale)");
     require(!o.stochastic_rounding, "stochastic rounding applies to nvfp4 only");
     require(!o.amax_rowwise && !o.amax_columnwise,
             "amax overrides apply to nvfp4 only (MX has no global scale)");
@@ -131,6 +144,22 @@ Tensor output_tensor(const Tensor* reuse, const std::vector<int64_t>& shape) {
   return Tensor(DType::U8, shape);
 }
 
+// `reuse`'s f32 [n] tensor when it is one (quantize_into), else a new one (the kernels fill it).
+Tensor amax_tensor(const Tensor* reuse, int64_t n) {
+  if (reuse != nullptr && reuse->defined() && reuse->dtype() == DType::F32 &&
+      reuse->shape() == std::vector<int64_t>{n})
+    return *reuse;
+  return Tensor(DType::F32, {n});
+}
+
+// The largest of a row-scaled direction's amaxes (NaN never in them: the kernels skip it).
+float largest(const Tensor& amaxes) {
+  float m = 0.0f;
+  const auto* a = amaxes.data_as<float>();
+  for (int64_t i = 0; i < amaxes.numel(); ++i) m = std::fmax(m, a[i]);
+  return m;
+}
+
 QuantizedTensor allocate(const TensorView& input, const InputMatrix& x, const QuantizeOptions& o,
                          const QuantizedTensor* reuse) {
   QuantizedTensor q;
@@ -138,6 +167,7 @@ QuantizedTensor allocate(const TensorView& input, const InputMatrix& x, const Qu
   q.tile = o.tile;
   q.rht = o.rht;
   q.nvfp4_e4m3_max = o.nvfp4_e4m3_max;
+  q.row_scaled = o.row_scaled;
   q.scale_layout = ScaleLayout::Compact;
   q.shape = input.shape;
   q.rows = x.rows;
@@ -162,6 +192,16 @@ QuantizedTensor allocate(const TensorView& input, const InputMatrix& x, const Qu
   if (o.columnwise) {
     q.columnwise_data = output(reuse ? &reuse->columnwise_data : nullptr, s.columnwise_data);
     q.columnwise_scale = output(reuse ? &reuse->columnwise_scale : nullptr, s.columnwise_scale);
+  }
+  if (o.row_scaled) {
+    const auto same = [&](const Tensor& a, const Tensor& b) {
+      return a.defined() && b.defined() && a.data() == b.data();
+    };
+    if (o.rowwise) q.rowwise_amaxes = amax_tensor(reuse ? &reuse->rowwise_amaxes : nullptr, x.rows);
+    if (o.columnwise) {
+      q.columnwise_amaxes = amax_tensor(reuse ? &reuse->columnwise_amaxes : nullptr, x.cols);
+      if (same(q.rowwise_amaxes, q.columnwise_amaxes)) q.columnwise_amaxes = Tensor(DType::F32, {x.cols});
+    }
   }
   return q;
 }
@@ -205,6 +245,8 @@ QuantizedTensor run(const TensorView& input, const QuantizeOptions& options, Ker
           "takes the seed by value");
   QuantizedTensor q = allocate(input, x, options, reuse);
   (options.scheme == Scheme::NVFP4 ? nvfp4 : mx)(x, options, q);
+  if (q.rowwise_amaxes.defined()) q.rowwise_amax = largest(q.rowwise_amaxes);
+  if (q.columnwise_amaxes.defined()) q.columnwise_amax = largest(q.columnwise_amaxes);
   if (options.scale_layout == ScaleLayout::Swizzled) swizzle_outputs(q);
   return q;
 }
@@ -236,6 +278,11 @@ uint8_t code_at(const uint8_t* row, int64_t column, bool packed_fp4) {
 
 bool QuantizedTensor::has(Usage usage) const {
   return usage == Usage::Rowwise ? rowwise_data.defined() : columnwise_data.defined();
+}
+
+float QuantizedTensor::amax_of_row(Usage usage, int64_t r) const {
+  if (!row_scaled) return usage == Usage::Rowwise ? rowwise_amax : columnwise_amax;
+  return (usage == Usage::Rowwise ? rowwise_amaxes : columnwise_amaxes).data_as<float>()[r];
 }
 
 QuantizedShapes quantized_shapes(const std::vector<int64_t>& shape, const QuantizeOptions& o) {
@@ -369,6 +416,13 @@ void check_consistent(const QuantizedTensor& q, Usage usage) {
   require(q.nvfp4_e4m3_max == 448 || (q.scheme == Scheme::NVFP4 && q.nvfp4_e4m3_max == 256),
           "the quantized tensor's nvfp4_e4m3_max must be 448, or 256 for nvfp4; got " +
               std::to_string(q.nvfp4_e4m3_max));
+  if (q.row_scaled) {
+    require(q.scheme == Scheme::NVFP4, "only an nvfp4 quantized tensor can be row-scaled");
+    const Tensor& amaxes = usage == Usage::Rowwise ? q.rowwise_amaxes : q.columnwise_amaxes;
+    const int64_t n = usage == Usage::Rowwise ? q.rows : q.cols;
+    require(amaxes.defined() && amaxes.dtype() == DType::F32 && amaxes.shape() == std::vector<int64_t>{n},
+            "a row-scaled tensor's " + which + " amaxes must be f32 [" + std::to_string(n) + "]");
+  }
   const int block = block_size(q.scheme);
   const bool packed = element_format(q.scheme) == Format::E2M1;
   if (usage == Usage::Rowwise) {
@@ -433,19 +487,21 @@ Tensor dequantize(const QuantizedTensor& q, Usage usage, DType out_dtype) {
   // was most of a checkpoint conversion's time): NVFP4 value = element * (E4M3 scale * S_dec),
   // MX value = element * 2^(s - 127), exact in fp32 (at most 3 mantissa bits times a power of two
   // >= 2^-127), NaN for the scale byte 0xFF (Inf in the table, never used).
-  float s_dec = 0.0f;
-  if (nvfp4) {
-    const float amax = usage == Usage::Rowwise ? q.rowwise_amax : q.columnwise_amax;
-    s_dec = 1.0f / nvfp4_global_encode_scale(amax, q.nvfp4_e4m3_max);
-  }
+  // A row-scaled tensor's rows each have their own S_dec: its factors are made again per row.
   std::array<float, 256> element{}, factor{};
   const int codes_of_format = 1 << format_info(format).bits;
   for (int code = 0; code < codes_of_format; ++code)
     element[code] = decode(format, static_cast<uint8_t>(code));
-  for (int s = 0; s < 256; ++s) {
-    factor[s] = nvfp4 ? decode(Format::E4M3, static_cast<uint8_t>(s)) * s_dec : std::ldexp(1.0f, s - 127);
-  }
+  const auto make_factors = [&](int64_t r) {
+    const float s_dec =
+        nvfp4 ? 1.0f / nvfp4_global_encode_scale(q.amax_of_row(usage, r), q.nvfp4_e4m3_max) : 0.0f;
+    for (int s = 0; s < 256; ++s) {
+      factor[s] = nvfp4 ? decode(Format::E4M3, static_cast<uint8_t>(s)) * s_dec : std::ldexp(1.0f, s - 127);
+    }
+  };
+  if (rows > 0) make_factors(0);
   for (int64_t r = 0; r < rows; ++r) {
+    if (q.row_scaled && r > 0) make_factors(r);
     for (int64_t c = 0; c < cols; ++c) {
       const uint8_t code = code_at(codes + r * data_cols, c, packed);
       const uint8_t s = mx_columnwise ? scale[(r / block) * cols + c] : scale[r * (cols / block) + c / block];

@@ -81,6 +81,15 @@ NVFP4BlockScaling::NVFP4BlockScaling(Options options) : options_(options) {
           std::string("nvfp4_4over6='") + nvfp4_scope_name(options.four_over_six) +
               "' puts the input under 4over6, which does not take the RHT (TransformerEngine has no 4over6 "
               "with the RHT): pass disable_rht=True too, or nvfp4_4over6='weights'");
+  if (options.row_scaled_activation) {
+    require(options.disable_rht,
+            "row_scaled_activation makes the input row-scaled, which does not take the RHT (as in "
+            "TransformerEngine): pass disable_rht=True too");
+    require(!in_scope(options.four_over_six, TensorRole::Input) ||
+                options.backward_override != BackwardOverride::None,
+            "row_scaled_activation with 4over6 on the input is rowwise only (as in TransformerEngine), and a "
+            "quantized backward needs the input's columnwise output: pass a backward_override too");
+  }
 }
 
 std::optional<QuantizeOptions> quantize_options(const Recipe& recipe, TensorRole role,
@@ -93,6 +102,7 @@ std::optional<QuantizeOptions> quantize_options(const Recipe& recipe, TensorRole
       o.rht = !r->disable_rht();
     }
     if (role == TensorRole::GradOutput && !r->disable_stochastic_rounding()) o.stochastic_rounding = sr;
+    if (role == TensorRole::Input) o.row_scaled = r->row_scaled_activation();
     if (in_scope(r->four_over_six(), role)) {
       o.four_over_six = r->four_over_six_err_mode();
       o.nvfp4_e4m3_max = in_scope(r->four_over_six_e4m3_use_256(), role) ? 256 : 448;

@@ -1,5 +1,10 @@
 #include "cpu/nvfp4_band.hpp"
 
+#include <vector>
+
+#include "core/fp_environment.hpp"
+#include "cpu/row_loader.hpp"
+
 namespace microscale::cpu {
 
 constexpr int kBlock = 16;
@@ -18,6 +23,43 @@ MICROSCALE_CPU_DISPATCH void band_tile_amax(const float* band, int64_t k, float*
     for (int i = 0; i < kBlock; ++i) m = max_abs(band + i * k + kb * kBlock, kBlock, m);
     tile_amax[kb] = m;
   }
+}
+
+namespace {
+
+// column_bits[c] = max(column_bits[c], |row[c]| as bits), NaN patterns dropped (as max_abs).
+MICROSCALE_CPU_DISPATCH void column_max_bits(const float* row, int64_t k, uint32_t* column_bits) {
+  for (int64_t c = 0; c < k; ++c) {
+    const uint32_t a = float_bits(row[c]) & 0x7FFFFFFFu;
+    column_bits[c] = std::max(column_bits[c], a & (0u - static_cast<uint32_t>(a <= 0x7F800000u)));
+  }
+}
+
+}  // namespace
+
+void row_scaled_amaxes(const InputMatrix& x, int threads, float* row_amax, float* col_amax) {
+  const int64_t m = x.rows, k = x.cols, bands = (m + kBlock - 1) / kBlock;
+  // NOTE: column maxes as bit patterns (amaxes are >= 0, so the integer order is the float
+  // order), combined by the threads after their bands.
+  std::vector<uint32_t> column_bits(col_amax != nullptr ? static_cast<size_t>(k) : 0, 0u);
+#pragma omp parallel num_threads(threads)
+  {
+    const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
+    std::vector<float> band(static_cast<size_t>(kBlock * k));
+    std::vector<uint32_t> mine(column_bits.size(), 0u);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < bands; ++b) {
+      const int64_t rows = std::min<int64_t>(kBlock, m - b * kBlock);
+      load_rows(x, b * kBlock, rows, band.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        if (row_amax != nullptr) row_amax[b * kBlock + r] = band_max_abs(band.data() + r * k, k);
+        if (col_amax != nullptr) column_max_bits(band.data() + r * k, k, mine.data());
+      }
+    }
+#pragma omp critical(microscale_row_scaled_amaxes)
+    for (size_t c = 0; c < mine.size(); ++c) column_bits[c] = std::max(column_bits[c], mine[c]);
+  }
+  for (size_t c = 0; c < column_bits.size(); ++c) col_amax[c] = bits_to_float(column_bits[c]);
 }
 
 }  // namespace microscale::cpu

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "core/input_matrix.hpp"
 #include "cpu/cpu_dispatch.hpp"
 #include "microscale/half.hpp"
 
@@ -31,5 +32,9 @@ void transpose_band(const float* band, int64_t k, float* tile);
 
 /// Amax of every 16x16 tile of a full band: tile_amax[kb] over rows 0..15, columns 16kb..16kb+15.
 void band_tile_amax(const float* band, int64_t k, float* tile_amax);
+
+/// A row-scaled tensor's amaxes (pass 1), NaN skipped: row_amax[m] = max|x[m, :]| and
+/// col_amax[k] = max|x[:, k]|, each left alone where null. Threads over bands of 16 rows.
+void row_scaled_amaxes(const InputMatrix& x, int threads, float* row_amax, float* col_amax);
 
 }  // namespace microscale::cpu

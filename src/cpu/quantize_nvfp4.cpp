@@ -2,7 +2,8 @@
 // encoders. Equal bit for bit to quantize_nvfp4_ref.cpp (tests/cpp/quantize_test.cpp,
 // golden_test.cpp, stochastic_rounding_test.cpp).
 //
-// Pass 1 (per band): the rowwise amax; for RHT, the transformed band's amax (the columnwise amax).
+// Pass 1 (per band): the rowwise amax; for RHT, the transformed band's amax (the columnwise amax);
+// a row-scaled tensor's amax of every row and every column (row_scaled_amaxes).
 // Pass 2 (per band, loaded once): rowwise blocks of its rows; columnwise blocks from the band's
 // 16 x K tile transposed to K x 16 (through the RHT when asked): row c of that tile is block
 // `band` of columnwise row c. The global scale needs the whole-tensor amax, hence two passes.
@@ -53,7 +54,8 @@ Direction make_direction(float amax, const QuantizeOptions& o, uint64_t first_bl
 
 // Quantizes `count` consecutive 16-element blocks of `src`. `block_amax` (the 16x16 tiles' amaxes)
 // replaces the blocks' own amaxes when given. Block i is block number sr_block0 + i * sr_stride of
-// the direction's SR stream.
+// the direction's SR stream. A row-scaled tensor's transposed tile (each block a row of X^T with
+// its own global scale) gives each block's multiplier and s_dec in place of the Direction's.
 struct BlockRun {
   const float* src;
   int64_t count;
@@ -64,6 +66,8 @@ struct BlockRun {
   int64_t scale_stride;
   uint64_t sr_block0;
   uint64_t sr_stride;
+  const float* block_multiplier = nullptr;
+  const float* block_s_dec = nullptr;
 };
 
 // Per-thread work arrays of quantize_blocks, sized for the longest run (a K x 16 tile).
@@ -96,10 +100,21 @@ MICROSCALE_CPU_DISPATCH void quantize_blocks(const BlockRun& run, const Directio
   } else {
     for (int64_t i = 0; i < blocks; ++i) amax[i] = max_abs(run.src + i * kBlock, kBlock, 0.0f);
   }
-  for (int64_t i = 0; i < blocks; ++i) {
-    const uint8_t code = E4M3Codec::encode_rn(min_nonnegative(amax[i] * d.multiplier, FLT_MAX));  // amax >= 0
-    scale_codes[i] = code;
-    block_enc[i] = nvfp4_block_encode_scale(e4m3_code_value(code), d.s_dec);
+  if (run.block_multiplier != nullptr) {
+    const float* __restrict multiplier = run.block_multiplier;
+    const float* __restrict s_dec = run.block_s_dec;
+    for (int64_t i = 0; i < blocks; ++i) {
+      const uint8_t code = E4M3Codec::encode_rn(min_nonnegative(amax[i] * multiplier[i], FLT_MAX));
+      scale_codes[i] = code;
+      block_enc[i] = nvfp4_block_encode_scale(e4m3_code_value(code), s_dec[i]);
+    }
+  } else {
+    for (int64_t i = 0; i < blocks; ++i) {
+      const uint8_t code =
+          E4M3Codec::encode_rn(min_nonnegative(amax[i] * d.multiplier, FLT_MAX));  // amax >= 0
+      scale_codes[i] = code;
+      block_enc[i] = nvfp4_block_encode_scale(e4m3_code_value(code), d.s_dec);
+    }
   }
   uint8_t* __restrict scale = run.scale;
   const int64_t scale_stride = run.scale_stride;
@@ -143,8 +158,9 @@ MICROSCALE_CPU_DISPATCH void quantize_blocks(const BlockRun& run, const Directio
 
 void quantize_nvfp4(const InputMatrix& x, const QuantizeOptions& o, QuantizedTensor& out) {
   if (o.four_over_six != FourOverSix::Off) return quantize_nvfp4_four_over_six(x, o, out);
-  if (quantize_nvfp4_avx512(x, o, out)) return;
-  if (nvfp4_16_applies(x, o)) return quantize_nvfp4_16(x, o, out);  // bf16/f16 words, no widened band
+  // Row-scaled tensors take the portable kernel only (their global scale changes per row).
+  if (!o.row_scaled && quantize_nvfp4_avx512(x, o, out)) return;
+  if (!o.row_scaled && nvfp4_16_applies(x, o)) return quantize_nvfp4_16(x, o, out);  // bf16/f16 words
   const int64_t m = x.rows, k = x.cols;
   const int threads = thread_count(o.num_threads);
   const int64_t bands = (m + kBlock - 1) / kBlock;  // the last may be short (rowwise-only input)
@@ -152,8 +168,24 @@ void quantize_nvfp4(const InputMatrix& x, const QuantizeOptions& o, QuantizedTen
   const bool tile_2d = o.tile == Tile::k16x16;
   const RhtCoefficients tables = rht_coefficients(o.rht_sign_mask);
 
-  // Pass 1: amaxes (max|x| for rowwise, and columnwise without RHT; max|RHT(X^T)| with it).
-  const bool need_amax = (o.rowwise && !o.amax_rowwise) || (o.columnwise && !o.amax_columnwise);
+  // Pass 1: amaxes (max|x| for rowwise, and columnwise without RHT; max|RHT(X^T)| with it; a
+  // row-scaled tensor's per row of X and of X^T).
+  std::vector<float> col_multiplier, col_s_dec;  // row-scaled columnwise: block c's global terms
+  if (o.row_scaled) {
+    row_scaled_amaxes(x, threads, o.rowwise ? out.rowwise_amaxes.data_as<float>() : nullptr,
+                      o.columnwise ? out.columnwise_amaxes.data_as<float>() : nullptr);
+    if (o.columnwise) {
+      col_multiplier.resize(static_cast<size_t>(k));
+      col_s_dec.resize(static_cast<size_t>(k));
+      for (int64_t c = 0; c < k; ++c) {
+        const Direction d = make_direction(out.columnwise_amaxes.data_as<float>()[c], o, 0);
+        col_multiplier[c] = d.multiplier;
+        col_s_dec[c] = d.s_dec;
+      }
+    }
+  }
+  const bool need_amax =
+      !o.row_scaled && ((o.rowwise && !o.amax_rowwise) || (o.columnwise && !o.amax_columnwise));
   // NOTE: reduced as bit patterns (amaxes are >= 0, so the integer order is the float order): an
   // OpenMP reduction combines after the region's body, outside its IeeeSubnormals, where a caller's
   // DAZ would compare subnormal amaxes as equal (fp_environment.hpp).
@@ -197,6 +229,8 @@ void quantize_nvfp4(const InputMatrix& x, const QuantizeOptions& o, QuantizedTen
         uint8_t* scale = out.rowwise_scale.data_as<uint8_t>();  // (M, K/16)
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t row = b * kBlock + r;
+          const Direction row_scaled_dir =
+              o.row_scaled ? make_direction(out.rowwise_amaxes.data_as<float>()[row], o, 0) : row_dir;
           const BlockRun run{band.data() + r * k,
                              k / kBlock,
                              tile_2d ? tile_amax.data() : nullptr,
@@ -206,7 +240,7 @@ void quantize_nvfp4(const InputMatrix& x, const QuantizeOptions& o, QuantizedTen
                              1,
                              static_cast<uint64_t>(row * (k / kBlock)),
                              1};
-          quantize_blocks(run, row_dir, scratch);
+          quantize_blocks(run, row_scaled_dir, scratch);
         }
       }
       if (o.columnwise) {
@@ -227,7 +261,9 @@ void quantize_nvfp4(const InputMatrix& x, const QuantizeOptions& o, QuantizedTen
                            out.columnwise_scale.data_as<uint8_t>() + b,
                            m / kBlock,
                            static_cast<uint64_t>(b),
-                           static_cast<uint64_t>(m / kBlock)};
+                           static_cast<uint64_t>(m / kBlock),
+                           o.row_scaled ? col_multiplier.data() : nullptr,
+                           o.row_scaled ? col_s_dec.data() : nullptr};
         quantize_blocks(run, col_dir, scratch);
       }
     }

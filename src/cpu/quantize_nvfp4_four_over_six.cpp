@@ -3,7 +3,8 @@
 // bit for bit to quantize_nvfp4_ref.cpp's quantize_direction_four_over_six
 // (tests/cpp/four_over_six_test.cpp).
 //
-// Pass 1: the amax (4over6 has no RHT, so one amax serves both directions). Pass 2, per band: the
+// Pass 1: the amax (4over6 has no RHT, so one amax serves both directions), or a row-scaled
+// tensor's amax of every row (rowwise only, as in TE). Pass 2, per band: the
 // rowwise blocks are the band's [rows, K] read as rows * K/16 consecutive blocks, the columnwise
 // ones its transpose [K, 16] as K blocks (block c = block `band` of columnwise row c); both
 // candidates of every block, their errors, then the pick per block or per 16x16 tile.
@@ -168,7 +169,13 @@ void quantize_nvfp4_four_over_six(const InputMatrix& x, const QuantizeOptions& o
   // Pass 1. NOTE: reduced as bit patterns, as quantize_nvfp4 does (an OpenMP reduction combines
   // outside the region's IeeeSubnormals).
   uint32_t amax_bits = 0;
-  if ((o.rowwise && !o.amax_rowwise) || (o.columnwise && !o.amax_columnwise)) {
+  // Row-scaled (rowwise only, as validated): each row's own amax and global terms.
+  std::vector<Globals> row_scaled_globals;
+  if (o.row_scaled) {
+    float* row_amax = out.rowwise_amaxes.data_as<float>();
+    row_scaled_amaxes(x, threads, row_amax, nullptr);
+    for (int64_t r = 0; r < m; ++r) row_scaled_globals.push_back(make_globals(row_amax[r], o));
+  } else if ((o.rowwise && !o.amax_rowwise) || (o.columnwise && !o.amax_columnwise)) {
 #pragma omp parallel num_threads(threads) reduction(max : amax_bits)
     {
       const IeeeSubnormals ieee;
@@ -199,7 +206,16 @@ void quantize_nvfp4_four_over_six(const InputMatrix& x, const QuantizeOptions& o
       const int64_t rows = std::min<int64_t>(kBlock, m - b * kBlock);
       load_rows(x, b * kBlock, rows, band.data());
       if (tile_2d) band_tile_amax(band.data(), k, tile_amax.data());
-      if (o.rowwise) {
+      if (o.rowwise && o.row_scaled) {  // one row at a time, each with its own global terms
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t row = b * kBlock + r;
+          four_over_six_candidates(band.data() + r * k, kb, nullptr, row_scaled_globals[row], c);
+          uint8_t* data = out.rowwise_data.data_as<uint8_t>() + row * (k / 2);
+          uint8_t* scale = out.rowwise_scale.data_as<uint8_t>() + row * kb;
+          for (int64_t i = 0; i < kb; ++i)
+            put_block(c, i, c.error4[i] < c.error6[i], data + i * (kBlock / 2), scale + i);
+        }
+      } else if (o.rowwise) {
         // Block i = (row i / kb, column block i % kb); its tile's blocks are kb apart.
         if (tile_2d) {
           for (int64_t i = 0; i < rows * kb; ++i) block_amax[i] = tile_amax[i % kb];

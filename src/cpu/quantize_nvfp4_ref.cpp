@@ -1,5 +1,5 @@
 // NVFP4 reference quantizer: plain loops that follow numerics-te.md §1-4 line by line, and TE's
-// reference_nvfp4.py for 4over6.
+// reference_nvfp4.py for 4over6 and row-scaled tensors.
 //
 // Each direction is quantized from a materialised fp32 source matrix: X itself (rowwise), or X^T
 // (columnwise), transformed by the RHT and rounded to bf16 when asked. That costs memory, not
@@ -53,14 +53,16 @@ Candidate four_over_six_candidate(const float* x, float scale_f32, float s_enc, 
 }
 
 // 4over6 (FourOverSix in quantize.hpp): both candidates of every block, then the pick per block,
-// or per 16x16 tile from its 16 rows' errors. src, data, scale as in quantize_direction.
-void quantize_direction_four_over_six(const std::vector<float>& src, int64_t rows, int64_t cols, float amax,
-                                      const QuantizeOptions& options, uint8_t* data, uint8_t* scale) {
-  const float s_enc = nvfp4_global_encode_scale(amax, options.nvfp4_e4m3_max);
+// or per 16x16 tile from its 16 rows' errors. src, data, scale, row_amax as in quantize_direction.
+void quantize_direction_four_over_six(const std::vector<float>& src, int64_t rows, int64_t cols,
+                                      const std::vector<float>& row_amax, const QuantizeOptions& options,
+                                      uint8_t* data, uint8_t* scale) {
   const bool tile_2d = options.tile == Tile::k16x16;
   const int64_t blocks = cols / kBlock;
   std::vector<Candidate> map4(static_cast<size_t>(rows * blocks)), map6(map4.size());
   for (int64_t r = 0; r < rows; ++r) {
+    const float amax = row_amax[r];
+    const float s_enc = nvfp4_global_encode_scale(amax, options.nvfp4_e4m3_max);
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t r0 = tile_2d ? r / kBlock * kBlock : r;
       const int64_t r1 = tile_2d ? r0 + kBlock : r + 1;
@@ -97,23 +99,32 @@ void quantize_direction_four_over_six(const std::vector<float>& src, int64_t row
 }
 
 // src: [rows, cols] fp32 row-major. Writes data [rows, cols/2], scale [rows, cols/16]; returns amax.
+// Row-scaled (options.row_scaled): each row's own amax gives its global scale, and row_amaxes
+// [rows] receives them.
 float quantize_direction(const std::vector<float>& src, int64_t rows, int64_t cols,
                          const QuantizeOptions& options, std::optional<float> amax_override,
-                         uint64_t sr_first_block, uint8_t* data, uint8_t* scale) {
+                         uint64_t sr_first_block, uint8_t* data, uint8_t* scale, float* row_amaxes) {
   float amax = 0.0f;
   for (float v : src) amax = max_abs_skipping_nan(amax, v);
   if (amax_override) amax = *amax_override;
+  std::vector<float> row_amax(static_cast<size_t>(rows), amax);  // the global amax of each row
+  if (options.row_scaled) {
+    for (int64_t r = 0; r < rows; ++r) {
+      row_amax[r] = 0.0f;
+      for (int64_t c = 0; c < cols; ++c) row_amax[r] = max_abs_skipping_nan(row_amax[r], src[r * cols + c]);
+      row_amaxes[r] = row_amax[r];
+    }
+  }
   if (options.four_over_six != FourOverSix::Off) {
-    quantize_direction_four_over_six(src, rows, cols, amax, options, data, scale);
+    quantize_direction_four_over_six(src, rows, cols, row_amax, options, data, scale);
     return amax;
   }
 
-  const float s_enc = nvfp4_global_encode_scale(amax);
-  const float s_dec = 1.0f / s_enc;
-  const float multiplier = nvfp4_block_scale_multiplier(s_enc);
   const bool tile_2d = options.tile == Tile::k16x16;
-
   for (int64_t r = 0; r < rows; ++r) {
+    const float s_enc = nvfp4_global_encode_scale(row_amax[r]);
+    const float s_dec = 1.0f / s_enc;
+    const float multiplier = nvfp4_block_scale_multiplier(s_enc);
     for (int64_t b = 0; b < cols / kBlock; ++b) {
       // Block amax: this row's 16 elements, or the whole 16x16 tile for 2-D scaling.
       const int64_t r0 = tile_2d ? r / kBlock * kBlock : r;
@@ -164,7 +175,8 @@ void quantize_nvfp4_ref(const InputMatrix& x, const QuantizeOptions& options, Qu
     }
     out.rowwise_amax =
         quantize_direction(src, m, k, options, options.amax_rowwise, 0, out.rowwise_data.data_as<uint8_t>(),
-                           out.rowwise_scale.data_as<uint8_t>());
+                           out.rowwise_scale.data_as<uint8_t>(),
+                           options.row_scaled ? out.rowwise_amaxes.data_as<float>() : nullptr);
   }
   if (options.columnwise) {
     std::vector<float> src(static_cast<size_t>(k * m));  // (K, M) = X^T
@@ -184,7 +196,8 @@ void quantize_nvfp4_ref(const InputMatrix& x, const QuantizeOptions& options, Qu
     const auto first_block = static_cast<uint64_t>(m * k / kBlock);  // after the rowwise blocks
     out.columnwise_amax =
         quantize_direction(src, k, m, options, options.amax_columnwise, first_block,
-                           out.columnwise_data.data_as<uint8_t>(), out.columnwise_scale.data_as<uint8_t>());
+                           out.columnwise_data.data_as<uint8_t>(), out.columnwise_scale.data_as<uint8_t>(),
+                           options.row_scaled ? out.columnwise_amaxes.data_as<float>() : nullptr);
   }
 }
 

@@ -94,6 +94,7 @@ void dequantize(const QuantizedViews& q, const std::vector<int64_t>& shape, cons
                  rowwise ? s.rowwise_scale : s.columnwise_scale, "quantized scales");
   require_device(output, output.dtype, {rows, cols}, "dequantize output");
   if (nvfp4 && q.amax == nullptr) throw Error("nvfp4 dequantize needs the device amax pointer");
+  if (o.row_scaled) throw Error("row-scaled nvfp4 runs on the CPU backend only for now (no CUDA kernel yet)");
   if (o.nvfp4_e4m3_max != 448 && !(nvfp4 && o.nvfp4_e4m3_max == 256))
     throw Error("nvfp4_e4m3_max must be 448, or 256 for nvfp4; got " + std::to_string(o.nvfp4_e4m3_max));
 

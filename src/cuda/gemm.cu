@@ -82,6 +82,8 @@ GemmDeviceOperand device_operand(const GemmOperand& op, const float* device_amax
     out.scale_batch_bytes = batches > 1 ? ss[2] : 0;
   }
   require(!(op.amax && device_amax), who + " has both a host amax and a device amax");
+  require(op.row_amaxes.data == nullptr,
+          who + ": row-scaled nvfp4 runs on the CPU backend only for now (no CUDA GEMM for it yet)");
   require(nvfp4 || !(op.amax || device_amax), who + ": only NVFP4 operands carry an amax");
   if (op.amax) {
     require(std::isfinite(*op.amax) && *op.amax >= 0.0f, who + ": amax must be finite and >= 0");

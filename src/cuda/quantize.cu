@@ -3,6 +3,7 @@
 // NVFP4 = amax pass + one quantize kernel; MX = one quantize kernel.
 #include "core/input_matrix.hpp"
 #include "core/quantize_checks.hpp"
+#include "core/require.hpp"
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/launchers.hpp"
@@ -37,6 +38,7 @@ void quantize(const TensorView& input, const QuantizeOptions& o, const Quantized
               void* stream_ptr) {
   const InputMatrix x = make_input_matrix(input, Device::CUDA);
   validate_quantize(x, o);
+  require(!o.row_scaled, "row-scaled nvfp4 runs on the CPU backend only for now (no CUDA kernel yet)");
   const QuantizedShapes s = quantized_shapes(input.shape, o);
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   OutputPointers out;

@@ -123,6 +123,35 @@ TEST(Cli, QuantizeTensorsNvfp4FourOverSix) {
   EXPECT_EQ(SafetensorsFile::open(out).metadata().count("microscale.four_over_six"), 0u);
 }
 
+TEST(Cli, QuantizeTensorsNvfp4RowScaled) {
+  const std::string in = make_input(), out = temp("out_row_scaled.safetensors");
+  const Result r = run_cli("quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --row-scaled");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const SafetensorsFile f = SafetensorsFile::open(out);
+  EXPECT_EQ(f.metadata().at("microscale.row_scaled"), "true");
+  QuantizeOptions o;
+  o.rowwise = o.columnwise = true;
+  o.row_scaled = true;
+  const QuantizedTensor q = quantize(SafetensorsFile::open(in).view("layer.weight"), o);
+  // One amax per row of each usage's matrix: [64] rowwise, [128] columnwise (the rows of X^T).
+  for (const auto& [name, t] : {std::pair{"layer.weight.rowwise_amax", &q.rowwise_amaxes},
+                                {"layer.weight.columnwise_amax", &q.columnwise_amaxes},
+                                {"layer.weight.rowwise_data", &q.rowwise_data},
+                                {"layer.weight.columnwise_scale", &q.columnwise_scale}}) {
+    const SafetensorsEntry& e = f.at(name);
+    EXPECT_EQ(e.shape, t->shape()) << name;
+    ASSERT_EQ(e.nbytes, t->nbytes()) << name;
+    EXPECT_EQ(0, std::memcmp(e.data, t->data(), e.nbytes)) << name;
+  }
+  const Result mx = run_cli("quantize-tensors " + in + " -o " + out + " --scheme mxfp8_e4m3 --row-scaled");
+  EXPECT_NE(mx.exit_code, 0);
+  EXPECT_NE(mx.output.find("--row-scaled applies to nvfp4 only"), std::string::npos) << mx.output;
+  const Result tiles =
+      run_cli("quantize-tensors " + in + " -o " + out + " --scheme nvfp4 --row-scaled --tile 16x16");
+  EXPECT_NE(tiles.exit_code, 0);
+  EXPECT_NE(tiles.output.find("1x16 blocks only"), std::string::npos) << tiles.output;
+}
+
 TEST(Cli, QuantizeTensorsMxRowwiseOnly) {
   const std::string in = make_input(), out = temp("out_mx.safetensors");
   const Result r =

@@ -22,6 +22,9 @@ RECIPES = {  # made in the test: recipe objects held by pytest's parametrization
     "nvfp4": lambda: NVFP4BlockScaling(),
     "nvfp4_1d_no_rht": lambda: NVFP4BlockScaling(disable_rht=True, disable_2d_quantization=True),
     "nvfp4_4over6": lambda: NVFP4BlockScaling(disable_rht=True, nvfp4_4over6="all"),
+    "nvfp4_row_scaled": lambda: NVFP4BlockScaling(disable_rht=True, row_scaled_activation=True),
+    "nvfp4_row_scaled_4over6_dequantized": lambda: NVFP4BlockScaling(
+        disable_rht=True, row_scaled_activation=True, nvfp4_4over6="activations", backward_override="dequantized"),
     "mxfp8": lambda: MXFP8BlockScaling(),
     "mxfp8_hybrid": lambda: MXFP8BlockScaling(fp8_format=Format.HYBRID),
     # TransformerEngine's backward_override: the backward's GEMMs unquantized (dense, the library's GEMM)

@@ -93,7 +93,8 @@ def dequantized(x, options, usage):
 
 def option_args(options):
     return dict(scheme=options.scheme, columnwise=True, scale_mode=options.scale_mode, tile=options.tile,
-                rht=options.rht, four_over_six=options.four_over_six, nvfp4_e4m3_max=options.nvfp4_e4m3_max)
+                rht=options.rht, four_over_six=options.four_over_six, nvfp4_e4m3_max=options.nvfp4_e4m3_max,
+                row_scaled=options.row_scaled)
 
 
 def assert_close_by_fp32_accumulation(got, want, bound):
@@ -109,6 +110,9 @@ RECIPES = {  # made in the test: recipe objects held by pytest's parametrization
     "nvfp4_4over6": lambda: NVFP4BlockScaling(disable_rht=True, disable_stochastic_rounding=True,
                                               nvfp4_4over6="all", nvfp4_4over6_e4m3_use_256="weights",
                                               nvfp4_4over6_err_mode="MSE"),
+    # TE's row_scaled_activation: x with a global scale per row (rowwise) and per column (the wgrad's X^T)
+    "nvfp4_row_scaled": lambda: NVFP4BlockScaling(disable_rht=True, disable_stochastic_rounding=True,
+                                                  row_scaled_activation=True),
     "mxfp8": lambda: MXFP8BlockScaling(),
     "mxfp8_hybrid": lambda: MXFP8BlockScaling(fp8_format=Format.HYBRID),
 }
@@ -310,7 +314,7 @@ def test_the_ops_pass_opcheck():
         torch.library.opcheck(_column_sums_op, (torch.randn(48, 40).to(dtype),))
 
     x = torch.randn(32, 64, dtype=torch.bfloat16)
-    plain = ("off", False, 448)  # no 4over6
+    plain = ("off", False, 448, False)  # no 4over6, not row-scaled
     torch.library.opcheck(_quantize_op, (x, "nvfp4", True, True, "rceil", "1x16", True, None, 0, None, None, False,
                                          *plain, None))
     torch.library.opcheck(_quantize_op, (x, "mxfp8_e4m3", True, True, "floor", "1x16", False, None, 0, None, None,
@@ -319,14 +323,18 @@ def test_the_ops_pass_opcheck():
     torch.library.opcheck(_quantize_op, (x, "nvfp4", True, True, "rceil", "1x16", True, 0, 0, None, None, False,
                                          *plain, seed))
     torch.library.opcheck(_quantize_op, (x, "nvfp4", True, True, "rceil", "16x16", False, None, 0, None, None, False,
-                                         "mse", True, 256, None))
+                                         "mse", True, 256, False, None))
+    torch.library.opcheck(_quantize_op, (x, "nvfp4", True, True, "rceil", "1x16", False, None, 0, None, None, False,
+                                         "off", False, 448, True, None))  # row-scaled: amax [2 + M + K]
     for q in (mst.quantize(x, "nvfp4", columnwise=True),
-              mst.quantize(x, "nvfp4", columnwise=True, four_over_six="mae", nvfp4_e4m3_max=256)):
+              mst.quantize(x, "nvfp4", columnwise=True, four_over_six="mae", nvfp4_e4m3_max=256),
+              mst.quantize(x, "nvfp4", columnwise=True, row_scaled=True)):
         o = q.options
-        torch.library.opcheck(_dequantize_op, (q.rowwise_data, q.rowwise_scale, q.columnwise_data,
-                                               q.columnwise_scale, q.amax, list(q.shape), o.scheme, o.rowwise,
-                                               o.columnwise, o.scale_mode, o.tile, o.rht, o.swizzle,
-                                               o.nvfp4_e4m3_max, "columnwise", torch.bfloat16))
+        for usage in ("rowwise", "columnwise"):
+            torch.library.opcheck(_dequantize_op, (q.rowwise_data, q.rowwise_scale, q.columnwise_data,
+                                                   q.columnwise_scale, q.amax, list(q.shape), o.scheme, o.rowwise,
+                                                   o.columnwise, o.scale_mode, o.tile, o.rht, o.swizzle,
+                                                   o.nvfp4_e4m3_max, o.row_scaled, usage, torch.bfloat16))
 
 
 def test_convert_linears_swaps_in_place_over_the_same_parameters():

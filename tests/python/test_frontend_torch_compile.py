@@ -23,6 +23,7 @@ RECIPES = {  # made in the test: recipe objects held by pytest's parametrization
     "mxfp8_hybrid": lambda: MXFP8BlockScaling(fp8_format=Format.HYBRID),
     "nvfp4_backward_high_precision": lambda: NVFP4BlockScaling(backward_override="high_precision"),
     "nvfp4_backward_dequantized": lambda: NVFP4BlockScaling(backward_override="dequantized"),
+    "nvfp4_row_scaled": lambda: NVFP4BlockScaling(disable_rht=True, row_scaled_activation=True),
 }
 
 

@@ -29,12 +29,14 @@ def _gemm_operand(x, usage):
     o = x.options
     _require_usage(x, usage)
     data, scales = (x.rowwise_data, x.rowwise_scale) if usage == "rowwise" else (x.columnwise_data, x.columnwise_scale)
-    amax = None
-    if x.amax is not None:
+    amax = row_amaxes = None
+    if o.row_scaled:  # one global amax per row of the operand: X's rows, or X^T's
+        row_amaxes = (x.rowwise_amaxes if usage == "rowwise" else x.columnwise_amaxes).contiguous()
+    elif x.amax is not None:
         amax = float(x.amax[0 if usage == "rowwise" else 1])
     return _C.GemmOperand.quantized(o.scheme, data, scales, swizzle=o.swizzle, amax=amax,
                                     stored_transposed=usage == "columnwise" and o.scheme != "nvfp4",
-                                    nvfp4_e4m3_max=o.nvfp4_e4m3_max)
+                                    nvfp4_e4m3_max=o.nvfp4_e4m3_max, row_amaxes=row_amaxes)
 
 
 def _device_of(x):
@@ -49,6 +51,8 @@ def _device_of(x):
 def _cuda_parts(x, usage):
     """(data, scales, amax slice or None) of one QuantizedTensor operand on CUDA."""
     _require_usage(x, usage)
+    if x.options.row_scaled:
+        raise _C.Error("microscale.torch.gemm: row-scaled nvfp4 runs on the CPU backend only for now")
     # The usage's device amax (a view: no copy to the host); None: the scales carry everything.
     if usage == "rowwise":
         return x.rowwise_data, x.rowwise_scale, None if x.amax is None else x.amax[0:1]
@@ -181,10 +185,10 @@ _OPERAND_PARTS = ("rowwise_data", "rowwise_scale", "columnwise_data", "columnwis
 
 
 def _op_operand(x):
-    """(tensors, shape, scheme, [rowwise, columnwise, rht, swizzle], scale_mode, tile, nvfp4_e4m3_max) of one
-    operand."""
+    """(tensors, shape, scheme, [rowwise, columnwise, rht, swizzle, row_scaled], scale_mode, tile, nvfp4_e4m3_max)
+    of one operand."""
     if isinstance(x, torch.Tensor):
-        return [x.detach()], list(x.shape), "", [False] * 4, "", "", 448
+        return [x.detach()], list(x.shape), "", [False] * 5, "", "", 448
     if not isinstance(x, QuantizedTensor):
         raise _C.Error(f"microscale.torch.gemm: operands are microscale.torch.QuantizedTensor or tensors, not "
                        f"{type(x).__name__}")
@@ -192,17 +196,18 @@ def _op_operand(x):
     # Parts not asked for cross as empty tensors (the schema has no optional list entries).
     tensors = [getattr(x, n) if getattr(x, n) is not None else like.new_empty(0) for n in _OPERAND_PARTS]
     o = x.options
-    return (tensors, list(x.shape), o.scheme, [o.rowwise, o.columnwise, o.rht, o.swizzle], o.scale_mode, o.tile,
-            o.nvfp4_e4m3_max)
+    return (tensors, list(x.shape), o.scheme, [o.rowwise, o.columnwise, o.rht, o.swizzle, o.row_scaled], o.scale_mode,
+            o.tile, o.nvfp4_e4m3_max)
 
 
 def _operand_from_op(tensors, shape, scheme, flags, scale_mode, tile, nvfp4_e4m3_max):
     """_op_operand's inverse: the dense tensor, or a QuantizedTensor over the same tensors."""
     if scheme == "":
         return tensors[0]
-    rowwise, columnwise, rht, swizzle = flags
+    rowwise, columnwise, rht, swizzle, row_scaled = flags
     return quantized_tensor(tensors, tuple(shape), QuantizeSpec(scheme, rowwise, columnwise, scale_mode, tile, rht,
-                                                                swizzle, nvfp4_e4m3_max=nvfp4_e4m3_max))
+                                                                swizzle, nvfp4_e4m3_max=nvfp4_e4m3_max,
+                                                                row_scaled=row_scaled))
 
 
 def _gemm_body(a_tensors, a_shape, a_scheme, a_flags, a_scale_mode, a_tile, a_e4m3_max, b_tensors, b_shape, b_scheme,

@@ -36,7 +36,7 @@ def quantize_for(x, options, *, rowwise=None, columnwise=None, sr_seed=None):
                     columnwise=options.columnwise if columnwise is None else columnwise, scale_mode=options.scale_mode,
                     tile=options.tile, rht=options.rht, sr_seed=sr_seed, swizzle=options.swizzle,
                     four_over_six=options.four_over_six, four_over_six_scaled_error=options.four_over_six_scaled_error,
-                    nvfp4_e4m3_max=options.nvfp4_e4m3_max)
+                    nvfp4_e4m3_max=options.nvfp4_e4m3_max, row_scaled=options.row_scaled)
 
 
 # Both Linear functions' error for a backward without a forward's context.

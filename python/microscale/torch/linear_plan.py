@@ -47,7 +47,8 @@ class LinearPlan:
 def _operand_options(recipe, role):
     o = _C.quantize_options(recipe, role)
     return OperandOptions(o.scheme, o.rowwise, o.columnwise, o.scale_mode, o.tile, o.rht, o.swizzle, o.four_over_six,
-                          o.four_over_six_scaled_error, o.nvfp4_e4m3_max, None if o.sr_seed is None else 0)
+                          o.four_over_six_scaled_error, o.nvfp4_e4m3_max, o.row_scaled,
+                          sr_seed=None if o.sr_seed is None else 0)
 
 
 # Plans by their recipe's repr (recipes are immutable values: equal reprs, equal recipes), the

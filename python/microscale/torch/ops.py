@@ -32,12 +32,15 @@ class QuantizeSpec:
     four_over_six: str = "off"  # NVFP4 4over6 error mode: off, mae or mse (docs/schemes.md)
     four_over_six_scaled_error: bool = False
     nvfp4_e4m3_max: int = 448  # NVFP4: the global scale's E4M3 bound, S_enc = 6 * bound / amax
+    row_scaled: bool = False  # NVFP4: a global scale per row of X (rowwise) and of X^T (columnwise)
 
 
 @dataclass(frozen=True)
 class QuantizedTensor:
     """A quantization's outputs as uint8 tensors (None where not asked for), in the layouts of
-    docs/layouts.md. ``amax`` (NVFP4) is float32 [2]: the rowwise and the columnwise amax."""
+    docs/layouts.md. ``amax`` (NVFP4) is float32 [2]: the rowwise and the columnwise amax; a
+    row-scaled tensor's is [2 + M + K]: the largest of each, then the M row amaxes of X and the K
+    of X^T (zeros for a usage not asked for)."""
 
     rowwise_data: Optional[torch.Tensor]
     rowwise_scale: Optional[torch.Tensor]
@@ -55,16 +58,30 @@ class QuantizedTensor:
     def columnwise_amax(self):
         return None if self.amax is None or self.columnwise_data is None else self.amax[1]
 
+    @property
+    def rowwise_amaxes(self):
+        """A row-scaled tensor's float32 [M] amaxes of X's rows (None otherwise)."""
+        if not self.options.row_scaled or self.rowwise_data is None:
+            return None
+        return self.amax[2:2 + math.prod(self.shape[:-1])]
+
+    @property
+    def columnwise_amaxes(self):
+        """A row-scaled tensor's float32 [K] amaxes of X^T's rows (None otherwise)."""
+        if not self.options.row_scaled or self.columnwise_data is None:
+            return None
+        return self.amax[2 + math.prod(self.shape[:-1]):]
+
 
 def _options(scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
              amax_columnwise, swizzle, four_over_six="off", four_over_six_scaled_error=False, nvfp4_e4m3_max=448,
-             num_threads=0):
+             row_scaled=False, num_threads=0):
     """The C++ options from the op's arguments."""
     return _C.QuantizeOptions(scheme=scheme, rowwise=rowwise, columnwise=columnwise, scale_mode=scale_mode, tile=tile,
                               rht=rht, sr_seed=sr_seed, sr_offset=sr_offset, amax_rowwise=amax_rowwise,
                               amax_columnwise=amax_columnwise, swizzle=swizzle, num_threads=num_threads,
                               four_over_six=four_over_six, four_over_six_scaled_error=four_over_six_scaled_error,
-                              nvfp4_e4m3_max=nvfp4_e4m3_max)
+                              nvfp4_e4m3_max=nvfp4_e4m3_max, row_scaled=row_scaled)
 
 
 _PARTS = ["rowwise_data", "rowwise_scale", "columnwise_data", "columnwise_scale"]
@@ -107,14 +124,14 @@ def _empty_u8(device):
 
 
 def _quantize_body(x, scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
-                   amax_columnwise, swizzle, four_over_six, four_over_six_scaled_error, nvfp4_e4m3_max,
+                   amax_columnwise, swizzle, four_over_six, four_over_six_scaled_error, nvfp4_e4m3_max, row_scaled,
                    sr_seed_tensor):
     """The op microscale::quantize (below)."""
     sr_seed, sr_seed_tensor = _seed_arguments(sr_seed, sr_seed_tensor, x.device)
     # CPU threads: as many as torch's intra-op pool (torch.set_num_threads), as torch's own ops use
     options = _options(scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
                        amax_columnwise, swizzle, four_over_six, four_over_six_scaled_error, nvfp4_e4m3_max,
-                       num_threads=torch.get_num_threads())
+                       row_scaled, num_threads=torch.get_num_threads())
     return quantize_parts(x.detach(), options, sr_seed_tensor)
 
 
@@ -144,6 +161,11 @@ def quantize_parts(x, options, sr_seed_tensor=None):
         parts = [q.rowwise_data, q.rowwise_scale, q.columnwise_data, q.columnwise_scale]
         outs = [torch.from_dlpack(p) if p is not None else _empty_u8(x.device) for p in parts]
         amax = torch.tensor([q.rowwise_amax or 0.0, q.columnwise_amax or 0.0], dtype=torch.float32)
+        if q.row_scaled:  # then the amaxes per row of X and of X^T
+            rows, cols = q.rows, q.cols
+            per_row = [torch.from_dlpack(a) if a is not None else torch.zeros(n, dtype=torch.float32)
+                       for a, n in ((q.rowwise_amaxes, rows), (q.columnwise_amaxes, cols))]
+            amax = torch.cat([amax] + per_row)
         return outs + [amax]
     if x.device.type == "cuda":
         if not _C.cuda_built():
@@ -162,22 +184,25 @@ def quantize_parts(x, options, sr_seed_tensor=None):
 
 
 def _quantize_fake(x, *option_args):
-    shapes = _C.quantized_shapes(list(x.shape), _options(*option_args[:-1]))  # the seed tensor left out
+    options = _options(*option_args[:-1])  # the seed tensor left out
+    shapes = _C.quantized_shapes(list(x.shape), options)
     outs = [x.new_empty(shapes[n] or [0], dtype=torch.uint8) for n in _PARTS]
-    return outs + [x.new_empty(2, dtype=torch.float32)]
+    amaxes = 2 + math.prod(x.shape[:-1]) + x.shape[-1] if options.row_scaled else 2
+    return outs + [x.new_empty(amaxes, dtype=torch.float32)]
 
 
 # [rowwise_data, rowwise_scale, columnwise_data, columnwise_scale, amax]: quantize_parts' outputs.
 _quantize_op = define_op(
     "quantize(Tensor x, str scheme, bool rowwise, bool columnwise, str scale_mode, str tile, bool rht, SymInt? "
     "sr_seed, SymInt sr_offset, float? amax_rowwise, float? amax_columnwise, bool swizzle, str four_over_six, "
-    "bool four_over_six_scaled_error, int nvfp4_e4m3_max, Tensor? sr_seed_tensor) -> Tensor[]", _quantize_body,
+    "bool four_over_six_scaled_error, int nvfp4_e4m3_max, bool row_scaled, Tensor? sr_seed_tensor) -> Tensor[]",
+    _quantize_body,
     _quantize_fake)
 
 
 def quantize(x, scheme="nvfp4", *, rowwise=True, columnwise=False, scale_mode="rceil", tile="1x16", rht=False,
              sr_seed=None, sr_offset=0, amax_rowwise=None, amax_columnwise=None, swizzle=False, four_over_six="off",
-             four_over_six_scaled_error=False, nvfp4_e4m3_max=448):
+             four_over_six_scaled_error=False, nvfp4_e4m3_max=448, row_scaled=False):
     """Quantizes a float32 / bfloat16 / float16 tensor (arguments as microscale.quantize's, but for
     num_threads, which is torch.get_num_threads(), and reference).
     Returns a QuantizedTensor of uint8 tensors on x's device (CPU, or CUDA with the CUDA backend).
@@ -196,16 +221,16 @@ def quantize(x, scheme="nvfp4", *, rowwise=True, columnwise=False, scale_mode="r
     if torch.compiler.is_compiling():  # the op's body reads the seed tensor as the eager call below
         parts = _quantize_op(x.detach(), scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset,
                              amax_rowwise, amax_columnwise, swizzle, four_over_six, four_over_six_scaled_error,
-                             nvfp4_e4m3_max, seed_tensor)
+                             nvfp4_e4m3_max, row_scaled, seed_tensor)
     else:
         sr_seed, seed_tensor = _seed_arguments(sr_seed, seed_tensor, x.device)
         options = _options(scheme, rowwise, columnwise, scale_mode, tile, rht, sr_seed, sr_offset, amax_rowwise,
                            amax_columnwise, swizzle, four_over_six, four_over_six_scaled_error, nvfp4_e4m3_max,
-                           num_threads=torch.get_num_threads())
+                           row_scaled, num_threads=torch.get_num_threads())
         parts = quantize_parts(x.detach(), options, seed_tensor)
     return quantized_tensor(parts, tuple(x.shape), QuantizeSpec(scheme, rowwise, columnwise, scale_mode, tile, rht,
                                                                 swizzle, four_over_six, four_over_six_scaled_error,
-                                                                nvfp4_e4m3_max))
+                                                                nvfp4_e4m3_max, row_scaled))
 
 
 def quantized_tensor(parts, shape, spec):
@@ -230,24 +255,27 @@ def _dequantized_shape(shape, scheme, usage):
 
 
 def _dequantize_parts(rowwise_data, rowwise_scale, columnwise_data, columnwise_scale, amax, shape, scheme, rowwise,
-                      columnwise, scale_mode, tile, rht, swizzle, nvfp4_e4m3_max, usage, dtype):
+                      columnwise, scale_mode, tile, rht, swizzle, nvfp4_e4m3_max, row_scaled, usage, dtype):
     """The dequantize op's body."""
     options = _options(scheme, rowwise, columnwise, scale_mode, tile, rht, None, 0, None, None, swizzle,
-                       nvfp4_e4m3_max=nvfp4_e4m3_max)
+                       nvfp4_e4m3_max=nvfp4_e4m3_max, row_scaled=row_scaled)
     if dtype not in _DTYPE_NAMES:
         raise _C.Error(f"microscale.torch.dequantize: dtype must be float32, bfloat16 or float16, not {dtype}")
     device = rowwise_data.device if rowwise else columnwise_data.device
     if device.type == "cpu":
-        amax_values = amax.tolist() if amax.numel() == 2 else [0.0, 0.0]
+        amax_values = amax[:2].tolist() if amax.numel() >= 2 else [0.0, 0.0]
         # Only the usage asked for is copied into the C++ QuantizedTensor.
         row = usage == "rowwise"
         one = _options(scheme, row, not row, scale_mode, tile, rht, None, 0, None, None, swizzle,
-                       nvfp4_e4m3_max=nvfp4_e4m3_max)
+                       nvfp4_e4m3_max=nvfp4_e4m3_max, row_scaled=row_scaled)
+        rows = math.prod(shape[:-1])
+        per_row = amax[2:2 + rows] if row else amax[2 + rows:]  # a row-scaled tensor's amaxes of this usage
         q = _C.quantized_tensor(
             list(shape), one,
             rowwise_data.contiguous() if row else None, rowwise_scale.contiguous() if row else None,
             None if row else columnwise_data.contiguous(), None if row else columnwise_scale.contiguous(),
-            amax_values[0], amax_values[1])
+            amax_values[0], amax_values[1], per_row.contiguous() if row_scaled and row else None,
+            per_row.contiguous() if row_scaled and not row else None)
         return torch.from_dlpack(_C.dequantize(q, usage, _DTYPE_NAMES[dtype])).reshape(
             _dequantized_shape(shape, scheme, usage))
     if device.type == "cuda":
@@ -266,7 +294,7 @@ def _dequantize_parts(rowwise_data, rowwise_scale, columnwise_data, columnwise_s
 
 
 def _dequantize_fake(rowwise_data, rowwise_scale, columnwise_data, columnwise_scale, amax, shape, scheme, rowwise,
-                     columnwise, scale_mode, tile, rht, swizzle, nvfp4_e4m3_max, usage, dtype):
+                     columnwise, scale_mode, tile, rht, swizzle, nvfp4_e4m3_max, row_scaled, usage, dtype):
     like = rowwise_data if rowwise else columnwise_data
     return like.new_empty(_dequantized_shape(shape, scheme, usage), dtype=dtype)
 
@@ -274,7 +302,8 @@ def _dequantize_fake(rowwise_data, rowwise_scale, columnwise_data, columnwise_sc
 _dequantize_op = define_op(
     "dequantize(Tensor rowwise_data, Tensor rowwise_scale, Tensor columnwise_data, Tensor columnwise_scale, "
     "Tensor amax, SymInt[] shape, str scheme, bool rowwise, bool columnwise, str scale_mode, str tile, bool rht, "
-    "bool swizzle, int nvfp4_e4m3_max, str usage, ScalarType dtype) -> Tensor", _dequantize_parts, _dequantize_fake)
+    "bool swizzle, int nvfp4_e4m3_max, bool row_scaled, str usage, ScalarType dtype) -> Tensor", _dequantize_parts,
+    _dequantize_fake)
 
 
 def dequantize(q, usage="rowwise", dtype=torch.float32):
@@ -294,5 +323,5 @@ def dequantize(q, usage="rowwise", dtype=torch.float32):
         q.rowwise_data if o.rowwise else empty, q.rowwise_scale if o.rowwise else empty,
         q.columnwise_data if o.columnwise else empty, q.columnwise_scale if o.columnwise else empty,
         amax, list(q.shape), o.scheme, o.rowwise, o.columnwise, o.scale_mode, o.tile, o.rht, o.swizzle,
-        o.nvfp4_e4m3_max, usage, dtype)
+        o.nvfp4_e4m3_max, o.row_scaled, usage, dtype)
 
