@@ -28,6 +28,8 @@ struct QuantizedViews {
   TensorView columnwise_data, columnwise_scale;
   /// NVFP4: device fp32 [2] = {rowwise amax, columnwise amax} (written by quantize, read by
   /// dequantize); the override from the options when given. Unused for MX (may be null).
+  /// Row-scaled NVFP4: fp32 [2 + M + K] = {the largest of each, the M amaxes of X's rows, the K of
+  /// X^T's rows} (the torch frontend's QuantizedTensor.amax).
   float* amax = nullptr;
 };
 
@@ -74,7 +76,9 @@ enum class GemmPath { Auto, Fused, Expanded };
 /// times amax_a * amax_b / (6*6*448*448) when both NVFP4 operands carry an amax, times amax / 2688
 /// when one does. An operand's amax is
 /// either its host value (GemmOperand::amax) or a device float (`a_amax` / `b_amax`, e.g. the
-/// QuantizedViews::amax entry of the usage). D, C and bias are device tensors (f32/bf16/f16; D
+/// QuantizedViews::amax entry of the usage); a row-scaled operand (GemmOperand::row_amaxes) is
+/// refused: run it with unit amaxes into fp32 and apply microscale::gemm's outer scales after (the
+/// torch frontend's gemm does). D, C and bias are device tensors (f32/bf16/f16; D
 /// and C [M, N(, L)] with any positive strides, bias [N] contiguous); problem.out_dtype is
 /// ignored (D's dtype rules); C is D itself or apart from it. Codes need contiguous stored rows;
 /// L <= 65535 and M <= 65535 * 128. The fused path also needs rows and batches of codes 16-byte

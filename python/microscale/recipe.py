@@ -8,7 +8,7 @@
   4over6 (per block, the better of two scales; gradients never), with the global-scale bound 256
   for those in ``nvfp4_4over6_e4m3_use_256``; the input under it needs ``disable_rht=True``.
   ``row_scaled_activation`` gives the input a global scale per row of x (and per column for the
-  wgrad), TE's row-scaled NVFP4; it needs ``disable_rht=True`` (CPU only for now).
+  wgrad), TE's row-scaled NVFP4; it needs ``disable_rht=True``.
 - ``MXFP8BlockScaling(fp8_format=Format.E4M3)``: blocks of 32, E8M0 scales (RCEIL); HYBRID takes
   E5M2 for gradients.
 - ``HighPrecision()``: no quantization.

@@ -29,10 +29,19 @@ TensorView device_view(const DeviceArray& a, const char* what) {
   return v;
 }
 
-// The outputs of a quantization as cuda::QuantizedViews (amax: float32 [2], or absent for MX).
+// The floats of a quantization's device amax: 2, or a row-scaled tensor's 2 + M + K
+// (cuda::QuantizedViews::amax).
+int64_t amax_floats(const std::vector<int64_t>& shape, const QuantizeOptions& options) {
+  if (!options.row_scaled) return 2;
+  const QuantizedShapes s = quantized_shapes(shape, options);
+  return 2 + s.rows + s.cols;
+}
+
+// The outputs of a quantization as cuda::QuantizedViews (amax: float32 [amax_floats], or absent
+// for MX).
 cuda::QuantizedViews device_views(const DeviceArray& rowwise_data, const DeviceArray& rowwise_scale,
                                   const DeviceArray& columnwise_data, const DeviceArray& columnwise_scale,
-                                  const DeviceArray& amax) {
+                                  const DeviceArray& amax, int64_t amax_count) {
   cuda::QuantizedViews out;
   out.rowwise_data = device_view(rowwise_data, "rowwise_data");
   out.rowwise_scale = device_view(rowwise_scale, "rowwise_scale");
@@ -40,8 +49,9 @@ cuda::QuantizedViews device_views(const DeviceArray& rowwise_data, const DeviceA
   out.columnwise_scale = device_view(columnwise_scale, "columnwise_scale");
   if (amax) {
     const TensorView a = device_view(amax, "amax");
-    if (a.dtype != DType::F32 || a.numel() != 2 || !a.is_contiguous())
-      throw Error("amax: must be a contiguous float32 CUDA array of 2 elements");
+    if (a.dtype != DType::F32 || a.numel() != amax_count || !a.is_contiguous())
+      throw Error("amax: must be a contiguous float32 CUDA array of " + std::to_string(amax_count) +
+                  " elements");
     out.amax = static_cast<float*>(a.data);
   }
   return out;
@@ -110,14 +120,16 @@ void bind_cuda(nb::module_& m) {
         const TensorView input = view_of(x, "quantize input");
         if (input.device != Device::CUDA) throw Error("quantize_cuda: the input must be in CUDA memory");
         cuda::quantize(input, with_device_seed(options, sr_seed_device),
-                       device_views(rowwise_data, rowwise_scale, columnwise_data, columnwise_scale, amax),
+                       device_views(rowwise_data, rowwise_scale, columnwise_data, columnwise_scale, amax,
+                                    amax_floats(input.shape, options)),
                        as_stream(stream));
       },
       nb::arg("x"), nb::arg("options"), nb::arg("rowwise_data").none(), nb::arg("rowwise_scale").none(),
       nb::arg("columnwise_data").none(), nb::arg("columnwise_scale").none(), nb::arg("amax").none(),
       nb::arg("stream"), nb::arg("sr_seed_device").none() = nb::none(),
       "Quantizes a CUDA array into caller-allocated CUDA outputs (uint8, shaped as quantized_shapes "
-      "gives; amax float32 [2] for NVFP4), asynchronously on `stream` (a cudaStream_t as an integer). "
+      "gives; amax float32 [2] for NVFP4, [2 + M + K] row-scaled), asynchronously on `stream` (a "
+      "cudaStream_t as an integer). "
       "sr_seed_device: the stochastic-rounding seed as a uint64's 8 bytes in CUDA memory, read when the "
       "kernel runs (CUDA graphs), in place of the options' seed.");
 
@@ -126,8 +138,8 @@ void bind_cuda(nb::module_& m) {
       [](DeviceArray rowwise_data, DeviceArray rowwise_scale, DeviceArray columnwise_data,
          DeviceArray columnwise_scale, DeviceArray amax, const std::vector<int64_t>& shape,
          const QuantizeOptions& options, const std::string& usage, nb::ndarray<> output, uintptr_t stream) {
-        const cuda::QuantizedViews q =
-            device_views(rowwise_data, rowwise_scale, columnwise_data, columnwise_scale, amax);
+        const cuda::QuantizedViews q = device_views(rowwise_data, rowwise_scale, columnwise_data,
+                                                    columnwise_scale, amax, amax_floats(shape, options));
         cuda::dequantize(q, shape, options, parse_usage(usage), device_view(output, "dequantize output"),
                          as_stream(stream));
       },

@@ -17,8 +17,9 @@ struct DequantParams {
   float e4m3[256];    // NVFP4 scale code -> value
   const uint8_t* data;
   const uint8_t* scale;
-  const float* amax;  // NVFP4: the usage's amax
-  int e4m3_max;       // NVFP4: S_enc = 6 * e4m3_max / amax
+  const float* amax;        // NVFP4: the usage's amax
+  const float* row_amaxes;  // row-scaled NVFP4: the usage's amax per row, in place of *amax
+  int e4m3_max;             // NVFP4: S_enc = 6 * e4m3_max / amax
   void* out;
   DType out_dtype;
   int64_t rows, cols, data_cols;
@@ -33,7 +34,7 @@ __global__ void dequantize_kernel(const __grid_constant__ DequantParams p) {
   for (int i = threadIdx.x; i < 256; i += blockDim.x) values[i] = p.values[i];
   for (int i = threadIdx.x; i < 256; i += blockDim.x) e4m3[i] = p.e4m3[i];
   __syncthreads();
-  const float s_dec = p.nvfp4 ? 1.0f / nvfp4_global_encode_scale(*p.amax, p.e4m3_max) : 0.0f;
+  const float tensor_s_dec = p.nvfp4 ? 1.0f / nvfp4_global_encode_scale(*p.amax, p.e4m3_max) : 0.0f;
   const int64_t total = p.rows * p.cols;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -50,6 +51,9 @@ __global__ void dequantize_kernel(const __grid_constant__ DequantParams p) {
     const uint8_t s = p.scale[o];
     float value;
     if (p.nvfp4) {
+      const float s_dec = p.row_amaxes == nullptr
+                              ? tensor_s_dec
+                              : 1.0f / nvfp4_global_encode_scale(p.row_amaxes[r], p.e4m3_max);
       value = values[code] * (e4m3[s] * s_dec);
     } else {
       value = s == 0xFF ? bits_to_float(0x7FC00000u)
@@ -94,7 +98,6 @@ void dequantize(const QuantizedViews& q, const std::vector<int64_t>& shape, cons
                  rowwise ? s.rowwise_scale : s.columnwise_scale, "quantized scales");
   require_device(output, output.dtype, {rows, cols}, "dequantize output");
   if (nvfp4 && q.amax == nullptr) throw Error("nvfp4 dequantize needs the device amax pointer");
-  if (o.row_scaled) throw Error("row-scaled nvfp4 runs on the CPU backend only for now (no CUDA kernel yet)");
   if (o.nvfp4_e4m3_max != 448 && !(nvfp4 && o.nvfp4_e4m3_max == 256))
     throw Error("nvfp4_e4m3_max must be 448, or 256 for nvfp4; got " + std::to_string(o.nvfp4_e4m3_max));
 
@@ -105,6 +108,8 @@ void dequantize(const QuantizedViews& q, const std::vector<int64_t>& shape, cons
   p.data = static_cast<const uint8_t*>((rowwise ? q.rowwise_data : q.columnwise_data).data);
   p.scale = static_cast<const uint8_t*>((rowwise ? q.rowwise_scale : q.columnwise_scale).data);
   p.amax = nvfp4 ? q.amax + (rowwise ? 0 : 1) : nullptr;
+  // Row-scaled: q.amax is [2 | M rows of X | K rows of X^T] (QuantizedViews::amax).
+  if (nvfp4 && o.row_scaled) p.row_amaxes = q.amax + 2 + (rowwise ? 0 : s.rows);
   p.e4m3_max = o.nvfp4_e4m3_max;
   p.out = output.data;
   p.out_dtype = output.dtype;

@@ -82,8 +82,11 @@ GemmDeviceOperand device_operand(const GemmOperand& op, const float* device_amax
     out.scale_batch_bytes = batches > 1 ? ss[2] : 0;
   }
   require(!(op.amax && device_amax), who + " has both a host amax and a device amax");
-  require(op.row_amaxes.data == nullptr,
-          who + ": row-scaled nvfp4 runs on the CPU backend only for now (no CUDA GEMM for it yet)");
+  require(
+      op.row_amaxes.data == nullptr,
+      who +
+          ": the CUDA GEMM takes no row-scaled operand: run it with unit amaxes into fp32 and scale its "
+          "output by the row amaxes (as the torch frontend's gemm does, TransformerEngine's general_gemm)");
   require(nvfp4 || !(op.amax || device_amax), who + ": only NVFP4 operands carry an amax");
   if (op.amax) {
     require(std::isfinite(*op.amax) && *op.amax >= 0.0f, who + ": amax must be finite and >= 0");

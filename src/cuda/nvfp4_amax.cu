@@ -1,5 +1,6 @@
 // NVFP4 amax pass: max|X| and, for RHT columnwise output, max|RHT(X^T)| (the transform computed
-// here and again in the quantize kernel: recomputing is cheaper than caching it in memory).
+// here and again in the quantize kernel: recomputing is cheaper than caching it in memory). A
+// row-scaled tensor's amaxes per row of X and of X^T come from two plain kernels of their own.
 //
 // A thread owns a patch of 8 rows x 16 bytes (16 rows x 4 columns, 8-byte loads, for the RHT,
 // which transforms its 4 column chunks in registers); lanes run along K. Per-thread maxima reduce through
@@ -123,7 +124,69 @@ __global__ void __launch_bounds__(kThreads) nvfp4_amax_kernel(const AmaxParams p
   }
 }
 
+// Row-scaled NVFP4: one warp per row of X, its amax to amax[2 + row] and the largest to amax[0]
+// (zeroed before).
+template <typename T>
+__global__ void __launch_bounds__(kThreads) row_amaxes_kernel(const DeviceMatrix x, float* amax) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kThreads / 32) + threadIdx.x / 32;
+  if (row >= x.rows) return;
+  float m = 0.0f;
+  for (int64_t c = threadIdx.x % 32; c < x.cols; c += 32)
+    m = max_abs_skip_nan(m, Elem<T>::load(x.data, row * x.row_stride + c * x.col_stride));
+#pragma unroll
+  for (int s = 16; s > 0; s >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, s));
+  if (threadIdx.x % 32 == 0) {
+    amax[2 + row] = m;
+    // Non-negative fp32 values order as their bit patterns.
+    atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(m));
+  }
+}
+
+// Row-scaled NVFP4: column c of X's amax (row c of X^T) to amax[2 + M + c] and the largest to
+// amax[1] (zeroed before): a thread per column of a chunk of kColumnRows rows (consecutive threads
+// read consecutive columns).
+constexpr int kColumnRows = 256;
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) column_amaxes_kernel(const DeviceMatrix x, float* amax) {
+  const int64_t col = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x;
+  if (col >= x.cols) return;
+  const int64_t r0 = blockIdx.y * static_cast<int64_t>(kColumnRows);
+  const int64_t r1 = r0 + kColumnRows < x.rows ? r0 + kColumnRows : x.rows;
+  float m = 0.0f;
+  for (int64_t r = r0; r < r1; ++r)
+    m = max_abs_skip_nan(m, Elem<T>::load(x.data, r * x.row_stride + col * x.col_stride));
+  atomicMax(reinterpret_cast<unsigned int*>(amax + 2 + x.rows + col), __float_as_uint(m));
+  atomicMax(reinterpret_cast<unsigned int*>(amax + 1), __float_as_uint(m));
+}
+
+template <typename T>
+void launch_row_scaled(const DeviceMatrix& x, const QuantizeOptions& o, float* amax, cudaStream_t stream) {
+  if (o.rowwise && x.rows > 0) {
+    const auto grid = static_cast<unsigned>((x.rows + kThreads / 32 - 1) / (kThreads / 32));
+    row_amaxes_kernel<T><<<grid, kThreads, 0, stream>>>(x, amax);
+    MICROSCALE_CUDA_CHECK(cudaGetLastError());
+  }
+  if (o.columnwise && x.rows > 0 && x.cols > 0) {
+    const dim3 grid(static_cast<unsigned>((x.cols + kThreads - 1) / kThreads),
+                    static_cast<unsigned>((x.rows + kColumnRows - 1) / kColumnRows));
+    column_amaxes_kernel<T><<<grid, kThreads, 0, stream>>>(x, amax);
+    MICROSCALE_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
 }  // namespace
+
+void launch_nvfp4_row_scaled_amax(const DeviceMatrix& x, DType dtype, const QuantizeOptions& o, float* amax,
+                                  cudaStream_t stream) {
+  const size_t floats = static_cast<size_t>(2 + x.rows + x.cols);
+  MICROSCALE_CUDA_CHECK(cudaMemsetAsync(amax, 0, floats * sizeof(float), stream));
+  switch (dtype) {
+    case DType::BF16: launch_row_scaled<Bf16>(x, o, amax, stream); break;
+    case DType::F16: launch_row_scaled<F16>(x, o, amax, stream); break;
+    default: launch_row_scaled<float>(x, o, amax, stream); break;
+  }
+}
 
 void launch_nvfp4_amax(const DeviceMatrix& x, DType dtype, const QuantizeOptions& o, float* amax,
                        cudaStream_t stream) {

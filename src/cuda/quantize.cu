@@ -38,7 +38,6 @@ void quantize(const TensorView& input, const QuantizeOptions& o, const Quantized
               void* stream_ptr) {
   const InputMatrix x = make_input_matrix(input, Device::CUDA);
   validate_quantize(x, o);
-  require(!o.row_scaled, "row-scaled nvfp4 runs on the CPU backend only for now (no CUDA kernel yet)");
   const QuantizedShapes s = quantized_shapes(input.shape, o);
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   OutputPointers out;
@@ -52,7 +51,9 @@ void quantize(const TensorView& input, const QuantizeOptions& o, const Quantized
   }
   const bool nvfp4 = o.scheme == Scheme::NVFP4;
   if (nvfp4 && outputs.amax == nullptr)
-    throw Error("nvfp4 needs a device amax buffer of 2 floats (outputs.amax)");
+    throw Error(o.row_scaled
+                    ? "row-scaled nvfp4 needs a device amax buffer of 2 + M + K floats (outputs.amax)"
+                    : "nvfp4 needs a device amax buffer of 2 floats (outputs.amax)");
   out.amax = outputs.amax;
   const int block = block_size(o.scheme);
   if (o.scale_layout == ScaleLayout::Swizzled) {
@@ -61,7 +62,11 @@ void quantize(const TensorView& input, const QuantizeOptions& o, const Quantized
   }
   const DeviceMatrix d = device_matrix(x);
   if (nvfp4) {
-    launch_nvfp4_amax(d, x.dtype, o, out.amax, stream);
+    if (o.row_scaled) {
+      launch_nvfp4_row_scaled_amax(d, x.dtype, o, out.amax, stream);
+    } else {
+      launch_nvfp4_amax(d, x.dtype, o, out.amax, stream);
+    }
     if (o.four_over_six != FourOverSix::Off) {
       launch_nvfp4_four_over_six(d, x.dtype, o, out, stream);
     } else {

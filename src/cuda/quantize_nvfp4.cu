@@ -29,6 +29,8 @@ struct Nvfp4Params {
   OutputPointers out;
   bool rowwise, columnwise, tile_2d, rht, swizzled, sr;
   uint16_t rht_mask;
+  const float* row_amaxes;  // row-scaled: X's rows' amaxes [M] and X^T's [K] (null otherwise)
+  const float* col_amaxes;
   uint64_t seed, offset;
   const uint64_t* seed_device;  // when set, the seed (read as the kernel runs: CUDA graphs)
   int64_t tiles_k, tiles;
@@ -83,7 +85,10 @@ __device__ __forceinline__ void nvfp4_tile(const Nvfp4Params& p, const Stored<T>
   // ---- column phase ----
   if (p.columnwise || p.tile_2d) {
     const int64_t col = k0 + t;
-    const Nvfp4Global g = nvfp4_global(p.out.amax[1]);
+    // Row-scaled: this column's own global scale (a column past K takes none: it writes nothing).
+    const Nvfp4Global g = nvfp4_global(p.col_amaxes == nullptr ? p.out.amax[1]
+                                       : col < K               ? p.col_amaxes[col]
+                                                               : 0.0f);
     BlockRun run;
     // The chunks (and the row phase's blocks) run in loops: unrolled, the kernels waited on
     // instruction fetch (ncu: 30-40 % of the cycles between issues); rolled, row+col took 202 us
@@ -130,7 +135,7 @@ __device__ __forceinline__ void nvfp4_tile(const Nvfp4Params& p, const Stored<T>
   const int b0 = (warp / 2) * 4;  // first of this thread's four 16-column blocks
   const int64_t row = m0 + r;
   if (row >= M) return;
-  const Nvfp4Global g = nvfp4_global(p.out.amax[0]);
+  const Nvfp4Global g = nvfp4_global(p.row_amaxes == nullptr ? p.out.amax[0] : p.row_amaxes[row]);
   BlockRun run;
 #pragma unroll 1
   for (int j = 0; j < BlockRun::kBlocks; ++j) {
@@ -196,6 +201,10 @@ void launch_nvfp4_quantize(const DeviceMatrix& x, DType dtype, const QuantizeOpt
   p.swizzled = o.scale_layout == ScaleLayout::Swizzled;
   p.sr = o.stochastic_rounding.has_value();
   p.rht_mask = o.rht_sign_mask;
+  if (o.row_scaled) {  // amax = [2 largest | M rows of X | K rows of X^T] (launch_nvfp4_row_scaled_amax)
+    p.row_amaxes = out.amax + 2;
+    p.col_amaxes = out.amax + 2 + x.rows;
+  }
   if (p.sr) {
     p.seed = o.stochastic_rounding->seed;
     p.offset = o.stochastic_rounding->offset;

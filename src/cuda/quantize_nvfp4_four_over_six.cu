@@ -30,7 +30,8 @@ struct FourOverSixParams {
   DeviceMatrix x;
   uint8_t* data;
   uint8_t* scale;
-  const float* amax;  // this direction's
+  const float* amax;         // this direction's
+  const float* lead_amaxes;  // row-scaled (rowwise only): each row's amax, in place of *amax
   int64_t scale_cols;
   bool tile_2d, swizzled, scaled_error, squared;
   int e4m3_max;
@@ -153,7 +154,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int s = 1; s < 16; s <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, s));
   }
-  const float global_amax = *p.amax;
+  // Row-scaled (rowwise only): the row's own amax.
+  const float global_amax = p.lead_amaxes != nullptr && active ? p.lead_amaxes[lead] : *p.amax;
   const float s_enc = nvfp4_global_encode_scale(global_amax, p.e4m3_max), s_dec = 1.0f / s_enc;
   const float base = four_over_six_base_scale(amax, s_enc);
   const Candidate map4 = candidate(v, four_over_six_map4_scale(base), s_enc, s_dec, global_amax, p);
@@ -219,6 +221,7 @@ void launch_nvfp4_four_over_six(const DeviceMatrix& x, DType dtype, const Quanti
     p.data = out.rowwise_data;
     p.scale = out.rowwise_scale;
     p.amax = out.amax;
+    p.lead_amaxes = o.row_scaled ? out.amax + 2 : nullptr;  // launch_nvfp4_row_scaled_amax's rows
     p.scale_cols = x.cols / 16;
     launch_direction<false>(p, dtype, stream);
   }
@@ -226,6 +229,7 @@ void launch_nvfp4_four_over_six(const DeviceMatrix& x, DType dtype, const Quanti
     p.data = out.columnwise_data;
     p.scale = out.columnwise_scale;
     p.amax = out.amax + 1;
+    p.lead_amaxes = nullptr;  // row-scaled 4over6 is rowwise only (validate_quantize)
     p.scale_cols = x.rows / 16;
     launch_direction<true>(p, dtype, stream);
   }

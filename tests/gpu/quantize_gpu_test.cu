@@ -72,13 +72,15 @@ bool same_bytes(const std::string& what, const std::vector<uint8_t>& got, const 
 std::string describe(const QuantizeOptions& o, const std::vector<int64_t>& shape, DType dtype,
                      const char* tag) {
   char buf[400];
-  std::snprintf(buf, sizeof buf, "%s %s %s %s row=%d col=%d mode=%s tile=%s rht=%d sr=%d ovr=%d layout=%s",
-                tag, std::string(scheme_name(o.scheme)).c_str(), shape_string(shape).c_str(),
-                std::string(dtype_name(dtype)).c_str(), o.rowwise, o.columnwise,
-                std::string(scale_mode_name(o.scale_mode)).c_str(), o.tile == Tile::k16x16 ? "16x16" : "1x16",
-                o.rht, o.stochastic_rounding.has_value(),
-                o.amax_rowwise.has_value() || o.amax_columnwise.has_value(),
-                o.scale_layout == ScaleLayout::Swizzled ? "swizzled" : "compact");
+  std::snprintf(
+      buf, sizeof buf,
+      "%s %s %s %s row=%d col=%d mode=%s tile=%s rht=%d sr=%d ovr=%d layout=%s 4over6=%d row_scaled=%d", tag,
+      std::string(scheme_name(o.scheme)).c_str(), shape_string(shape).c_str(),
+      std::string(dtype_name(dtype)).c_str(), o.rowwise, o.columnwise,
+      std::string(scale_mode_name(o.scale_mode)).c_str(), o.tile == Tile::k16x16 ? "16x16" : "1x16", o.rht,
+      o.stochastic_rounding.has_value(), o.amax_rowwise.has_value() || o.amax_columnwise.has_value(),
+      o.scale_layout == ScaleLayout::Swizzled ? "swizzled" : "compact", static_cast<int>(o.four_over_six),
+      o.row_scaled);
   return buf;
 }
 
@@ -156,8 +158,10 @@ DeviceQuantized run_device(const TensorView& input, const QuantizeOptions& o) {
     q.views.columnwise_data = device_view(q, q.shapes.columnwise_data);
     q.views.columnwise_scale = device_view(q, q.shapes.columnwise_scale);
   }
-  q.buffers.push_back(std::make_unique<DeviceBuffer>(8));
-  CK(cudaMemset(q.buffers.back()->p, 0xAB, 8));
+  // amax: 2 floats, a row-scaled tensor's 2 + M + K (cuda::QuantizedViews::amax)
+  const size_t amax_bytes = 4 * static_cast<size_t>(o.row_scaled ? 2 + q.shapes.rows + q.shapes.cols : 2);
+  q.buffers.push_back(std::make_unique<DeviceBuffer>(amax_bytes));
+  CK(cudaMemset(q.buffers.back()->p, 0xAB, amax_bytes));
   q.views.amax = static_cast<float*>(q.buffers.back()->p);
   cuda::quantize(input, o, q.views, nullptr);
   CK(cudaDeviceSynchronize());
@@ -219,6 +223,16 @@ bool compare_stored(const std::vector<uint8_t>& host, const std::vector<int64_t>
       ok &= same_bytes(what + " rowwise_amax", {amax.begin(), amax.begin() + 4}, &ref.rowwise_amax, 4);
     if (o.columnwise)
       ok &= same_bytes(what + " columnwise_amax", {amax.begin() + 4, amax.end()}, &ref.columnwise_amax, 4);
+    if (o.row_scaled) {  // then the amaxes of X's rows and of X^T's
+      const std::vector<uint8_t> all =
+          to_host(q.views.amax, 4 * static_cast<size_t>(2 + ref.rows + ref.cols));
+      if (o.rowwise)
+        ok &= same_bytes(what + " rowwise_amaxes", {all.begin() + 8, all.begin() + 8 + 4 * ref.rows},
+                         ref.rowwise_amaxes.data(), ref.rowwise_amaxes.nbytes());
+      if (o.columnwise)
+        ok &= same_bytes(what + " columnwise_amaxes", {all.begin() + 8 + 4 * ref.rows, all.end()},
+                         ref.columnwise_amaxes.data(), ref.columnwise_amaxes.nbytes());
+    }
   }
   if (!ok || !check_dequant) return true;
   for (Usage usage : {Usage::Rowwise, Usage::Columnwise}) {
@@ -290,8 +304,9 @@ void random_suite(bool quick) {
       const bool specials = (cases % 3) == 1;
       const std::vector<float> values = random_values(n, rng, specials, (cases % 4) == 2);
       // NVFP4
-      // Variants 10-13: 4over6 (both error modes and domains, both bounds, both tiles).
-      for (int variant = 0; variant < 14; ++variant) {
+      // Variants 10-13: 4over6 (both error modes and domains, both bounds, both tiles); 14-16
+      // row-scaled (both directions; rowwise swizzled; rowwise 4over6).
+      for (int variant = 0; variant < 17; ++variant) {
         QuantizeOptions o;
         o.scheme = Scheme::NVFP4;
         o.rowwise = variant != 7;
@@ -299,7 +314,7 @@ void random_suite(bool quick) {
         // 4over6 variants: 10 MAE 1x16, 11 MSE 16x16, 12 MAE 16x16, 13 MSE 1x16 (12-13 the scaled error)
         o.tile =
             (variant == 1 || variant == 5 || variant == 11 || variant == 12) ? Tile::k16x16 : Tile::k1x16;
-        if (variant >= 10) {
+        if (variant >= 10 && variant < 14) {
           o.four_over_six = variant % 2 == 0 ? FourOverSix::MinMae : FourOverSix::MinMse;
           o.four_over_six_scaled_error = variant >= 12;
           o.nvfp4_e4m3_max = variant == 12 ? 448 : 256;
@@ -312,12 +327,17 @@ void random_suite(bool quick) {
           o.amax_columnwise = 11.0f;
         }
         o.scale_layout = (variant % 2 == 1 || variant == 8) ? ScaleLayout::Swizzled : ScaleLayout::Compact;
+        if (variant >= 14) {
+          o.row_scaled = true;
+          o.columnwise = variant == 14;
+          if (variant == 16) o.four_over_six = FourOverSix::MinMse;
+        }
         if (o.tile == Tile::k16x16 && (m % 16 || k % 16)) continue;
         if (o.rowwise && k % 16) continue;
         if (o.columnwise && m % 16) continue;
         if (quick && is_big) continue;
         compare_case(values, shape, {}, dtype, o,
-                     variant == 0 || variant == 2 || variant == 5 || variant == 10);
+                     variant == 0 || variant == 2 || variant == 5 || variant == 10 || variant >= 14);
         ++cases;
       }
       // MX
@@ -395,7 +415,18 @@ void random_suite(bool quick) {
     f.tile = Tile::k16x16;
     f.four_over_six = FourOverSix::MinMae;
     compare_case(std::vector<float>(v.begin(), v.begin() + 64 * 48), {64, 48}, {1, 64}, DType::F16, f, false);
-    cases += 12;
+    // Row-scaled: rowwise only with M = 37, columnwise only with K = 75, a transposed view.
+    QuantizeOptions rs;
+    rs.scheme = Scheme::NVFP4;
+    rs.row_scaled = true;
+    compare_case(std::vector<float>(v.begin(), v.begin() + 37 * 80), {37, 80}, {}, DType::BF16, rs, true);
+    rs.rowwise = false;
+    rs.columnwise = true;
+    compare_case(std::vector<float>(v.begin(), v.begin() + 48 * 75), {48, 75}, {}, DType::F32, rs, true);
+    rs.rowwise = true;
+    compare_case(std::vector<float>(v.begin(), v.begin() + 64 * 48), {64, 48}, {1, 64}, DType::BF16, rs,
+                 true);
+    cases += 15;
   }
   std::printf("random suite: %d cases\n", cases);
 }

@@ -26,6 +26,8 @@ CASES = [
     ("nvfp4", dict(columnwise=True, tile="16x16", four_over_six="mae", nvfp4_e4m3_max=256)),
     ("nvfp4", dict(columnwise=True, four_over_six="mse", four_over_six_scaled_error=True)),
     ("nvfp4", dict(columnwise=True, tile="16x16", four_over_six="mse", four_over_six_scaled_error=True, swizzle=True)),
+    ("nvfp4", dict(columnwise=True, row_scaled=True)),
+    ("nvfp4", dict(swizzle=True, row_scaled=True, four_over_six="mae", nvfp4_e4m3_max=256)),
     ("mxfp8_e4m3", dict(columnwise=True)),
     ("mxfp8_e5m2", dict(columnwise=True, scale_mode="floor", swizzle=True)),
     ("mxfp6_e2m3", dict(columnwise=True, scale_mode="even")),
@@ -118,6 +120,25 @@ def test_gemm_on_cuda_matches_the_cpu_gemm(swizzle, layout):
                     out_dtype=torch.float32)
     assert got.device.type == "cuda"
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("both", [False, True])
+def test_row_scaled_gemm_on_cuda_matches_the_cpu_gemm(both):
+    """TE's general_gemm for row-scaled operands: the library's GEMM with unit amaxes, then the
+    outer scales, bias and C as the CPU GEMM applies them."""
+    g = torch.Generator().manual_seed(6)
+    x = (torch.randn(192, 256, generator=g) * torch.exp2(torch.randint(-8, 8, (192, 1), generator=g).float()))
+    w = torch.randn(320, 256, generator=g) * 0.05
+    a = mst.quantize(x.to(torch.bfloat16).cuda(), "nvfp4", row_scaled=True)
+    b = mst.quantize(w.to(torch.bfloat16).cuda(), "nvfp4", row_scaled=both)
+    bias, c = torch.randn(320, generator=g), torch.randn(192, 320, generator=g).to(torch.bfloat16)
+    for kwargs in (dict(), dict(bias=bias, c=c, beta=1.0, out_dtype=torch.bfloat16)):
+        got = mst.gemm(a, b, alpha=0.5, **{k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()})
+        want = mst.gemm(_to_cpu(a), _to_cpu(b), alpha=0.5, **kwargs)
+        assert got.device.type == "cuda" and got.dtype == want.dtype
+        torch.testing.assert_close(got.cpu().float(), want.float(), rtol=1e-5 if not kwargs else 2**-7, atol=1e-5)
+    with pytest.raises(ms.Error, match="beta 1 only"):
+        mst.gemm(a, b, c=c.cuda(), beta=0.5)
 
 
 def test_gemm_on_cuda_exact_for_exact_sums_and_runs_on_the_current_stream():
@@ -279,6 +300,7 @@ LINEAR_RECIPES = {
     "nvfp4": lambda: NVFP4BlockScaling(),
     "nvfp4_1d_no_rht": lambda: NVFP4BlockScaling(disable_rht=True, disable_2d_quantization=True),
     "nvfp4_4over6": lambda: NVFP4BlockScaling(disable_rht=True, nvfp4_4over6="all", nvfp4_4over6_err_mode="MSE"),
+    "nvfp4_row_scaled": lambda: NVFP4BlockScaling(disable_rht=True, row_scaled_activation=True),
     "mxfp8": lambda: MXFP8BlockScaling(),
     "mxfp8_hybrid": lambda: MXFP8BlockScaling(fp8_format=Format.HYBRID),
     # backward_override: the backward's GEMMs unquantized (torch's cuBLAS GEMM, fp32 accumulation)

@@ -6,6 +6,8 @@ torch.library op microscale::gemm (traced through its fake implementation); eage
 body without the op's dispatch."""
 
 
+import dataclasses
+
 import torch
 
 from .. import _C
@@ -51,8 +53,8 @@ def _device_of(x):
 def _cuda_parts(x, usage):
     """(data, scales, amax slice or None) of one QuantizedTensor operand on CUDA."""
     _require_usage(x, usage)
-    if x.options.row_scaled:
-        raise _C.Error("microscale.torch.gemm: row-scaled nvfp4 runs on the CPU backend only for now")
+    if x.options.row_scaled:  # _gemm_cuda_row_scaled takes those
+        raise _C.Error("microscale.torch.gemm: a row-scaled operand's amaxes are applied after the library's GEMM")
     # The usage's device amax (a view: no copy to the host); None: the scales carry everything.
     if usage == "rowwise":
         return x.rowwise_data, x.rowwise_scale, None if x.amax is None else x.amax[0:1]
@@ -148,6 +150,46 @@ def _gemm_cuda(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype, out=None
     return d
 
 
+def _outer_scales(x, usage):
+    """A row-scaled GEMM's scales from one operand: its amaxes per row of the usage's matrix, its
+    single amax ([1]), or None (a dense operand)."""
+    if not isinstance(x, QuantizedTensor):
+        return None
+    if x.options.row_scaled:
+        return x.rowwise_amaxes if usage == "rowwise" else x.columnwise_amaxes
+    return x.amax[0:1] if usage == "rowwise" else x.amax[1:2]
+
+
+def _gemm_cuda_row_scaled(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype, out=None):
+    """TransformerEngine's general_gemm for row-scaled NVFP4 operands (docs/schemes.md, the same
+    arithmetic as the CPU GEMM): the library's GEMM with every amax 1 into fp32, then D times the
+    amaxes (their product first when one side has a single amax), the bias in fp32, then C
+    (beta 1 only, TE's accumulate) added to D rounded to out_dtype."""
+    if c is not None and beta != 1.0:
+        raise _C.Error("microscale.torch.gemm: a GEMM with a row-scaled operand adds C with beta 1 only "
+                       "(TransformerEngine's accumulate)")
+    rows, cols = _outer_scales(a, a_usage), _outer_scales(b, b_usage)
+
+    def unit(x):  # the operand with its amaxes taken as 1
+        ones = torch.ones(2, dtype=torch.float32, device=x.amax.device)
+        return dataclasses.replace(x, amax=ones, options=dataclasses.replace(x.options, row_scaled=False))
+
+    d = _gemm_cuda(unit(a), unit(b), a_usage, b_usage, alpha, 0.0, None, None, torch.float32)
+    if cols.numel() == 1:
+        d.mul_(rows.view(-1, 1) * cols)
+    elif rows.numel() == 1:
+        d.mul_(cols.view(1, -1) * rows)
+    else:
+        d.mul_(rows.view(-1, 1))
+        d.mul_(cols.view(1, -1))
+    if bias is not None:
+        d.add_(bias.to(torch.float32))
+    d = d.to(out_dtype)
+    if c is not None:  # in fp32, rounded once (c as it is, as the CPU GEMM reads it)
+        d = (c.to(torch.float32) + d.to(torch.float32)).to(out_dtype)
+    return d if out is None else _copy_into(out, d)
+
+
 def _require_out(out, shape, dtype, device):
     if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != device:
         raise _C.Error(f"microscale.torch.gemm: out is {out.dtype} {list(out.shape)} on {out.device}; the result is "
@@ -168,6 +210,8 @@ def _run_gemm(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype, out=None)
     if (da is not None and da.type == "cuda") or (db is not None and db.type == "cuda"):
         if not _C.cuda_built():
             raise _C.Error("microscale.torch.gemm: this build has no CUDA backend")
+        if _library_runs(a, b) and (a.options.row_scaled or b.options.row_scaled):
+            return _gemm_cuda_row_scaled(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype, out)
         if _library_runs(a, b):
             return _gemm_cuda(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype, out)
         d = _gemm_emulated(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype)

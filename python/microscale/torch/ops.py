@@ -173,8 +173,10 @@ def quantize_parts(x, options, sr_seed_tensor=None):
         shapes = _C.quantized_shapes(list(x.shape), options)
         outs = [torch.empty(shapes[n], dtype=torch.uint8, device=x.device) if shapes[n] else _empty_u8(x.device)
                 for n in _PARTS]
-        # NVFP4: the kernels write both amaxes (given or measured); MX has none (zeros returned).
-        amax = (torch.empty if scheme == "nvfp4" else torch.zeros)(2, dtype=torch.float32, device=x.device)
+        # NVFP4: the kernels write both amaxes (given or measured), row-scaled also those per row of X
+        # and of X^T (QuantizedTensor.amax); MX has none (zeros returned).
+        floats = 2 + math.prod(x.shape[:-1]) + x.shape[-1] if options.row_scaled else 2
+        amax = (torch.empty if scheme == "nvfp4" else torch.zeros)(floats, dtype=torch.float32, device=x.device)
         given = [_capsule(o) if shapes[n] else None for o, n in zip(outs, _PARTS)]
         with _on_device(x.device):
             _C.quantize_cuda(_capsule(x), options, *given, _capsule(amax) if scheme == "nvfp4" else None,
