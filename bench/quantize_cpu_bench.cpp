@@ -95,6 +95,9 @@ std::vector<Case> cases() {
   QuantizeOptions nvfp4_4over6 = nvfp4_2d;
   nvfp4_4over6.four_over_six = FourOverSix::MinMae;
   nvfp4_4over6.nvfp4_e4m3_max = 256;
+  // TE's row_scaled_activation: a global scale per row of X and of X^T (the portable kernel)
+  QuantizeOptions nvfp4_row_scaled = nvfp4;
+  nvfp4_row_scaled.row_scaled = true;
   QuantizeOptions mxfp8 = nvfp4;
   mxfp8.scheme = Scheme::MXFP8_E4M3;
   QuantizeOptions mxfp4 = nvfp4;
@@ -108,6 +111,7 @@ std::vector<Case> cases() {
           {"nvfp4_16x16", nvfp4_2d},
           {"nvfp4_16x16_amax_given", nvfp4_2d_given},
           {"nvfp4_16x16_4over6", nvfp4_4over6},
+          {"nvfp4_row_col_row_scaled", nvfp4_row_scaled},
           {"mxfp8_row_col", mxfp8},
           {"mxfp4_row_col", mxfp4},
           {"mxfp6_e2m3_row_col", mxfp6},

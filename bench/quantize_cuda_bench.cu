@@ -114,6 +114,13 @@ int main(int argc, char** argv) {
       configs.push_back({"nvfp4 16x16 4over6", w});
       w.tile = Tile::k1x16;
       configs.push_back({"nvfp4 row+col 4over6", w});
+      // TE's row_scaled_activation: a global scale per row of X and of X^T
+      QuantizeOptions rs = o;
+      rs.tile = Tile::k1x16;
+      rs.row_scaled = true;
+      configs.push_back({"nvfp4 row+col rowscale", rs});
+      rs.columnwise = false;
+      configs.push_back({"nvfp4 row rowscale", rs});
       QuantizeOptions r;
       r.scheme = Scheme::NVFP4;
       configs.push_back({"nvfp4 row", r});
@@ -157,8 +164,8 @@ int main(int argc, char** argv) {
         views[s].rowwise_scale = make(qs.rowwise_scale);
         views[s].columnwise_data = make(qs.columnwise_data);
         views[s].columnwise_scale = make(qs.columnwise_scale);
-        void* a = nullptr;
-        CK(cudaMalloc(&a, 8));
+        void* a = nullptr;  // 2 floats, a row-scaled tensor's 2 + M + K (cuda::QuantizedViews::amax)
+        CK(cudaMalloc(&a, sizeof(float) * static_cast<size_t>(c.o.row_scaled ? 2 + m + k : 2)));
         allocations.push_back(a);
         views[s].amax = static_cast<float*>(a);
       }
@@ -181,7 +188,11 @@ int main(int argc, char** argv) {
         cuda::DeviceMatrix d{x.data, x.rows, x.cols, x.row_stride, x.col_stride, true};
         const double amax_ms = median_ms([&](int i) {
           d.data = inputs[i % kSets];
-          cuda::launch_nvfp4_amax(d, DType::BF16, c.o, views[i % kSets].amax, nullptr);
+          if (c.o.row_scaled) {
+            cuda::launch_nvfp4_row_scaled_amax(d, DType::BF16, c.o, views[i % kSets].amax, nullptr);
+          } else {
+            cuda::launch_nvfp4_amax(d, DType::BF16, c.o, views[i % kSets].amax, nullptr);
+          }
         });
         rows.push_back({"  of which amax pass", shape, amax_ms, static_cast<double>(in_bytes),
                         static_cast<double>(in_bytes), copy_gbs});
