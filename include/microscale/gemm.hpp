@@ -13,9 +13,9 @@
 // 256 puts 256 in place of its 448, as TE does.
 // A row-scaled NVFP4 operand (row_amaxes) follows TE's general_gemm for it: alpha as above with
 // every global amax taken as 1, D = RN(alpha * sum) in fp32, then D[m, n] times the global amaxes:
-// RN(D * RN(row_a[m] * b)) when B has one amax (or RN(D * RN(a * row_b[n])) when A has), else
-// RN(RN(D * row_a[m]) * row_b[n]); the bias added in fp32, then C (beta 1 only: TE's accumulate)
-// added to D rounded to D's dtype.
+// RN(D * RN(row_a[m] * b)) when B has one amax or one row (or RN(D * RN(a * row_b[n])) when A
+// has), else RN(RN(D * row_a[m]) * row_b[n]); the bias added in fp32, then C (beta 1 only: TE's
+// accumulate) added to D rounded to D's dtype.
 //
 // Which stored data a Linear GEMM reads follows TransformerEngine's layout strings:
 // te_gemm_operands(A, B, "TN" | "NN" | "NT") gives the operands of D = op(B) op(A)^T, taking a

@@ -53,7 +53,8 @@ FourOverSix parse_four_over_six_err_mode(std::string_view name);
 /// nvfp4_4over6_err_mode); an input in the scope needs disable_rht (TE has no 4over6 with the RHT).
 /// row_scaled_activation (TE's): the input's global scales per row of x (rowwise) and per column
 /// (columnwise, the wgrad operand), QuantizeOptions::row_scaled; it needs disable_rht, and with
-/// 4over6 on the input a backward_override (row-scaled 4over6 is rowwise only), as in TE.
+/// 4over6 on the input, training needs a backward_override (row-scaled 4over6 is rowwise only, and
+/// the quantized wgrad reads the input's columnwise output), as in TE.
 /// GEMMs (y = x W^T): fprop x.row x W.row, dgrad dy.row x W.col, wgrad dy.col x x.col; the
 /// quantized dimension is always the contraction dimension.
 class NVFP4BlockScaling {
@@ -70,8 +71,7 @@ class NVFP4BlockScaling {
   };
   NVFP4BlockScaling() = default;
   /// Throws microscale::Error for options TransformerEngine refuses (4over6 on an input with the
-  /// RHT; an error mode that is not MAE or MSE; a row-scaled input with the RHT, or with 4over6 and
-  /// a quantized backward).
+  /// RHT; an error mode that is not MAE or MSE; a row-scaled input with the RHT).
   explicit NVFP4BlockScaling(Options options);
   bool disable_rht() const { return options_.disable_rht; }
   bool disable_stochastic_rounding() const { return options_.disable_stochastic_rounding; }

@@ -127,9 +127,13 @@ void row_scaled_epilogue(const GemmOperand& a, const GemmOperand& b, float alpha
   const int64_t m = d.shape[0], n = d.shape[1];
   const auto* a_rows = static_cast<const float*>(a.row_amaxes.data);
   const auto* b_rows = static_cast<const float*>(b.row_amaxes.data);
-  // An operand's single amax (or none: a dense operand, or scales that carry everything).
-  const std::optional<float> a_one = a.quantized && a_rows == nullptr ? a.amax : std::nullopt;
-  const std::optional<float> b_one = b.quantized && b_rows == nullptr ? b.amax : std::nullopt;
+  // A side's scale of output row i (A) or column j (B): its row amaxes, or its single amax (1 for
+  // none: a dense operand, or scales that carry everything).
+  const float a_one = a.quantized && a.amax ? *a.amax : 1.0f, b_one = b.quantized && b.amax ? *b.amax : 1.0f;
+  const auto a_scale = [&](int64_t i) { return a_rows != nullptr ? a_rows[i] : a_one; };
+  const auto b_scale = [&](int64_t j) { return b_rows != nullptr ? b_rows[j] : b_one; };
+  // TE picks the order by count: a side of one value is multiplied into the other side's first.
+  const bool a_single = a_rows == nullptr || m == 1, b_single = b_rows == nullptr || n == 1;
   const std::vector<int64_t> ds = d.effective_strides();
   const std::vector<int64_t> cs = p.c ? p.c->effective_strides() : std::vector<int64_t>{};
 #pragma omp parallel
@@ -139,13 +143,13 @@ void row_scaled_epilogue(const GemmOperand& a, const GemmOperand& b, float alpha
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t j = 0; j < n; ++j) {
         float v = alpha * sums[i * n + j];
-        if (a_rows != nullptr && b_rows != nullptr) {
-          v = v * a_rows[i];
-          v = v * b_rows[j];
-        } else if (a_rows != nullptr) {
-          v = v * (b_one ? a_rows[i] * *b_one : a_rows[i]);
+        if (b_single) {
+          v = v * (a_scale(i) * b_scale(j));
+        } else if (a_single) {
+          v = v * (b_scale(j) * a_scale(i));
         } else {
-          v = v * (a_one ? b_rows[j] * *a_one : b_rows[j]);
+          v = v * a_scale(i);
+          v = v * b_scale(j);
         }
         if (p.bias) v = v + value_of(*p.bias, j);
         if (p.c) v = value_of(*p.c, offset3(cs, i, j, 0)) + round_to(d.dtype, v);
@@ -172,7 +176,11 @@ GemmOperand GemmOperand::from(const QuantizedTensor& q, Usage usage) {
   op.scale_layout = q.scale_layout;
   if (q.scheme == Scheme::NVFP4) {
     if (q.row_scaled) {
-      op.row_amaxes = (usage == Usage::Rowwise ? q.rowwise_amaxes : q.columnwise_amaxes).view();
+      const Tensor& amaxes = usage == Usage::Rowwise ? q.rowwise_amaxes : q.columnwise_amaxes;
+      // (check_operand checks the rest: f32, one per row, finite)
+      if (!amaxes.defined())
+        throw Error("a row-scaled quantized tensor without its amaxes for this GEMM operand");
+      op.row_amaxes = amaxes.view();
     } else {
       op.amax = usage == Usage::Rowwise ? q.rowwise_amax : q.columnwise_amax;
     }

@@ -116,8 +116,10 @@ void validate_quantize(const InputMatrix& x, const QuantizeOptions& o) {
           !o.amax_rowwise && !o.amax_columnwise,
           "row-scaled nvfp4 measures each row's amax: it takes no amax override (TransformerEngine refuses "
           "an amax reduction)");
+      require(o.rowwise, "row-scaled nvfp4 needs the rowwise output (as in TransformerEngine)");
       require(!four_over_six || !o.columnwise,
-              "row-scaled nvfp4 with 4over6 is rowwise only (as in TransformerEngine)");
+              "row-scaled nvfp4 with 4over6 is rowwise only (as in TransformerEngine): a Linear's quantized "
+              "backward needs the input's columnwise output, so pass the recipe a backward_override");
     }
   } else {
     require(o.tile == Tile::k1x16, name + " has 32-element blocks; tile applies to nvfp4 only");

@@ -85,10 +85,6 @@ NVFP4BlockScaling::NVFP4BlockScaling(Options options) : options_(options) {
     require(options.disable_rht,
             "row_scaled_activation makes the input row-scaled, which does not take the RHT (as in "
             "TransformerEngine): pass disable_rht=True too");
-    require(!in_scope(options.four_over_six, TensorRole::Input) ||
-                options.backward_override != BackwardOverride::None,
-            "row_scaled_activation with 4over6 on the input is rowwise only (as in TransformerEngine), and a "
-            "quantized backward needs the input's columnwise output: pass a backward_override too");
   }
 }
 

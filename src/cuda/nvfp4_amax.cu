@@ -6,6 +6,7 @@
 // which transforms its 4 column chunks in registers); lanes run along K. Per-thread maxima reduce through
 // warp shuffles to one atomicMax per warp on the fp32 bits (all values >= 0, NaN skipped). The loads are
 // plain (L2-allocating): the quantize kernel walks the tensor backwards and finds this pass's tail in L2.
+#include <algorithm>
 #include <cfloat>
 
 #include "cuda/common.cuh"
@@ -143,16 +144,17 @@ __global__ void __launch_bounds__(kThreads) row_amaxes_kernel(const DeviceMatrix
 }
 
 // Row-scaled NVFP4: column c of X's amax (row c of X^T) to amax[2 + M + c] and the largest to
-// amax[1] (zeroed before): a thread per column of a chunk of kColumnRows rows (consecutive threads
+// amax[1] (zeroed before): a thread per column of a chunk of `chunk_rows` rows (consecutive threads
 // read consecutive columns).
-constexpr int kColumnRows = 256;
+constexpr int64_t kColumnRows = 256;  // the chunk, unless the grid's 65535 chunks need longer ones
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) column_amaxes_kernel(const DeviceMatrix x, float* amax) {
+__global__ void __launch_bounds__(kThreads)
+    column_amaxes_kernel(const DeviceMatrix x, float* amax, int64_t chunk_rows) {
   const int64_t col = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x;
   if (col >= x.cols) return;
-  const int64_t r0 = blockIdx.y * static_cast<int64_t>(kColumnRows);
-  const int64_t r1 = r0 + kColumnRows < x.rows ? r0 + kColumnRows : x.rows;
+  const int64_t r0 = blockIdx.y * chunk_rows;
+  const int64_t r1 = r0 + chunk_rows < x.rows ? r0 + chunk_rows : x.rows;
   float m = 0.0f;
   for (int64_t r = r0; r < r1; ++r)
     m = max_abs_skip_nan(m, Elem<T>::load(x.data, r * x.row_stride + col * x.col_stride));
@@ -168,9 +170,11 @@ void launch_row_scaled(const DeviceMatrix& x, const QuantizeOptions& o, float* a
     MICROSCALE_CUDA_CHECK(cudaGetLastError());
   }
   if (o.columnwise && x.rows > 0 && x.cols > 0) {
+    const int64_t most_chunks = 65535;  // gridDim.y's limit
+    const int64_t chunk_rows = std::max(kColumnRows, (x.rows + most_chunks - 1) / most_chunks);
     const dim3 grid(static_cast<unsigned>((x.cols + kThreads - 1) / kThreads),
-                    static_cast<unsigned>((x.rows + kColumnRows - 1) / kColumnRows));
-    column_amaxes_kernel<T><<<grid, kThreads, 0, stream>>>(x, amax);
+                    static_cast<unsigned>((x.rows + chunk_rows - 1) / chunk_rows));
+    column_amaxes_kernel<T><<<grid, kThreads, 0, stream>>>(x, amax, chunk_rows);
     MICROSCALE_CUDA_CHECK(cudaGetLastError());
   }
 }

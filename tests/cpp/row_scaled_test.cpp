@@ -145,8 +145,8 @@ void expect_same(const QuantizedTensor& a, const QuantizedTensor& b, const std::
   EXPECT_EQ(a.row_scaled, b.row_scaled) << what;
 }
 
-// The fast path equals the reference on every kernel set: every dtype and fill, one or both
-// directions, 4over6 rowwise, swizzled scales, thread counts, a short last band, padded rows.
+// The fast path equals the reference on every kernel set: every dtype and fill, rowwise only or
+// both directions, 4over6 rowwise, swizzled scales, thread counts, a short last band, padded rows.
 TEST(RowScaled, FastEqualsReference) {
   uint32_t seed = 90;
   for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
@@ -156,7 +156,7 @@ TEST(RowScaled, FastEqualsReference) {
             variant == 5 ? std::vector<int64_t>{21, 48} : std::vector<int64_t>{2, 32, 80};
         const Tensor x = random_tensor(dtype, shape, fill, seed++);
         QuantizeOptions o = row_scaled_options(true, variant != 5);
-        if (variant == 1) o.rowwise = false;
+        if (variant == 1) o.columnwise = false;
         if (variant == 2) o.scale_layout = ScaleLayout::Swizzled;
         if (variant == 3 || variant == 5) {
           o.columnwise = false;
@@ -266,6 +266,21 @@ TEST(RowScaled, GemmAppliesTheAmaxesAfterTheProduct) {
                 float_bits(one_side.data_as<float>()[i * 16 + j]));
     }
   }
+  // A row-scaled B of one row counts as one value, as TE's numel() == 1: RN(D * RN(a[m] * b[0])).
+  const Tensor b1 = random_tensor(DType::BF16, {1, 64}, Fill::Normal, 25);
+  const QuantizedTensor qb1 = quantize(b1.view(), row_scaled_options(true, false));
+  GemmOperand unit_b1 = GemmOperand::from(qb1, Usage::Rowwise);
+  unit_b1.row_amaxes = {};
+  unit_b1.amax = 1.0f;
+  const Tensor unit1 = gemm(unit_a, unit_b1, unit_problem);
+  GemmProblem plain_problem;
+  plain_problem.alpha = alpha;
+  const Tensor one_row =
+      gemm(GemmOperand::from(qa, Usage::Rowwise), GemmOperand::from(qb1, Usage::Rowwise), plain_problem);
+  for (int64_t i = 0; i < 32; ++i) {
+    const float want = unit1.data_as<float>()[i] * (row_a[i] * qb1.rowwise_amaxes.data_as<float>()[0]);
+    EXPECT_EQ(float_bits(one_row.data_as<float>()[i]), float_bits(want)) << i;
+  }
   // Against the dequantized operands (each row with its own global scale): a few ulps apart.
   const Tensor da = dequantize(qa, Usage::Rowwise), db = dequantize(qb_plain, Usage::Rowwise);
   for (int64_t i = 0; i < 32; ++i) {
@@ -335,6 +350,7 @@ TEST(RowScaled, OptionsItDoesNotTake) {
   o = row_scaled_options(true, true);
   o.four_over_six = FourOverSix::MinMae;
   rejected(o, "rowwise only");
+  rejected(row_scaled_options(false, true), "needs the rowwise output");
   o = row_scaled_options(true, true);
   o.scheme = Scheme::MXFP8_E4M3;
   rejected(o, "nvfp4 only");
@@ -357,10 +373,16 @@ TEST(RowScaled, RecipeMakesTheInputRowScaled) {
   o.disable_rht = false;
   expect_error([&] { NVFP4BlockScaling{o}; }, "pass disable_rht=True too");
   o.disable_rht = true;
+  // With 4over6 on the input the recipe stands (inference quantizes x rowwise only); a quantized
+  // backward's X^T is refused when asked for, as TE refuses it.
   o.four_over_six = Nvfp4Scope::Activations;
-  expect_error([&] { NVFP4BlockScaling{o}; }, "pass a backward_override too");
-  o.backward_override = BackwardOverride::Dequantized;
-  EXPECT_EQ(quantize_options(NVFP4BlockScaling{o}, TensorRole::Input)->four_over_six, FourOverSix::MinMae);
+  QuantizeOptions input = *quantize_options(NVFP4BlockScaling{o}, TensorRole::Input);
+  EXPECT_EQ(input.four_over_six, FourOverSix::MinMae);
+  EXPECT_TRUE(input.row_scaled);
+  const Tensor x = random_tensor(DType::BF16, {32, 32}, Fill::Normal, 2);
+  expect_error([&] { quantize(x.view(), input); }, "pass the recipe a backward_override");
+  input.columnwise = false;
+  EXPECT_TRUE(quantize(x.view(), input).row_scaled);
 }
 
 }  // namespace

@@ -141,6 +141,33 @@ def test_row_scaled_gemm_on_cuda_matches_the_cpu_gemm(both):
         mst.gemm(a, b, c=c.cuda(), beta=0.5)
 
 
+@pytest.mark.parametrize("m, n", [(64, 48), (1, 48), (64, 1)])
+def test_row_scaled_gemm_on_cuda_applies_te_outer_scales_bit_for_bit(m, n):
+    """The CUDA route's epilogue: the same library GEMM with unit amaxes, then TE's arithmetic
+    written out here (a side of one value multiplied into the other first), the bias in fp32, C."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(m, 128, generator=g) * torch.exp2(torch.randint(-6, 6, (m, 1), generator=g).float())
+    a = mst.quantize(x.cuda(), "nvfp4", row_scaled=True)
+    b = mst.quantize(torch.randn(n, 128, generator=g).cuda(), "nvfp4", row_scaled=True)
+
+    def unit(q):
+        return dataclasses.replace(q, amax=torch.ones(2, device="cuda"),
+                                   options=dataclasses.replace(q.options, row_scaled=False))
+
+    d = mst.gemm(unit(a), unit(b), alpha=0.5)
+    ra, rb = a.rowwise_amaxes.view(-1, 1), b.rowwise_amaxes.view(1, -1)
+    want = d * (ra * rb) if n == 1 else d * (rb * ra) if m == 1 else (d * ra) * rb
+    assert torch.equal(mst.gemm(a, b, alpha=0.5), want)
+    bias = torch.randn(n, generator=g).cuda()
+    c = torch.randn(m, n, generator=g).to(torch.bfloat16).cuda()
+    got = mst.gemm(a, b, alpha=0.5, bias=bias, c=c, beta=1.0, out_dtype=torch.bfloat16)
+    assert torch.equal(got, (c.float() + (want + bias).to(torch.bfloat16).float()).to(torch.bfloat16))
+    for bad in (dict(bias=bias[:1]) if n > 1 else dict(bias=torch.randn(2, device="cuda")),
+                dict(c=c.reshape(-1)), dict(c=c.cpu())):
+        with pytest.raises(ms.Error, match="expected"):
+            mst.gemm(a, b, beta=1.0, **bad)
+
+
 def test_gemm_on_cuda_exact_for_exact_sums_and_runs_on_the_current_stream():
     # GPU MODE's data: any codes, scales from {0, 1, 2, 3}: every partial sum is exact in fp32.
     g = torch.Generator().manual_seed(4)

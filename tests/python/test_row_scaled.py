@@ -114,12 +114,22 @@ def test_recipe_makes_the_input_row_scaled():
     assert not NVFP4BlockScaling().row_scaled_activation
     with pytest.raises(microscale.Error, match="pass disable_rht=True too"):
         NVFP4BlockScaling(row_scaled_activation=True)
-    with pytest.raises(microscale.Error, match="pass a backward_override too"):
-        NVFP4BlockScaling(disable_rht=True, row_scaled_activation=True, nvfp4_4over6="activations")
-    # 4over6 on the weights only, or with a backward override, is fine.
-    NVFP4BlockScaling(disable_rht=True, row_scaled_activation=True, nvfp4_4over6="weights")
-    NVFP4BlockScaling(disable_rht=True, row_scaled_activation=True, nvfp4_4over6="all",
-                      backward_override="high_precision")
+
+
+def test_row_scaled_four_over_six_input_trains_with_a_backward_override_only():
+    """Row-scaled 4over6 is rowwise only (TE's rule): inference and a backward_override run; a
+    quantized backward, which needs the input's columnwise output, is refused when it asks for it."""
+    layer = mst.Linear(64, 32)
+    x = torch.randn(32, 64)
+    make = lambda **kw: NVFP4BlockScaling(disable_rht=True, row_scaled_activation=True,  # noqa: E731
+                                          nvfp4_4over6="activations", **kw)
+    with torch.no_grad(), mst.autocast(recipe=make()):
+        assert torch.isfinite(layer(x)).all()
+    with mst.autocast(recipe=make(backward_override="dequantized")):
+        layer(x.clone().requires_grad_()).sum().backward()
+    with pytest.raises(microscale.Error, match="pass the recipe a backward_override"):
+        with mst.autocast(recipe=make()):
+            layer(x.clone().requires_grad_())
 
 
 @pytest.mark.parametrize("override", [None, "high_precision", "dequantized"])
@@ -142,7 +152,8 @@ def test_options_it_does_not_take():
     x = torch.randn(32, 32)
     for kwargs, message in ((dict(tile="16x16"), "1x16 blocks only"), (dict(rht=True), "does not take the RHT"),
                             (dict(sr_seed=1), "stochastic rounding"), (dict(amax_rowwise=1.0), "no amax override"),
-                            (dict(columnwise=True, four_over_six="mae"), "rowwise only")):
+                            (dict(columnwise=True, four_over_six="mae"), "rowwise only"),
+                            (dict(rowwise=False, columnwise=True), "needs the rowwise output")):
         with pytest.raises(microscale.Error, match=message):
             microscale.quantize(x.to(torch.bfloat16) if "rht" in kwargs else x, "nvfp4", row_scaled=True, **kwargs)
     with pytest.raises(microscale.Error, match="nvfp4 only"):

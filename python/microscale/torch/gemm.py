@@ -165,9 +165,18 @@ def _gemm_cuda_row_scaled(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtyp
     arithmetic as the CPU GEMM): the library's GEMM with every amax 1 into fp32, then D times the
     amaxes (their product first when one side has a single amax), the bias in fp32, then C
     (beta 1 only, TE's accumulate) added to D rounded to out_dtype."""
+    if a.options.scheme != "nvfp4" or b.options.scheme != "nvfp4":
+        raise _C.Error(f"microscale.torch.gemm: a row-scaled NVFP4 operand pairs with an NVFP4 operand only, got "
+                       f"{a.options.scheme} x {b.options.scheme}")
     if c is not None and beta != 1.0:
         raise _C.Error("microscale.torch.gemm: a GEMM with a row-scaled operand adds C with beta 1 only "
                        "(TransformerEngine's accumulate)")
+    (m, _), (n, _) = _logical_rows_k(a, a_usage), _logical_rows_k(b, b_usage)
+    device = (a.rowwise_data if a.rowwise_data is not None else a.columnwise_data).device
+    for name, t, shape in (("c", c, (m, n)), ("bias", bias, (n,))):
+        if t is not None and (tuple(t.shape) != shape or t.device != device or t.dtype not in _DTYPE_NAMES):
+            raise _C.Error(f"microscale.torch.gemm: {name} is {t.dtype} {list(t.shape)} on {t.device}; expected "
+                           f"float32, bfloat16 or float16 {list(shape)} on {device}")
     rows, cols = _outer_scales(a, a_usage), _outer_scales(b, b_usage)
 
     def unit(x):  # the operand with its amaxes taken as 1
@@ -175,7 +184,7 @@ def _gemm_cuda_row_scaled(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtyp
         return dataclasses.replace(x, amax=ones, options=dataclasses.replace(x.options, row_scaled=False))
 
     d = _gemm_cuda(unit(a), unit(b), a_usage, b_usage, alpha, 0.0, None, None, torch.float32)
-    if cols.numel() == 1:
+    if cols.numel() == 1:  # TE picks the order by count, as the CPU GEMM does
         d.mul_(rows.view(-1, 1) * cols)
     elif rows.numel() == 1:
         d.mul_(cols.view(1, -1) * rows)

@@ -16,7 +16,9 @@ The quantized GEMMs then quantize what they are given, so a gathered input is qu
 where TransformerEngine quantizes each rank's rows with the amax all-reduced over the group and
 gathers the quantized data, this gives the same bytes (a block never straddles two ranks' rows when
 each rank's row count is a multiple of the block, which the recipes require), at the cost of
-gathering 16-bit values instead of 4- or 8-bit ones. What the layer keeps of that gathered input
+gathering 16-bit values instead of 4- or 8-bit ones. (A row-scaled input, which TransformerEngine
+refuses under sequence parallelism, is quantized whole too: its column amaxes are over every
+rank's rows.) What the layer keeps of that gathered input
 for its backward is a tp_size-th of it (own_share), as TransformerEngine keeps its rank's rows,
 gathered again when backward needs it (gather_shares): the quantized bytes, not 16-bit values."""
 
