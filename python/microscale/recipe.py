@@ -18,8 +18,58 @@ Both quantized recipes take TransformerEngine's ``backward_override`` (None, "hi
 their rowwise quantizations dequantized to x's dtype, and the unquantized dy.
 
 Recipes are immutable values (docs/training.md states their numerics).
+
+An argument left out takes its default from TransformerEngine's environment variable, as TE's
+recipe fields do: ``NVTE_NVFP4_DISABLE_RHT``, ``NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING``,
+``NVTE_NVFP4_DISABLE_2D_QUANTIZATION``, ``NVTE_NVFP4_ROW_SCALED_ACTIVATION`` ("1" turns each on),
+``NVTE_NVFP4_4OVER6``, ``NVTE_NVFP4_4OVER6_E4M3_USE_256``, ``NVTE_NVFP4_4OVER6_ERR_MODE`` and
+``NVTE_BACKWARD_OVERRIDE`` (both recipes). TE reads them once, when it is imported; here when a
+recipe is made. An argument given, None for ``backward_override`` too, wins over its variable.
 """
 
-from ._C import Format, HighPrecision, MXFP8BlockScaling, NVFP4BlockScaling
+import os
+
+from . import _C
+from ._C import Format, HighPrecision
 
 __all__ = ["Format", "HighPrecision", "MXFP8BlockScaling", "NVFP4BlockScaling"]
+
+_FROM_ENVIRONMENT = object()  # an argument left out (None is a value of backward_override)
+
+
+def _flag(name):
+    """TE's reading of a boolean variable: on only for "1"."""
+    return os.environ.get(name, "0") == "1"
+
+
+def _override(value):
+    return os.environ.get("NVTE_BACKWARD_OVERRIDE") if value is _FROM_ENVIRONMENT else value
+
+
+class NVFP4BlockScaling(_C.NVFP4BlockScaling):
+    __doc__ = _C.NVFP4BlockScaling.__doc__
+
+    def __init__(self, *, disable_rht=None, disable_stochastic_rounding=None, disable_2d_quantization=None,
+                 backward_override=_FROM_ENVIRONMENT, nvfp4_4over6=None, nvfp4_4over6_e4m3_use_256=None,
+                 nvfp4_4over6_err_mode=None, row_scaled_activation=None):
+        def pick(value, default):
+            return default if value is None else value
+
+        super().__init__(
+            disable_rht=pick(disable_rht, _flag("NVTE_NVFP4_DISABLE_RHT")),
+            disable_stochastic_rounding=pick(disable_stochastic_rounding,
+                                             _flag("NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING")),
+            disable_2d_quantization=pick(disable_2d_quantization, _flag("NVTE_NVFP4_DISABLE_2D_QUANTIZATION")),
+            backward_override=_override(backward_override),
+            nvfp4_4over6=pick(nvfp4_4over6, os.environ.get("NVTE_NVFP4_4OVER6", "none")),
+            nvfp4_4over6_e4m3_use_256=pick(nvfp4_4over6_e4m3_use_256,
+                                           os.environ.get("NVTE_NVFP4_4OVER6_E4M3_USE_256", "all")),
+            nvfp4_4over6_err_mode=pick(nvfp4_4over6_err_mode, os.environ.get("NVTE_NVFP4_4OVER6_ERR_MODE", "MAE")),
+            row_scaled_activation=pick(row_scaled_activation, _flag("NVTE_NVFP4_ROW_SCALED_ACTIVATION")))
+
+
+class MXFP8BlockScaling(_C.MXFP8BlockScaling):
+    __doc__ = _C.MXFP8BlockScaling.__doc__
+
+    def __init__(self, *, fp8_format=Format.E4M3, backward_override=_FROM_ENVIRONMENT):
+        super().__init__(fp8_format=fp8_format, backward_override=_override(backward_override))

@@ -371,6 +371,35 @@ def test_convert_linears_swaps_in_place_over_the_same_parameters():
     assert tied[0] is tied[2] and type(tied[0]) is mst.Linear
 
 
+def test_recipes_take_transformer_engines_environment_variables(monkeypatch):
+    """TE's recipe fields default to its NVTE_* variables; an argument given (None too) wins."""
+    env = {"NVTE_NVFP4_DISABLE_RHT": "1", "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING": "1",
+           "NVTE_NVFP4_DISABLE_2D_QUANTIZATION": "1", "NVTE_NVFP4_ROW_SCALED_ACTIVATION": "1",
+           "NVTE_NVFP4_4OVER6": "weights", "NVTE_NVFP4_4OVER6_E4M3_USE_256": "none",
+           "NVTE_NVFP4_4OVER6_ERR_MODE": "mse", "NVTE_BACKWARD_OVERRIDE": "dequantized"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    r = NVFP4BlockScaling()
+    assert (r.disable_rht, r.disable_stochastic_rounding, r.disable_2d_quantization, r.row_scaled_activation) == (
+        True, True, True, True)
+    assert (r.nvfp4_4over6, r.nvfp4_4over6_e4m3_use_256, r.nvfp4_4over6_err_mode, r.backward_override) == (
+        "weights", "none", "MSE", "dequantized")
+    assert MXFP8BlockScaling().backward_override == "dequantized"
+    given = NVFP4BlockScaling(disable_rht=True, disable_stochastic_rounding=False, row_scaled_activation=False,
+                              backward_override=None, nvfp4_4over6="none")
+    assert not given.disable_stochastic_rounding and not given.row_scaled_activation
+    assert given.backward_override is None and given.nvfp4_4over6 == "none"
+    assert MXFP8BlockScaling(backward_override=None).backward_override is None
+    monkeypatch.setenv("NVTE_NVFP4_DISABLE_RHT", "true")  # TE reads "1" only
+    monkeypatch.setenv("NVTE_NVFP4_ROW_SCALED_ACTIVATION", "0")
+    assert not NVFP4BlockScaling(disable_rht=True).row_scaled_activation
+    with pytest.raises(ms.Error, match="pass disable_rht=True too"):
+        NVFP4BlockScaling(row_scaled_activation=True)
+    monkeypatch.setenv("NVTE_BACKWARD_OVERRIDE", "fp32")
+    with pytest.raises(ms.Error, match="unknown backward_override"):
+        MXFP8BlockScaling()
+
+
 def test_backward_override_recipes():
     """TransformerEngine's backward_override: the recipe's forward, the backward's GEMMs unquantized
     (dense, fp32 accumulation) on x and W as given or on their dequantized rowwise quantizations."""
