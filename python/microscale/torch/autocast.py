@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _C
-from ..recipe import HighPrecision, MXFP8BlockScaling, NVFP4BlockScaling
+from ..recipe import HighPrecision, NVFP4BlockScaling
 from .linear_plan import linear_plan
 
 _state = threading.local()
@@ -62,7 +62,8 @@ def autocast(enabled=True, calibrating=False, recipe=None, amax_reduction_group=
     amax, as TransformerEngine's modules reduce it over tp_group."""
     if recipe is None:
         recipe = _DEFAULT_RECIPE
-    if not isinstance(recipe, (NVFP4BlockScaling, MXFP8BlockScaling, HighPrecision)):
+    # (the C++ classes: microscale.recipe's are their subclasses, which only pick the defaults)
+    if not isinstance(recipe, (_C.NVFP4BlockScaling, _C.MXFP8BlockScaling, HighPrecision)):
         raise _C.Error(f"microscale.torch.autocast: recipe must be NVFP4BlockScaling, MXFP8BlockScaling or "
                        f"HighPrecision (microscale.recipe), not {type(recipe).__name__}")
     if calibrating:
