@@ -14,10 +14,10 @@ namespace nb = nanobind;
 /// "rowwise" / "columnwise" (throws microscale::Error otherwise).
 Usage parse_usage(const std::string& name);
 
-void bind_quantize(nb::module_& m);  // quantize_bindings.cpp
-void bind_gemm(nb::module_& m);      // gemm_bindings.cpp
-void bind_training(nb::module_& m);  // training_bindings.cpp: recipes, Linear forward/backward
+void bind_quantize(nb::module_& m);    // quantize_bindings.cpp
+void bind_gemm(nb::module_& m);        // gemm_bindings.cpp
+void bind_training(nb::module_& m);    // training_bindings.cpp: recipes, Linear forward/backward
 void bind_checkpoint(nb::module_& m);  // checkpoint_bindings.cpp: checkpoint conversion
-void bind_cuda(nb::module_& m);      // cuda_bindings.cpp (CUDA builds) or cuda_absent.cpp
+void bind_cuda(nb::module_& m);        // cuda_bindings.cpp (CUDA builds) or cuda_absent.cpp
 
 }  // namespace microscale::python
