@@ -68,6 +68,9 @@ class NVFP4BlockScaling {
     Nvfp4Scope four_over_six_e4m3_use_256 = Nvfp4Scope::All;   ///< of those, the ones with the bound 256
     FourOverSix four_over_six_err_mode = FourOverSix::MinMae;  ///< MinMae or MinMse
     bool row_scaled_activation = false;                        ///< the input row-scaled (x's rows)
+    /// 4over6's error in the scaled domain (QuantizeOptions::four_over_six_scaled_error) for the
+    /// tensors in four_over_six's scope: what TE's NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH does.
+    bool four_over_six_scaled_error = false;
   };
   NVFP4BlockScaling() = default;
   /// Throws microscale::Error for options TransformerEngine refuses (4over6 on an input with the
@@ -81,6 +84,7 @@ class NVFP4BlockScaling {
   Nvfp4Scope four_over_six_e4m3_use_256() const { return options_.four_over_six_e4m3_use_256; }
   FourOverSix four_over_six_err_mode() const { return options_.four_over_six_err_mode; }
   bool row_scaled_activation() const { return options_.row_scaled_activation; }
+  bool four_over_six_scaled_error() const { return options_.four_over_six_scaled_error; }
 
  private:
   Options options_;  // fixed at construction: a recipe is a value, not a setting to flip

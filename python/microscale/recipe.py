@@ -25,6 +25,9 @@ recipe fields do: ``NVTE_NVFP4_DISABLE_RHT``, ``NVTE_NVFP4_DISABLE_STOCHASTIC_RO
 ``NVTE_NVFP4_4OVER6``, ``NVTE_NVFP4_4OVER6_E4M3_USE_256``, ``NVTE_NVFP4_4OVER6_ERR_MODE`` and
 ``NVTE_BACKWARD_OVERRIDE`` (both recipes). TE reads them once, when it is imported; here when a
 recipe is made. An argument given, None for ``backward_override`` too, wins over its variable.
+``nvfp4_4over6_err_use_fast_math`` (4over6's error in the scaled domain) is not a field of TE's
+recipe: TE reads ``NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH`` at each 4over6 quantization; here the
+recipe takes it, from that variable when left out.
 """
 
 import os
@@ -51,7 +54,7 @@ class NVFP4BlockScaling(_C.NVFP4BlockScaling):
 
     def __init__(self, *, disable_rht=None, disable_stochastic_rounding=None, disable_2d_quantization=None,
                  backward_override=_FROM_ENVIRONMENT, nvfp4_4over6=None, nvfp4_4over6_e4m3_use_256=None,
-                 nvfp4_4over6_err_mode=None, row_scaled_activation=None):
+                 nvfp4_4over6_err_mode=None, row_scaled_activation=None, nvfp4_4over6_err_use_fast_math=None):
         def pick(value, default):
             return default if value is None else value
 
@@ -65,7 +68,9 @@ class NVFP4BlockScaling(_C.NVFP4BlockScaling):
             nvfp4_4over6_e4m3_use_256=pick(nvfp4_4over6_e4m3_use_256,
                                            os.environ.get("NVTE_NVFP4_4OVER6_E4M3_USE_256", "all")),
             nvfp4_4over6_err_mode=pick(nvfp4_4over6_err_mode, os.environ.get("NVTE_NVFP4_4OVER6_ERR_MODE", "MAE")),
-            row_scaled_activation=pick(row_scaled_activation, _flag("NVTE_NVFP4_ROW_SCALED_ACTIVATION")))
+            row_scaled_activation=pick(row_scaled_activation, _flag("NVTE_NVFP4_ROW_SCALED_ACTIVATION")),
+            nvfp4_4over6_err_use_fast_math=pick(nvfp4_4over6_err_use_fast_math,
+                                                _flag("NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH")))
 
 
 class MXFP8BlockScaling(_C.MXFP8BlockScaling):

@@ -68,23 +68,27 @@ void bind_training(nb::module_& m) {
           [](NVFP4BlockScaling* self, bool disable_rht, bool disable_stochastic_rounding,
              bool disable_2d_quantization, const std::optional<std::string>& backward_override,
              const std::string& nvfp4_4over6, const std::string& nvfp4_4over6_e4m3_use_256,
-             const std::string& nvfp4_4over6_err_mode, bool row_scaled_activation) {
+             const std::string& nvfp4_4over6_err_mode, bool row_scaled_activation,
+             bool nvfp4_4over6_err_use_fast_math) {
             new (self) NVFP4BlockScaling(NVFP4BlockScaling::Options{
                 disable_rht, disable_stochastic_rounding, disable_2d_quantization,
                 override_from_python(backward_override), parse_nvfp4_scope(nvfp4_4over6),
                 parse_nvfp4_scope(nvfp4_4over6_e4m3_use_256),
-                parse_four_over_six_err_mode(nvfp4_4over6_err_mode), row_scaled_activation});
+                parse_four_over_six_err_mode(nvfp4_4over6_err_mode), row_scaled_activation,
+                nvfp4_4over6_err_use_fast_math});
           },
           nb::kw_only(), nb::arg("disable_rht") = false, nb::arg("disable_stochastic_rounding") = false,
           nb::arg("disable_2d_quantization") = false, nb::arg("backward_override").none() = nb::none(),
           nb::arg("nvfp4_4over6") = "none", nb::arg("nvfp4_4over6_e4m3_use_256") = "all",
-          nb::arg("nvfp4_4over6_err_mode") = "MAE", nb::arg("row_scaled_activation") = false)
+          nb::arg("nvfp4_4over6_err_mode") = "MAE", nb::arg("row_scaled_activation") = false,
+          nb::arg("nvfp4_4over6_err_use_fast_math") = false)
       .def_prop_ro("disable_rht", &NVFP4BlockScaling::disable_rht)
       .def_prop_ro("disable_stochastic_rounding", &NVFP4BlockScaling::disable_stochastic_rounding)
       .def_prop_ro("disable_2d_quantization", &NVFP4BlockScaling::disable_2d_quantization)
       .def_prop_ro("backward_override",
                    [](const NVFP4BlockScaling& r) { return override_to_python(r.backward_override()); })
       .def_prop_ro("row_scaled_activation", &NVFP4BlockScaling::row_scaled_activation)
+      .def_prop_ro("nvfp4_4over6_err_use_fast_math", &NVFP4BlockScaling::four_over_six_scaled_error)
       .def_prop_ro("nvfp4_4over6",
                    [](const NVFP4BlockScaling& r) { return nvfp4_scope_name(r.four_over_six()); })
       .def_prop_ro(
@@ -101,7 +105,9 @@ void bind_training(nb::module_& m) {
                ", row_scaled_activation=" + (r.row_scaled_activation() ? "True" : "False") +
                ", nvfp4_4over6='" + nvfp4_scope_name(r.four_over_six()) + "', nvfp4_4over6_e4m3_use_256='" +
                nvfp4_scope_name(r.four_over_six_e4m3_use_256()) + "', nvfp4_4over6_err_mode='" +
-               (four_over_six_err_mode_name(r.four_over_six_err_mode())) + "')";
+               (four_over_six_err_mode_name(r.four_over_six_err_mode())) + "'" +
+               // (shown when on only; TE has it as NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH, not a field)
+               (r.four_over_six_scaled_error() ? ", nvfp4_4over6_err_use_fast_math=True" : "") + ")";
       });
 
   nb::class_<MXFP8BlockScaling>(m, "MXFP8BlockScaling",

@@ -102,6 +102,7 @@ std::optional<QuantizeOptions> quantize_options(const Recipe& recipe, TensorRole
     if (in_scope(r->four_over_six(), role)) {
       o.four_over_six = r->four_over_six_err_mode();
       o.nvfp4_e4m3_max = in_scope(r->four_over_six_e4m3_use_256(), role) ? 256 : 448;
+      o.four_over_six_scaled_error = r->four_over_six_scaled_error();
     }
     return o;
   }

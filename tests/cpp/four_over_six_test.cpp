@@ -299,6 +299,11 @@ TEST(FourOverSix, RecipeScopes) {
   EXPECT_THROW(NVFP4BlockScaling{o}, Error);
   o.four_over_six = Nvfp4Scope::Weights;  // the weight has no RHT: fine
   EXPECT_EQ(quantize_options(NVFP4BlockScaling(o), TensorRole::Input)->four_over_six, FourOverSix::Off);
+  // The scaled error (TE's NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH) goes to the tensors in scope only.
+  o.four_over_six_scaled_error = true;
+  EXPECT_TRUE(quantize_options(NVFP4BlockScaling(o), TensorRole::Weight)->four_over_six_scaled_error);
+  EXPECT_FALSE(quantize_options(NVFP4BlockScaling(o), TensorRole::Input)->four_over_six_scaled_error);
+  o.four_over_six_scaled_error = false;
   o.four_over_six_err_mode = FourOverSix::Off;
   EXPECT_THROW(NVFP4BlockScaling{o}, Error);
   EXPECT_EQ(parse_nvfp4_scope("Activations"), Nvfp4Scope::Activations);

@@ -194,3 +194,31 @@ def test_linear_under_4over6_quantizes_its_weight_with_it():
     # Without 4over6 the weight's bytes differ (and so does y).
     plain = mst.quantize(layer.weight.detach(), "nvfp4", tile="16x16")
     assert not torch.equal(plain.rowwise_data, w_q.rowwise_data)
+
+
+def test_recipe_takes_the_scaled_error_from_te_s_variable(monkeypatch):
+    """TE's NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH (4over6's error in the scaled domain): the recipe's
+    nvfp4_4over6_err_use_fast_math, read from the variable when left out, for the tensors in scope
+    only; the Linear's weight is then quantized with it, bit for bit."""
+    import microscale.torch as mst
+    from microscale.recipe import NVFP4BlockScaling
+
+    def scaled(recipe, role):
+        return microscale._C.quantize_options(recipe, role).four_over_six_scaled_error
+
+    off = NVFP4BlockScaling(nvfp4_4over6="weights")
+    assert not off.nvfp4_4over6_err_use_fast_math and "err_use_fast_math" not in repr(off)
+    monkeypatch.setenv("NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH", "1")
+    on = NVFP4BlockScaling(nvfp4_4over6="weights")
+    assert on.nvfp4_4over6_err_use_fast_math and "nvfp4_4over6_err_use_fast_math=True" in repr(on)
+    assert scaled(on, "weight") and not scaled(on, "input") and not scaled(on, "grad_output")
+    assert not NVFP4BlockScaling(nvfp4_4over6="weights", nvfp4_4over6_err_use_fast_math=False).nvfp4_4over6_err_use_fast_math
+    assert not scaled(NVFP4BlockScaling(), "weight")  # no 4over6: nothing to measure
+    torch.manual_seed(1)
+    layer = mst.Linear(64, 32, bias=False)
+    x = torch.randn(16, 64)
+    with mst.autocast(recipe=on):
+        y = layer(x)
+    w_q = mst.quantize(layer.weight.detach(), "nvfp4", tile="16x16", four_over_six="mae",
+                       four_over_six_scaled_error=True, nvfp4_e4m3_max=256)
+    assert torch.equal(y.detach(), mst.gemm(mst.quantize(x.to(torch.bfloat16), "nvfp4"), w_q))
