@@ -139,19 +139,11 @@ void validate_quantize(const InputMatrix& x, const QuantizeOptions& o) {
 
 namespace {
 
-// `reuse`'s tensor when it is a u8 tensor of `shape` (quantize_into), else a new zeroed one.
-Tensor output_tensor(const Tensor* reuse, const std::vector<int64_t>& shape) {
-  if (reuse != nullptr && reuse->defined() && reuse->dtype() == DType::U8 && reuse->shape() == shape)
+// `reuse`'s tensor when it is a `dtype` tensor of `shape` (quantize_into), else a new zeroed one.
+Tensor output_tensor(const Tensor* reuse, DType dtype, const std::vector<int64_t>& shape) {
+  if (reuse != nullptr && reuse->defined() && reuse->dtype() == dtype && reuse->shape() == shape)
     return *reuse;
-  return Tensor(DType::U8, shape);
-}
-
-// `reuse`'s f32 [n] tensor when it is one (quantize_into), else a new one (the kernels fill it).
-Tensor amax_tensor(const Tensor* reuse, int64_t n) {
-  if (reuse != nullptr && reuse->defined() && reuse->dtype() == DType::F32 &&
-      reuse->shape() == std::vector<int64_t>{n})
-    return *reuse;
-  return Tensor(DType::F32, {n});
+  return Tensor(dtype, shape);
 }
 
 // The largest of a row-scaled direction's amaxes (NaN never in them: the kernels skip it).
@@ -181,9 +173,9 @@ QuantizedTensor allocate(const TensorView& input, const InputMatrix& x, const Qu
   // Reused tensors that share their bytes (a caller set two fields to one Tensor) would have two
   // outputs written over each other: each buffer is reused once at most.
   std::vector<const void*> taken;
-  auto output = [&](const Tensor* reused, const std::vector<int64_t>& shape) {
-    Tensor t = output_tensor(reused, shape);
-    if (std::find(taken.begin(), taken.end(), t.data()) != taken.end()) t = Tensor(DType::U8, shape);
+  auto output = [&](const Tensor* reused, const std::vector<int64_t>& shape, DType dtype = DType::U8) {
+    Tensor t = output_tensor(reused, dtype, shape);
+    if (std::find(taken.begin(), taken.end(), t.data()) != taken.end()) t = Tensor(dtype, shape);
     taken.push_back(t.data());
     return t;
   };
@@ -195,16 +187,10 @@ QuantizedTensor allocate(const TensorView& input, const InputMatrix& x, const Qu
     q.columnwise_data = output(reuse ? &reuse->columnwise_data : nullptr, s.columnwise_data);
     q.columnwise_scale = output(reuse ? &reuse->columnwise_scale : nullptr, s.columnwise_scale);
   }
-  if (o.row_scaled) {
-    const auto same = [&](const Tensor& a, const Tensor& b) {
-      return a.defined() && b.defined() && a.data() == b.data();
-    };
-    if (o.rowwise) q.rowwise_amaxes = amax_tensor(reuse ? &reuse->rowwise_amaxes : nullptr, x.rows);
-    if (o.columnwise) {
-      q.columnwise_amaxes = amax_tensor(reuse ? &reuse->columnwise_amaxes : nullptr, x.cols);
-      if (same(q.rowwise_amaxes, q.columnwise_amaxes)) q.columnwise_amaxes = Tensor(DType::F32, {x.cols});
-    }
-  }
+  if (o.row_scaled && o.rowwise)  // f32 amaxes per row of X and of X^T, which the kernels fill
+    q.rowwise_amaxes = output(reuse ? &reuse->rowwise_amaxes : nullptr, {x.rows}, DType::F32);
+  if (o.row_scaled && o.columnwise)
+    q.columnwise_amaxes = output(reuse ? &reuse->columnwise_amaxes : nullptr, {x.cols}, DType::F32);
   return q;
 }
 
@@ -501,9 +487,8 @@ Tensor dequantize(const QuantizedTensor& q, Usage usage, DType out_dtype) {
       factor[s] = nvfp4 ? decode(Format::E4M3, static_cast<uint8_t>(s)) * s_dec : std::ldexp(1.0f, s - 127);
     }
   };
-  if (rows > 0) make_factors(0);
   for (int64_t r = 0; r < rows; ++r) {
-    if (q.row_scaled && r > 0) make_factors(r);
+    if (r == 0 || q.row_scaled) make_factors(r);
     for (int64_t c = 0; c < cols; ++c) {
       const uint8_t code = code_at(codes + r * data_cols, c, packed);
       const uint8_t s = mx_columnwise ? scale[(r / block) * cols + c] : scale[r * (cols / block) + c / block];

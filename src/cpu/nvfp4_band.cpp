@@ -29,10 +29,7 @@ namespace {
 
 // column_bits[c] = max(column_bits[c], |row[c]| as bits), NaN patterns dropped (as max_abs).
 MICROSCALE_CPU_DISPATCH void column_max_bits(const float* row, int64_t k, uint32_t* column_bits) {
-  for (int64_t c = 0; c < k; ++c) {
-    const uint32_t a = float_bits(row[c]) & 0x7FFFFFFFu;
-    column_bits[c] = std::max(column_bits[c], a & (0u - static_cast<uint32_t>(a <= 0x7F800000u)));
-  }
+  for (int64_t c = 0; c < k; ++c) column_bits[c] = std::max(column_bits[c], abs_bits_skipping_nan(row[c]));
 }
 
 }  // namespace

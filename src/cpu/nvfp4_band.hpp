@@ -11,15 +11,18 @@
 
 namespace microscale::cpu {
 
-/// max(start, |v[0..n)|) on the bits: NaN patterns are dropped, so a NaN never wins, as fmaxf in
-/// TE's amax kernels; the rest compare as unsigned integers, which vectorises. NOTE: std::max and a
-/// mask, not `?:`: GCC 12 vectorises this reduction only in that form.
+/// |v| as bits, 0 for a NaN pattern: so a NaN never wins a max, as fmaxf in TE's amax kernels; the
+/// rest compare as unsigned integers, which vectorises. NOTE: a mask, not `?:`: GCC 12 vectorises
+/// the reductions over it only in that form.
+MICROSCALE_CPU_INLINE uint32_t abs_bits_skipping_nan(float v) {
+  const uint32_t a = float_bits(v) & 0x7FFFFFFFu;
+  return a & (0u - static_cast<uint32_t>(a <= 0x7F800000u));
+}
+
+/// max(start, |v[0..n)|) on the bits (abs_bits_skipping_nan).
 MICROSCALE_CPU_INLINE float max_abs(const float* v, int64_t n, float start) {
   uint32_t m = float_bits(start);
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t a = float_bits(v[i]) & 0x7FFFFFFFu;
-    m = std::max(m, a & (0u - static_cast<uint32_t>(a <= 0x7F800000u)));
-  }
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, abs_bits_skipping_nan(v[i]));
   const uint32_t result = m;
   return bits_to_float(result);
 }
