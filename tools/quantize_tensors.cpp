@@ -48,8 +48,7 @@ QuantizeOptions to_options(const Args& a) {
     if (!is_mx(o.scheme)) throw Error("--scale-mode applies to the MX schemes, not " + a.scheme);
     o.scale_mode = parse_scale_mode(*a.scale_mode);
   }
-  o.tile = parse_tile(a.tile);
-  if (o.tile != Tile::k1x16 && is_mx(o.scheme)) throw Error("--tile applies to nvfp4 only");
+  o.tile = parse_tile(a.tile);  // a tile of the other family is refused by quantize's checks
   o.rht = a.rht;
   // Neither flag: both usages, as TransformerEngine's quantizers produce by default.
   o.rowwise = a.rowwise || !a.columnwise;
@@ -140,8 +139,10 @@ void run(const Args& a) {
       {"microscale.scheme", std::string(scheme_name(options.scheme))},
       {"microscale.scale_layout", a.swizzle ? "swizzled" : "compact"},
   };
-  if (is_mx(options.scheme))
+  if (is_mx(options.scheme)) {
     metadata["microscale.scale_mode"] = std::string(scale_mode_name(options.scale_mode));
+    metadata["microscale.tile"] = options.tile == Tile::k32x32 ? "32x32" : "1x32";
+  }
   if (!is_mx(options.scheme)) {
     metadata["microscale.tile"] = std::string(tile_name(options.tile));
     metadata["microscale.rht"] = options.rht && options.columnwise ? "true" : "false";  // as applied
@@ -177,7 +178,8 @@ void add_quantize_tensors_command(CLI::App& app) {
       ->required();
   cmd->add_option("--scale-mode", args->scale_mode,
                   "MX scale rule: floor | rceil | ceil | even (default rceil)");
-  cmd->add_option("--tile", args->tile, "nvfp4 scale block: 1x16 (default) or 16x16 (weights)");
+  cmd->add_option("--tile", args->tile,
+                  "scale block: nvfp4 1x16 (default) or 16x16 (weights); MX 1x32 (default) or 32x32 (weights)");
   cmd->add_flag("--rht", args->rht, "nvfp4: random Hadamard transform on the columnwise output (bf16 input)");
   cmd->add_flag("--rowwise", args->rowwise, "write the rowwise output (default: both usages)");
   cmd->add_flag("--columnwise", args->columnwise, "write the columnwise output (default: both usages)");

@@ -22,6 +22,9 @@
 //   columnwise_data   u8  [M, K]     NOT transposed (TransformerEngine MXFP8 layout), blocks of 32
 //                                    along M; FP4: [M, K/2]
 //   columnwise_scale  u8  [M/32, K]  compact; swizzled as the transpose [K, M/32]
+//   Tile::k32x32 (TE's MXFP8 2D quantization, weights) shares one scale per 32x32 tile, from the
+//                     tile's amax: both directions then hold the same codes, and the rows/columns
+//                     of a tile repeat its scale in each direction's scales.
 #pragma once
 
 #include <cstdint>
@@ -52,8 +55,12 @@ enum class ScaleMode : uint8_t {
           ///< TE's kernels skip NaN in the amax and give Inf blocks 0xFE where torchao gives 0xFF)
 };
 
-/// @brief NVFP4 scale-block shape.
-enum class Tile : uint8_t { k1x16, k16x16 };
+/// @brief Scale-block shape: one-dimensional blocks (the default) or square tiles for weights.
+enum class Tile : uint8_t {
+  k1x16,   ///< 1-D blocks along the quantized dim: NVFP4's 1x16, MX's 1x32 ("1x32" parses to it)
+  k16x16,  ///< NVFP4 only: one scale per 16x16 tile
+  k32x32,  ///< MX only: one scale per 32x32 tile (TransformerEngine's MXFP8 2D quantization)
+};
 
 /// @brief NVFP4 "4over6" adaptive block scaling (TransformerEngine's `nvfp4_4over6`).
 ///
@@ -98,7 +105,7 @@ struct QuantizeOptions {
   bool rowwise = true;
   bool columnwise = false;
   ScaleMode scale_mode = ScaleMode::RCeil;                ///< MX only
-  Tile tile = Tile::k1x16;                                ///< NVFP4 only
+  Tile tile = Tile::k1x16;                                ///< NVFP4: 1x16 or 16x16; MX: 1-D or 32x32
   bool rht = false;                                       ///< NVFP4 columnwise only, bf16 input only
   uint16_t rht_sign_mask = 0xD7E8;                        ///< bit i set: sign of Hadamard row i is negative
   std::optional<StochasticRounding> stochastic_rounding;  ///< NVFP4 only
@@ -170,7 +177,8 @@ std::string_view scheme_name(Scheme scheme);
 Scheme parse_scheme(std::string_view name);
 std::string_view scale_mode_name(ScaleMode mode);
 ScaleMode parse_scale_mode(std::string_view name);
-/// @brief "1x16", "16x16" and back. The parsers take any ASCII case.
+/// @brief "1x16", "16x16", "32x32" and back ("1x32" parses to k1x16, MX's 1-D blocks). The parsers
+/// take any ASCII case.
 std::string_view tile_name(Tile tile);
 Tile parse_tile(std::string_view name);
 /// @brief "off", "mae", "mse" and back (TE's nvfp4_4over6_err_mode spells them MAE and MSE).

@@ -82,7 +82,8 @@ void validate_quantize(const InputMatrix& x, const QuantizeOptions& o) {
             name + " columnwise needs an even last dim (two codes per byte); input (flattened) is " + shape);
   }
   if (o.scheme == Scheme::NVFP4) {
-    require(o.tile == Tile::k1x16 || o.tile == Tile::k16x16, "unknown NVFP4 tile");
+    require(o.tile == Tile::k1x16 || o.tile == Tile::k16x16,
+            "nvfp4 takes 1x16 blocks or 16x16 tiles (32x32 tiles are MX's)");
     if (o.tile == Tile::k16x16) {
       require(x.rows % 16 == 0 && x.cols % 16 == 0,
               "nvfp4 16x16 tiles need both dims divisible by 16; input (flattened) is " + shape);
@@ -122,7 +123,9 @@ void validate_quantize(const InputMatrix& x, const QuantizeOptions& o) {
               "backward needs the input's columnwise output, so pass the recipe a backward_override");
     }
   } else {
-    require(o.tile == Tile::k1x16, name + " has 32-element blocks; tile applies to nvfp4 only");
+    require(o.tile == Tile::k1x16 || o.tile == Tile::k32x32,
+            name + " takes 1-D blocks of 32 (tile 1x16 or 1x32, the default) or 32x32 tiles (16x16 tiles are "
+                   "nvfp4's)");
     require(!o.rht, "RHT applies to nvfp4 only");
     require(o.four_over_six == FourOverSix::Off && !o.four_over_six_scaled_error,
             "4over6 applies to nvfp4 only");
@@ -342,16 +345,18 @@ std::string_view tile_name(Tile tile) {
   switch (tile) {
     case Tile::k1x16: return "1x16";
     case Tile::k16x16: return "16x16";
+    case Tile::k32x32: return "32x32";
   }
-  throw Error("unknown NVFP4 tile id " + std::to_string(static_cast<int>(tile)));
+  throw Error("unknown tile id " + std::to_string(static_cast<int>(tile)));
 }
 
 Tile parse_tile(std::string_view name) {
   const std::string lower = ascii_lowercase(name);
-  for (Tile tile : {Tile::k1x16, Tile::k16x16}) {
+  if (lower == "1x32") return Tile::k1x16;  // MX's 1-D blocks by their own size
+  for (Tile tile : {Tile::k1x16, Tile::k16x16, Tile::k32x32}) {
     if (tile_name(tile) == lower) return tile;
   }
-  throw Error("unknown NVFP4 tile '" + std::string(name) + "' (expected 1x16 or 16x16)");
+  throw Error("unknown tile '" + std::string(name) + "' (expected 1x16 or 16x16 for nvfp4, 1x32 or 32x32 for MX)");
 }
 
 std::string_view four_over_six_name(FourOverSix mode) {

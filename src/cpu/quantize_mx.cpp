@@ -5,7 +5,8 @@
 // (bands of 32 rows): per column, the block amax over the band, then every row of the band encoded
 // with its column's scale (still row-major, so the stores stay contiguous). MXFP8 and MXFP4 of
 // bf16 and f16 inputs with contiguous rows take quantize_mx16.cpp instead (16-bit lanes, no
-// widening), and so does MXFP6 where the CPU has AVX2 (see mx16_applies).
+// widening), and so does MXFP6 where the CPU has AVX2 (see mx16_applies). 32x32 tiles (weights,
+// quantized once per step) take the portable band kernel whatever the input.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -101,13 +102,51 @@ MICROSCALE_CPU_DISPATCH void columnwise_band(const float* band, int64_t k, int64
   }
 }
 
+// 32x32 tiles: band `b` ([rows, k] fp32, rows <= 32, the last band of a rowwise-only call may be
+// short) is one row of tiles. Each column's max |x| bits down the band (as columnwise_band), then
+// each tile's max over its 32 columns (fewer at a ragged right edge, columnwise only), its scale;
+// every element is encoded once, with its tile's scale, and the codes go to each direction asked
+// for (the same bytes: data [M, K] in both layouts). `amax` is scratch ([k]).
+template <typename Codec, bool kPacked>
+MICROSCALE_CPU_DISPATCH void tiles_band(const float* band, int64_t rows, int64_t k, int64_t b,
+                                        const QuantizeOptions& o, const MxParams& p, uint32_t* amax,
+                                        float* inverse, uint8_t* codes, QuantizedTensor& out) {
+  const int64_t data_cols = kPacked ? k / 2 : k;
+  uint32_t* __restrict max_bits = amax;
+  std::fill_n(max_bits, k, 0u);
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* __restrict row = band + i * k;
+    for (int64_t c = 0; c < k; ++c) max_bits[c] = std::max(max_bits[c], float_bits(row[c]) & 0x7FFFFFFFu);
+  }
+  for (int64_t c0 = 0; c0 < k; c0 += kBlock) {
+    const int64_t c1 = std::min(c0 + kBlock, k);
+    const uint32_t tile_bits = *std::max_element(max_bits + c0, max_bits + c1);
+    const uint8_t s = mx_scale_byte(amax_from_bits(tile_bits), p.rule, p.emax, p.mantissa_bits, p.max_normal);
+    std::fill(inverse + c0, inverse + c1, mx_inverse_scale(s));
+    if (o.rowwise) {
+      uint8_t* scale = out.rowwise_scale.data_as<uint8_t>();  // [M, K/32]
+      for (int64_t i = 0; i < rows; ++i) scale[(b * kBlock + i) * (k / kBlock) + c0 / kBlock] = s;
+    }
+    if (o.columnwise) std::fill(out.columnwise_scale.data_as<uint8_t>() + b * k + c0,
+                                out.columnwise_scale.data_as<uint8_t>() + b * k + c1, s);  // [M/32, K]
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    encode_scaled<Codec>(band + i * k, inverse, k, codes);
+    const int64_t at = (b * kBlock + i) * data_cols;
+    if (o.rowwise) store_codes<kPacked>(codes, k, out.rowwise_data.data_as<uint8_t>() + at);
+    if (o.columnwise) store_codes<kPacked>(codes, k, out.columnwise_data.data_as<uint8_t>() + at);
+  }
+}
+
 // One pass over the input: each band of rows is loaded once and feeds both directions.
 template <typename Codec, bool kPacked>
 void quantize_mx_with(const InputMatrix& x, const QuantizeOptions& o, const MxParams& p,
                       QuantizedTensor& out) {
   const int64_t m = x.rows, k = x.cols;
-  // Columnwise blocks need bands of 32 rows (M % 32 == 0 is checked); rowwise alone takes 16.
-  const int64_t band_rows = o.columnwise ? kBlock : 16;
+  // Columnwise blocks and tiles need bands of 32 rows (M % 32 == 0 is checked for columnwise
+  // output); rowwise blocks alone take 16.
+  const bool tiles = o.tile == Tile::k32x32;
+  const int64_t band_rows = o.columnwise || tiles ? kBlock : 16;
   const int64_t bands = (m + band_rows - 1) / band_rows;
 #pragma omp parallel num_threads(thread_count(o.num_threads))
   {
@@ -120,6 +159,11 @@ void quantize_mx_with(const InputMatrix& x, const QuantizeOptions& o, const MxPa
     for (int64_t b = 0; b < bands; ++b) {
       const int64_t rows = std::min(band_rows, m - b * band_rows);
       load_rows(x, b * band_rows, rows, band.data());
+      if (tiles) {
+        tiles_band<Codec, kPacked>(band.data(), rows, k, b, o, p, column_amax.data(), inverse.data(),
+                                   codes.data(), out);
+        continue;
+      }
       if (o.rowwise) {
         rowwise_rows<Codec, kPacked>(band.data(), rows, k, b * band_rows, p, codes.data(),
                                      out.rowwise_data.data_as<uint8_t>(),
@@ -137,10 +181,11 @@ void quantize_mx_with(const InputMatrix& x, const QuantizeOptions& o, const MxPa
 }  // namespace
 
 void quantize_mx(const InputMatrix& x, const QuantizeOptions& o, QuantizedTensor& out) {
-  if (quantize_mx_avx512(x, o, out)) return;
+  const bool tiles = o.tile == Tile::k32x32;
+  if (!tiles && quantize_mx_avx512(x, o, out)) return;
   const FormatInfo& f = format_info(element_format(o.scheme));
   const MxParams p{mx_scale_rule(o.scale_mode), f.emax, f.mantissa_bits, f.max_normal};
-  if (mx16_applies(x, o.scheme)) return quantize_mx16(x, o, p, out);  // 16-bit lanes, no widening
+  if (!tiles && mx16_applies(x, o.scheme)) return quantize_mx16(x, o, p, out);  // 16-bit lanes, no widening
   switch (o.scheme) {
     case Scheme::MXFP8_E4M3: return quantize_mx_with<E4M3Codec, false>(x, o, p, out);
     case Scheme::MXFP8_E5M2: return quantize_mx_with<E5M2Codec, false>(x, o, p, out);

@@ -108,7 +108,11 @@ TEST(QuantizeErrors, OptionsThatDoNotApply) {
   expect_rejected(x.view(), o, "stochastic rounding applies to nvfp4");
   o.stochastic_rounding.reset();
   o.tile = Tile::k16x16;
-  expect_rejected(x.view(), o, "tile applies to nvfp4");
+  expect_rejected(x.view(), o, "16x16 tiles are nvfp4's");
+  o = QuantizeOptions{};
+  o.tile = Tile::k32x32;
+  expect_rejected(x.view(), o, "32x32 tiles are MX's");
+  o.scheme = Scheme::MXFP4;
   o.tile = Tile::k1x16;
   o.rht = true;
   expect_rejected(x.view(), o, "RHT applies to nvfp4");
