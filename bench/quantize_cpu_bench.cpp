@@ -100,6 +100,9 @@ std::vector<Case> cases() {
   nvfp4_row_scaled.row_scaled = true;
   QuantizeOptions mxfp8 = nvfp4;
   mxfp8.scheme = Scheme::MXFP8_E4M3;
+  // TE's MXFP8 2D quantization (enable_2d_quantization) of weights: 32x32 tiles (the portable kernel)
+  QuantizeOptions mxfp8_2d = mxfp8;
+  mxfp8_2d.tile = Tile::k32x32;
   QuantizeOptions mxfp4 = nvfp4;
   mxfp4.scheme = Scheme::MXFP4;
   QuantizeOptions mxfp6 = nvfp4;
@@ -113,6 +116,7 @@ std::vector<Case> cases() {
           {"nvfp4_16x16_4over6", nvfp4_4over6},
           {"nvfp4_row_col_row_scaled", nvfp4_row_scaled},
           {"mxfp8_row_col", mxfp8},
+          {"mxfp8_32x32", mxfp8_2d},
           {"mxfp4_row_col", mxfp4},
           {"mxfp6_e2m3_row_col", mxfp6},
           {"mxfp6_e3m2_row_col", mxfp6_e3m2},

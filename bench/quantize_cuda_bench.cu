@@ -130,6 +130,8 @@ int main(int argc, char** argv) {
       x.scheme = Scheme::MXFP8_E4M3;
       x.rowwise = x.columnwise = true;
       configs.push_back({"mxfp8 row+col", x});
+      x.tile = Tile::k32x32;  // TE's MXFP8 2D quantization (enable_2d_quantization), for weights
+      configs.push_back({"mxfp8 32x32 row+col", x});
       QuantizeOptions f;
       f.scheme = Scheme::MXFP4;
       configs.push_back({"mxfp4 row", f});

@@ -178,8 +178,9 @@ void add_quantize_tensors_command(CLI::App& app) {
       ->required();
   cmd->add_option("--scale-mode", args->scale_mode,
                   "MX scale rule: floor | rceil | ceil | even (default rceil)");
-  cmd->add_option("--tile", args->tile,
-                  "scale block: nvfp4 1x16 (default) or 16x16 (weights); MX 1x32 (default) or 32x32 (weights)");
+  cmd->add_option(
+      "--tile", args->tile,
+      "scale block: nvfp4 1x16 (default) or 16x16 (weights); MX 1x32 (default) or 32x32 (weights)");
   cmd->add_flag("--rht", args->rht, "nvfp4: random Hadamard transform on the columnwise output (bf16 input)");
   cmd->add_flag("--rowwise", args->rowwise, "write the rowwise output (default: both usages)");
   cmd->add_flag("--columnwise", args->columnwise, "write the columnwise output (default: both usages)");

@@ -92,19 +92,26 @@ class NVFP4BlockScaling {
 
 /// @brief MXFP8 training, TransformerEngine's MXFP8BlockScaling (numerics-te.md §7) with torchao's
 /// RCEIL scales (numerics-mx.md §3.3): blocks of 32 along the contraction dimension, E8M0 scales,
-/// round to nearest, no global scale, no RHT, no SR.
+/// round to nearest, no global scale, no RHT, no SR. enable_2d_quantization (TE's field) gives the
+/// weights 32x32 tiles (Tile::k32x32), so that W and W^T quantize to the same values, as NVFP4's
+/// 16x16 weight tiles do; inputs and gradients keep their 1-D blocks.
 class MXFP8BlockScaling {
  public:
   enum class Fp8Format { E4M3, HYBRID };  ///< HYBRID: E4M3 forward, E5M2 gradients
   MXFP8BlockScaling() = default;
-  explicit MXFP8BlockScaling(Fp8Format format, BackwardOverride backward_override = BackwardOverride::None)
-      : fp8_format_(format), backward_override_(backward_override) {}
+  explicit MXFP8BlockScaling(Fp8Format format, BackwardOverride backward_override = BackwardOverride::None,
+                             bool enable_2d_quantization = false)
+      : fp8_format_(format),
+        backward_override_(backward_override),
+        enable_2d_quantization_(enable_2d_quantization) {}
   Fp8Format fp8_format() const { return fp8_format_; }
   BackwardOverride backward_override() const { return backward_override_; }
+  bool enable_2d_quantization() const { return enable_2d_quantization_; }
 
  private:
   Fp8Format fp8_format_ = Fp8Format::E4M3;
   BackwardOverride backward_override_ = BackwardOverride::None;
+  bool enable_2d_quantization_ = false;  ///< weights in 32x32 tiles
 };
 
 /// @brief No quantization: fp32 GEMMs on the (f32/bf16/f16) inputs.

@@ -42,7 +42,8 @@ def quantize(
 
     Names and defaults are the CLI's (``microscale quantize-tensors``): ``scheme`` is one of nvfp4,
     mxfp8_e4m3, mxfp8_e5m2, mxfp6_e2m3, mxfp6_e3m2, mxfp4; ``scale_mode`` (MX) floor, ceil, even or
-    rceil; ``tile`` (NVFP4) 1x16 or 16x16; ``rht`` (NVFP4, bf16 input) the 16-point random
+    rceil; ``tile`` 1x16 or 16x16 (NVFP4), 1x32 or 32x32 (MX; 32x32 is TransformerEngine's MXFP8 2D
+    quantization of weights: one scale per 32x32 tile, the same codes in both directions); ``rht`` (NVFP4, bf16 input) the 16-point random
     Hadamard transform on the columnwise output; ``sr_seed`` turns on NVFP4 stochastic rounding;
     ``four_over_six`` (NVFP4) ``"mae"`` or ``"mse"`` keeps, per block, the better of the usual
     encoding and one scaled by 1.5 (TransformerEngine's nvfp4_4over6, docs/formats.md), with

@@ -9,8 +9,9 @@
   for those in ``nvfp4_4over6_e4m3_use_256``; the input under it needs ``disable_rht=True``.
   ``row_scaled_activation`` gives the input a global scale per row of x (and per column for the
   wgrad), TE's row-scaled NVFP4; it needs ``disable_rht=True``.
-- ``MXFP8BlockScaling(fp8_format=Format.E4M3)``: blocks of 32, E8M0 scales (RCEIL); HYBRID takes
-  E5M2 for gradients.
+- ``MXFP8BlockScaling(fp8_format=Format.E4M3, enable_2d_quantization=False)``: blocks of 32, E8M0
+  scales (RCEIL); HYBRID takes E5M2 for gradients. ``enable_2d_quantization`` gives the weights
+  32x32 tiles (one scale per tile, so W and W^T quantize alike), as TE's field does.
 - ``HighPrecision()``: no quantization.
 
 Both quantized recipes take TransformerEngine's ``backward_override`` (None, "high_precision" or
@@ -76,5 +77,6 @@ class NVFP4BlockScaling(_C.NVFP4BlockScaling):
 class MXFP8BlockScaling(_C.MXFP8BlockScaling):
     __doc__ = _C.MXFP8BlockScaling.__doc__
 
-    def __init__(self, *, fp8_format=Format.E4M3, backward_override=_FROM_ENVIRONMENT):
-        super().__init__(fp8_format=fp8_format, backward_override=_override(backward_override))
+    def __init__(self, *, fp8_format=Format.E4M3, backward_override=_FROM_ENVIRONMENT, enable_2d_quantization=False):
+        super().__init__(fp8_format=fp8_format, backward_override=_override(backward_override),
+                         enable_2d_quantization=enable_2d_quantization)

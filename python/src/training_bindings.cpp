@@ -112,22 +112,25 @@ void bind_training(nb::module_& m) {
 
   nb::class_<MXFP8BlockScaling>(m, "MXFP8BlockScaling",
                                 "TransformerEngine's MXFP8 recipe: blocks of 32, E8M0 scales (RCEIL), "
-                                "round to nearest.")
+                                "round to nearest; enable_2d_quantization: weights in 32x32 tiles.")
       .def(
           "__init__",
           [](MXFP8BlockScaling* self, MXFP8BlockScaling::Fp8Format fp8_format,
-             const std::optional<std::string>& backward_override) {
-            new (self) MXFP8BlockScaling(fp8_format, override_from_python(backward_override));
+             const std::optional<std::string>& backward_override, bool enable_2d_quantization) {
+            new (self) MXFP8BlockScaling(fp8_format, override_from_python(backward_override),
+                                         enable_2d_quantization);
           },
           nb::kw_only(), nb::arg("fp8_format") = MXFP8BlockScaling::Fp8Format::E4M3,
-          nb::arg("backward_override").none() = nb::none())
+          nb::arg("backward_override").none() = nb::none(), nb::arg("enable_2d_quantization") = false)
       .def_prop_ro("fp8_format", &MXFP8BlockScaling::fp8_format)
+      .def_prop_ro("enable_2d_quantization", &MXFP8BlockScaling::enable_2d_quantization)
       .def_prop_ro("backward_override",
                    [](const MXFP8BlockScaling& r) { return override_to_python(r.backward_override()); })
       .def("__repr__", [](const MXFP8BlockScaling& r) {
         return std::string("MXFP8BlockScaling(fp8_format=Format.") +
                (r.fp8_format() == MXFP8BlockScaling::Fp8Format::HYBRID ? "HYBRID" : "E4M3") +
-               ", backward_override=" + override_repr(r.backward_override()) + ")";
+               ", backward_override=" + override_repr(r.backward_override()) +
+               ", enable_2d_quantization=" + (r.enable_2d_quantization() ? "True" : "False") + ")";
       });
 
   nb::class_<HighPrecision>(m, "HighPrecision", "No quantization: fp32 GEMMs on the inputs.")

@@ -124,8 +124,9 @@ void validate_quantize(const InputMatrix& x, const QuantizeOptions& o) {
     }
   } else {
     require(o.tile == Tile::k1x16 || o.tile == Tile::k32x32,
-            name + " takes 1-D blocks of 32 (tile 1x16 or 1x32, the default) or 32x32 tiles (16x16 tiles are "
-                   "nvfp4's)");
+            name +
+                " takes 1-D blocks of 32 (tile 1x16 or 1x32, the default) or 32x32 tiles (16x16 tiles are "
+                "nvfp4's)");
     require(!o.rht, "RHT applies to nvfp4 only");
     require(o.four_over_six == FourOverSix::Off && !o.four_over_six_scaled_error,
             "4over6 applies to nvfp4 only");
@@ -356,7 +357,8 @@ Tile parse_tile(std::string_view name) {
   for (Tile tile : {Tile::k1x16, Tile::k16x16, Tile::k32x32}) {
     if (tile_name(tile) == lower) return tile;
   }
-  throw Error("unknown tile '" + std::string(name) + "' (expected 1x16 or 16x16 for nvfp4, 1x32 or 32x32 for MX)");
+  throw Error("unknown tile '" + std::string(name) +
+              "' (expected 1x16 or 16x16 for nvfp4, 1x32 or 32x32 for MX)");
 }
 
 std::string_view four_over_six_name(FourOverSix mode) {

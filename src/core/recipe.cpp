@@ -111,6 +111,7 @@ std::optional<QuantizeOptions> quantize_options(const Recipe& recipe, TensorRole
         role == TensorRole::GradOutput && r->fp8_format() == MXFP8BlockScaling::Fp8Format::HYBRID;
     QuantizeOptions o = both_usages(e5m2 ? Scheme::MXFP8_E5M2 : Scheme::MXFP8_E4M3);
     o.scale_mode = ScaleMode::RCeil;
+    if (role == TensorRole::Weight && r->enable_2d_quantization()) o.tile = Tile::k32x32;
     return o;
   }
   return std::nullopt;

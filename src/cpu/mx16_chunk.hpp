@@ -58,6 +58,7 @@ struct Chunk {
   int cols;            // a multiple of 32, <= kChunkCols
   bool prefetch_next;  // a chunk follows in this band
   bool stream;         // the outputs' rows are whole aligned lines, streamed (the AVX2 chunks)
+  bool scale_tiles;    // 32x32 scale tiles (plain chunks only): each block takes its tile's max
   MxParams p;
   // MXFP4 by thresholds: quantize_chunk_fp4, and the AVX2 chunk's columns where the two-step form
   // does not hold; widened, the AVX2 chunk's rows there.

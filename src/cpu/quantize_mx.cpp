@@ -5,8 +5,8 @@
 // (bands of 32 rows): per column, the block amax over the band, then every row of the band encoded
 // with its column's scale (still row-major, so the stores stay contiguous). MXFP8 and MXFP4 of
 // bf16 and f16 inputs with contiguous rows take quantize_mx16.cpp instead (16-bit lanes, no
-// widening), and so does MXFP6 where the CPU has AVX2 (see mx16_applies). 32x32 tiles (weights,
-// quantized once per step) take the portable band kernel whatever the input.
+// widening), and so does MXFP6 where the CPU has AVX2 (see mx16_applies). 32x32 scale tiles take
+// quantize_mx16.cpp's plain chunks where it applies, else tiles_band below.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -127,8 +127,9 @@ MICROSCALE_CPU_DISPATCH void tiles_band(const float* band, int64_t rows, int64_t
       uint8_t* scale = out.rowwise_scale.data_as<uint8_t>();  // [M, K/32]
       for (int64_t i = 0; i < rows; ++i) scale[(b * kBlock + i) * (k / kBlock) + c0 / kBlock] = s;
     }
-    if (o.columnwise) std::fill(out.columnwise_scale.data_as<uint8_t>() + b * k + c0,
-                                out.columnwise_scale.data_as<uint8_t>() + b * k + c1, s);  // [M/32, K]
+    if (o.columnwise)
+      std::fill(out.columnwise_scale.data_as<uint8_t>() + b * k + c0,
+                out.columnwise_scale.data_as<uint8_t>() + b * k + c1, s);  // [M/32, K]
   }
   for (int64_t i = 0; i < rows; ++i) {
     encode_scaled<Codec>(band + i * k, inverse, k, codes);
@@ -185,7 +186,7 @@ void quantize_mx(const InputMatrix& x, const QuantizeOptions& o, QuantizedTensor
   if (!tiles && quantize_mx_avx512(x, o, out)) return;
   const FormatInfo& f = format_info(element_format(o.scheme));
   const MxParams p{mx_scale_rule(o.scale_mode), f.emax, f.mantissa_bits, f.max_normal};
-  if (!tiles && mx16_applies(x, o.scheme)) return quantize_mx16(x, o, p, out);  // 16-bit lanes, no widening
+  if (mx16_applies(x, o.scheme, o.tile)) return quantize_mx16(x, o, p, out);  // 16-bit lanes, no widening
   switch (o.scheme) {
     case Scheme::MXFP8_E4M3: return quantize_mx_with<E4M3Codec, false>(x, o, p, out);
     case Scheme::MXFP8_E5M2: return quantize_mx_with<E5M2Codec, false>(x, o, p, out);

@@ -72,10 +72,12 @@ void quantize_tiles(const InputMatrix& x, const QuantizeOptions& options, Quanti
         }
       }
       if (options.rowwise) {
-        for (int64_t r = r0; r < r1; ++r) out.rowwise_scale.data_as<uint8_t>()[r * (k / kBlock) + c0 / kBlock] = scale;
+        for (int64_t r = r0; r < r1; ++r)
+          out.rowwise_scale.data_as<uint8_t>()[r * (k / kBlock) + c0 / kBlock] = scale;
       }
       if (options.columnwise) {
-        for (int64_t c = c0; c < c1; ++c) out.columnwise_scale.data_as<uint8_t>()[(r0 / kBlock) * k + c] = scale;
+        for (int64_t c = c0; c < c1; ++c)
+          out.columnwise_scale.data_as<uint8_t>()[(r0 / kBlock) * k + c] = scale;
       }
     }
   }

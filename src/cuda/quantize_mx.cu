@@ -12,6 +12,9 @@
 //     scale keep the software encoder;
 //   write-out (v6): a whole, aligned tile leaves the stage coalesced (lanes along a row, 16 bytes
 //     each; a row's 4 scale bytes as one word); other tiles per thread as before.
+// With 32x32 scale tiles (Tile::k32x32, TE's MXFP8 2D quantization) warp w's 32 columns are one
+// scale tile: the column phase takes the warp's largest block amax as every column's, and the row
+// phase gives each row block the scale of its warp's tile and encodes it once for both directions.
 #include <cmath>
 
 #include "core/element_codec.hpp"
@@ -30,6 +33,7 @@ struct MxParams {
   DeviceMatrix x;
   OutputPointers out;
   bool rowwise, columnwise, swizzled;
+  bool scale_tiles;      // 32x32 scale tiles (Tile::k32x32)
   bool aligned;          // data outputs 16-byte aligned with a row pitch that is a multiple of 16
   bool row_scale_words;  // a row's 4 scale bytes of a tile form an aligned 4-byte word
   MxScaleRule rule;
@@ -50,6 +54,15 @@ __device__ __forceinline__ float block_amax32(const float (&v)[32]) {
     m[i % 4] = fmaxf(m[i % 4], fabsf(v[i]));
   }
   const float amax = fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
+  return any_nan ? bits_to_float(0x7FC00000u) : amax;
+}
+
+// The largest of the warp's 32 block amaxes, NaN when any is NaN (as block_amax32), in every lane.
+__device__ __forceinline__ float warp_amax(float amax) {
+  const bool any_nan = __any_sync(0xFFFFFFFFu, amax != amax);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2)
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
   return any_nan ? bits_to_float(0x7FC00000u) : amax;
 }
 
@@ -154,7 +167,8 @@ __device__ __forceinline__ void unstage_words(const uint8_t* src, uint32_t (&w)[
 
 template <typename T, typename Codec, bool kPacked>
 __device__ __forceinline__ void mx_tile(const MxParams& p, const Stored<T>* tile, float* column_inverse,
-                                        uint8_t* stage, uint8_t* row_scales, int64_t m0, int64_t k0) {
+                                        uint8_t* tile_scales, uint8_t* stage, uint8_t* row_scales, int64_t m0,
+                                        int64_t k0) {
   constexpr int kLd = kTilePitch<T, kTK>;
   using S = MxStage<kPacked>;
   const int64_t M = p.x.rows, K = p.x.cols;
@@ -164,14 +178,17 @@ __device__ __forceinline__ void mx_tile(const MxParams& p, const Stored<T>* tile
   uint8_t* stage_col = stage + kTM * S::kPitch;
 
   bool columns_finite = true;
-  if (p.columnwise) {
+  if (p.columnwise || p.scale_tiles) {
     const int64_t col = k0 + t;
     float v[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) v[i] = tile_value<T>(tile, i * kLd + t);
-    const uint8_t s = mx_scale_byte(block_amax32(v), p.rule, p.emax, p.mantissa_bits, p.max_normal);
+    float amax = block_amax32(v);
+    if (p.scale_tiles) amax = warp_amax(amax);  // the warp's 32 columns are one scale tile
+    const uint8_t s = mx_scale_byte(amax, p.rule, p.emax, p.mantissa_bits, p.max_normal);
     column_inverse[t] = mx_inverse_scale(s);
-    if (col < K && m0 < M) {
+    if (p.scale_tiles && t % 32 == 0) tile_scales[t / 32] = s;
+    if (p.columnwise && col < K && m0 < M) {
       // compact [M/32, K]; swizzled as the transpose [K, M/32]
       const int64_t o = p.swizzled ? scale_offset(col, m0 / 32, M / 32, true) : (m0 / 32) * K + col;
       p.out.columnwise_scale[o] = s;
@@ -188,7 +205,24 @@ __device__ __forceinline__ void mx_tile(const MxParams& p, const Stored<T>* tile
   uint8_t* my_row = stage_row + lane * S::kPitch + warp * S::kBlockBytes;
   uint8_t* my_col = stage_col + lane * S::kPitch + warp * S::kBlockBytes;
   uint8_t row_scale = 0;
-  if (active) {
+  if (active && p.scale_tiles) {
+    // One scale for the row block and its columns: one encoding, staged for each direction asked.
+    float v[32];
+    tile_row<T>(tile + lane * kLd + warp * 32, v);
+    const uint8_t s = tile_scales[warp];
+    const float inverse = column_inverse[warp * 32];
+    float x[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) x[i] = scaled_element<Codec>(v[i], inverse);
+    uint32_t words[kWords];
+    encode32<Codec, kPacked>(x, s != 0xFF, words);
+    if (p.rowwise) {
+      stage_words(my_row, words);
+      row_scales[lane * 4 + warp] = s;
+      row_scale = s;
+    }
+    if (p.columnwise) stage_words(my_col, words);
+  } else if (active) {
     float v[32];
     tile_row<T>(tile + lane * kLd + warp * 32, v);
     if (p.rowwise) {
@@ -274,6 +308,7 @@ __global__ void __launch_bounds__(kThreads) mx_quantize_kernel(const MxParams p)
   constexpr int kLd = kTilePitch<T, kTK>;
   __shared__ __align__(16) Stored<T> tile[kTM * kLd];
   __shared__ __align__(16) float column_inverse[kTK];
+  __shared__ uint8_t tile_scales[kTK / 32];
   __shared__ __align__(16) uint8_t stage[MxStage<kPacked>::kBytes];
   __shared__ __align__(16) uint8_t row_scales[kTM * 4];
   const int64_t m0 = (blockIdx.x / p.tiles_k) * kTM, k0 = (blockIdx.x % p.tiles_k) * kTK;
@@ -281,7 +316,7 @@ __global__ void __launch_bounds__(kThreads) mx_quantize_kernel(const MxParams p)
   loader.fetch(p.x, m0, k0);
   loader.commit(p.x, m0, k0, tile);
   __syncthreads();
-  mx_tile<T, Codec, kPacked>(p, tile, column_inverse, stage, row_scales, m0, k0);
+  mx_tile<T, Codec, kPacked>(p, tile, column_inverse, tile_scales, stage, row_scales, m0, k0);
 }
 
 template <typename T>
@@ -310,6 +345,7 @@ void launch_mx_quantize(const DeviceMatrix& x, DType dtype, const QuantizeOption
   p.rowwise = o.rowwise;
   p.columnwise = o.columnwise;
   p.swizzled = o.scale_layout == ScaleLayout::Swizzled;
+  p.scale_tiles = o.tile == Tile::k32x32;
   p.rule = mx_scale_rule(o.scale_mode);
   p.emax = f.emax;
   p.mantissa_bits = f.mantissa_bits;

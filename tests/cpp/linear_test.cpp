@@ -107,6 +107,12 @@ TEST(Recipe, OptionsPerRole) {
                 ->scheme,
             Scheme::MXFP8_E5M2);
   EXPECT_EQ(quantize_options(MXFP8BlockScaling{}, TensorRole::Input)->scale_mode, ScaleMode::RCeil);
+  // enable_2d_quantization: 32x32 tiles for the weight only (TE's MXFP8 2D quantization).
+  const MXFP8BlockScaling two_d(MXFP8BlockScaling::Fp8Format::HYBRID, BackwardOverride::None, true);
+  EXPECT_EQ(quantize_options(two_d, TensorRole::Weight)->tile, Tile::k32x32);
+  EXPECT_EQ(quantize_options(two_d, TensorRole::Input)->tile, Tile::k1x16);
+  EXPECT_EQ(quantize_options(two_d, TensorRole::GradOutput)->tile, Tile::k1x16);
+  EXPECT_EQ(quantize_options(MXFP8BlockScaling{}, TensorRole::Weight)->tile, Tile::k1x16);
   EXPECT_FALSE(quantize_options(HighPrecision{}, TensorRole::Input).has_value());
 }
 
@@ -147,13 +153,15 @@ TEST(Linear, GemmsMatchFloat64OnDequantizedOperands) {
   const Tensor w = random_tensor(DType::F32, {n, k}, Fill::Normal, 2);
   const Tensor dy = random_tensor(DType::BF16, {2, 32, n}, Fill::Normal, 3);
   for (const Recipe& recipe :
-       {Recipe{NVFP4BlockScaling({.disable_stochastic_rounding = true})}, Recipe{MXFP8BlockScaling{}}}) {
+       {Recipe{NVFP4BlockScaling({.disable_stochastic_rounding = true})}, Recipe{MXFP8BlockScaling{}},
+        Recipe{MXFP8BlockScaling(MXFP8BlockScaling::Fp8Format::E4M3, BackwardOverride::None, true)}}) {
     LinearSaved saved;
     const Tensor y = linear_forward(x.view(), w.view(), std::nullopt, recipe, &saved);
     EXPECT_EQ(y.shape(), (std::vector<int64_t>{2, 32, n}));
     const LinearGrads g = linear_backward(dy.view(), saved);
     EXPECT_EQ(g.grad_input.shape(), x.shape());
     EXPECT_EQ(g.grad_weight.shape(), w.shape());
+    EXPECT_EQ(saved.weight.tile, quantize_options(recipe, TensorRole::Weight)->tile);
     // Re-quantize dy as backward did and check each GEMM against its dequantized operands.
     const QuantizedTensor dyq = quantize(dy.view(), *quantize_options(recipe, TensorRole::GradOutput));
     const std::pair<const char*, std::pair<GemmOperand, GemmOperand>> gemms[] = {
@@ -409,23 +417,29 @@ TEST(Linear, WeightQuantizationIsCachedUntilTheWeightChanges) {
   }
   EXPECT_EQ(layer.weight_quantizations(), 3);
   {
+    // MXFP8 again with 32x32 weight tiles: another quantization of the weight.
+    autocast other(MXFP8BlockScaling(MXFP8BlockScaling::Fp8Format::E4M3, BackwardOverride::None, true));
+    layer.forward(x.view());
+  }
+  EXPECT_EQ(layer.weight_quantizations(), 4);
+  {
     // Another NVFP4 recipe whose weight is quantized otherwise (1x16 blocks, not 16x16 tiles).
     autocast other(NVFP4BlockScaling({.disable_2d_quantization = true}));
     layer.forward(x.view());
     layer.backward(dy.view());
   }
-  EXPECT_EQ(layer.weight_quantizations(), 4);
-  layer.forward(x.view());  // the default NVFP4 recipe again
   EXPECT_EQ(layer.weight_quantizations(), 5);
+  layer.forward(x.view());  // the default NVFP4 recipe again
+  EXPECT_EQ(layer.weight_quantizations(), 6);
   // Recipes that differ only in the weight's 4over6: its error mode, then its bound.
   NVFP4BlockScaling::Options fos{.four_over_six = Nvfp4Scope::Weights};
-  for (int expected : {6, 7, 8}) {
+  for (int expected : {7, 8, 9}) {
     autocast other{NVFP4BlockScaling(fos)};
     layer.forward(x.view());
     layer.backward(dy.view());
     EXPECT_EQ(layer.weight_quantizations(), expected);
-    if (expected == 6) fos.four_over_six_err_mode = FourOverSix::MinMse;
-    if (expected == 7) fos.four_over_six_e4m3_use_256 = Nvfp4Scope::None;
+    if (expected == 7) fos.four_over_six_err_mode = FourOverSix::MinMse;
+    if (expected == 8) fos.four_over_six_e4m3_use_256 = Nvfp4Scope::None;
   }
 }
 

@@ -69,12 +69,14 @@ struct TeTiles {
 
 TeTiles te_reference(const Tensor& x, Format format, float max_normal) {
   const int64_t m = x.shape()[0], k = x.shape()[1];
-  TeTiles te{std::vector<uint8_t>(static_cast<size_t>(m * k)), std::vector<uint8_t>(static_cast<size_t>(m * k / 1024))};
+  TeTiles te{std::vector<uint8_t>(static_cast<size_t>(m * k)),
+             std::vector<uint8_t>(static_cast<size_t>(m * k / 1024))};
   for (int64_t ti = 0; ti < m / 32; ++ti) {
     for (int64_t tj = 0; tj < k / 32; ++tj) {
       float amax = 0.0f;
       for (int64_t r = 32 * ti; r < 32 * ti + 32; ++r) {
-        for (int64_t c = 32 * tj; c < 32 * tj + 32; ++c) amax = std::max(amax, std::fabs(value_at(x, r * k + c)));
+        for (int64_t c = 32 * tj; c < 32 * tj + 32; ++c)
+          amax = std::max(amax, std::fabs(value_at(x, r * k + c)));
       }
       const uint8_t e = te_float_to_e8m0(amax * (1.0f / max_normal));
       te.scales[static_cast<size_t>(ti * (k / 32) + tj)] = e;
@@ -102,7 +104,8 @@ TEST(MxTiles, ReferenceIsTransformerEnginesFormula) {
         const QuantizedTensor q = quantize_ref(x.view(), o);
         const TeTiles te = te_reference(x, format, format_info(format).max_normal);
         ASSERT_EQ(std::memcmp(q.rowwise_data.data(), te.codes.data(), te.codes.size()), 0)
-            << scheme_name(scheme) << " dtype " << static_cast<int>(dtype) << " fill " << static_cast<int>(fill);
+            << scheme_name(scheme) << " dtype " << static_cast<int>(dtype) << " fill "
+            << static_cast<int>(fill);
         ASSERT_EQ(std::memcmp(q.columnwise_data.data(), te.codes.data(), te.codes.size()), 0);
         for (int64_t r = 0; r < 96; ++r) {
           for (int64_t c = 0; c < 128; ++c) {
@@ -205,7 +208,8 @@ TEST(MxTiles, RaggedEdgeTiles) {
     if (!testing_data::select_kernel_set(kernels)) continue;
     for (Scheme scheme : kMxSchemes) {
       for (bool rowwise : {true, false}) {
-        const std::vector<int64_t> shape = rowwise ? std::vector<int64_t>{40, 64} : std::vector<int64_t>{64, 40};
+        const std::vector<int64_t> shape =
+            rowwise ? std::vector<int64_t>{40, 64} : std::vector<int64_t>{64, 40};
         const Tensor x = random_tensor(DType::BF16, shape, Fill::Heavy, 9);
         QuantizeOptions o = tile_options(scheme, rowwise, !rowwise);
         const QuantizedTensor fast = quantize(x.view(), o), ref = quantize_ref(x.view(), o);

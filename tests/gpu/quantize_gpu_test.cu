@@ -344,19 +344,22 @@ void random_suite(bool quick) {
       for (Scheme scheme :
            {Scheme::MXFP8_E4M3, Scheme::MXFP8_E5M2, Scheme::MXFP6_E2M3, Scheme::MXFP6_E3M2, Scheme::MXFP4}) {
         for (ScaleMode mode : {ScaleMode::RCeil, ScaleMode::Floor, ScaleMode::Ceil, ScaleMode::Even}) {
-          if (quick && mode != ScaleMode::RCeil && mode != ScaleMode::Floor) continue;
-          QuantizeOptions o;
-          o.scheme = scheme;
-          o.scale_mode = mode;
-          o.rowwise = k % 32 == 0;
-          o.columnwise = m % 32 == 0;
-          if (!o.rowwise && !o.columnwise) continue;
-          if (scheme == Scheme::MXFP4 && k % 2) continue;
-          o.scale_layout = (static_cast<int>(mode) + static_cast<int>(scheme)) % 2 ? ScaleLayout::Swizzled
-                                                                                   : ScaleLayout::Compact;
-          if (quick && is_big) continue;
-          compare_case(values, shape, {}, dtype, o, mode == ScaleMode::RCeil);
-          ++cases;
+          for (Tile tile : {Tile::k1x16, Tile::k32x32}) {  // 1-D blocks, and 32x32 scale tiles
+            if (quick && mode != ScaleMode::RCeil && mode != ScaleMode::Floor) continue;
+            QuantizeOptions o;
+            o.scheme = scheme;
+            o.scale_mode = mode;
+            o.tile = tile;
+            o.rowwise = k % 32 == 0;
+            o.columnwise = m % 32 == 0;
+            if (!o.rowwise && !o.columnwise) continue;
+            if (scheme == Scheme::MXFP4 && k % 2) continue;
+            o.scale_layout = (static_cast<int>(mode) + static_cast<int>(scheme)) % 2 ? ScaleLayout::Swizzled
+                                                                                     : ScaleLayout::Compact;
+            if (quick && is_big) continue;
+            compare_case(values, shape, {}, dtype, o, mode == ScaleMode::RCeil);
+            ++cases;
+          }
         }
       }
     }
@@ -386,6 +389,12 @@ void random_suite(bool quick) {
     mx.columnwise = false;  // M = 37 ragged
     mx.scale_layout = ScaleLayout::Swizzled;
     compare_case(std::vector<float>(v.begin(), v.begin() + 37 * 64), {37, 64}, {}, DType::F16, mx, true);
+    mx.tile = Tile::k32x32;  // the same with 32x32 scale tiles: a short tile at each ragged edge
+    compare_case(std::vector<float>(v.begin(), v.begin() + 37 * 64), {37, 64}, {}, DType::F16, mx, true);
+    mx.rowwise = false;
+    mx.columnwise = true;
+    mx.scale_layout = ScaleLayout::Compact;
+    compare_case(std::vector<float>(v.begin(), v.begin() + 64 * 50), {64, 50}, {}, DType::BF16, mx, true);
     // transposed view: storage [K, M] read as [M, K] with strides {1, M}
     QuantizeOptions t;
     t.scheme = Scheme::NVFP4;
@@ -396,6 +405,10 @@ void random_suite(bool quick) {
     QuantizeOptions tm;
     tm.scheme = Scheme::MXFP4;
     tm.columnwise = true;
+    compare_case(std::vector<float>(v.begin(), v.begin() + 64 * 64), {64, 64}, {1, 64}, DType::F32, tm,
+                 false);
+    tm.tile = Tile::k32x32;
+    tm.rowwise = true;
     compare_case(std::vector<float>(v.begin(), v.begin() + 64 * 64), {64, 64}, {1, 64}, DType::F32, tm,
                  false);
     // 4over6: rowwise only with M = 37 (1x16 blocks along the rows), columnwise only with K = 75,

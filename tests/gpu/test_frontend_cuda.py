@@ -33,6 +33,8 @@ CASES = [
     ("mxfp6_e2m3", dict(columnwise=True, scale_mode="even")),
     ("mxfp6_e3m2", dict(rowwise=False, columnwise=True, scale_mode="ceil")),
     ("mxfp4", dict(columnwise=True, swizzle=True)),
+    ("mxfp8_e4m3", dict(columnwise=True, tile="32x32")),
+    ("mxfp4", dict(columnwise=True, tile="32x32", scale_mode="floor", swizzle=True)),
 ]
 PARTS = ("rowwise_data", "rowwise_scale", "columnwise_data", "columnwise_scale")
 
@@ -330,6 +332,7 @@ LINEAR_RECIPES = {
     "nvfp4_row_scaled": lambda: NVFP4BlockScaling(disable_rht=True, row_scaled_activation=True),
     "mxfp8": lambda: MXFP8BlockScaling(),
     "mxfp8_hybrid": lambda: MXFP8BlockScaling(fp8_format=Format.HYBRID),
+    "mxfp8_2d": lambda: MXFP8BlockScaling(enable_2d_quantization=True),  # weights in 32x32 tiles
     # backward_override: the backward's GEMMs unquantized (torch's cuBLAS GEMM, fp32 accumulation)
     "nvfp4_backward_high_precision": lambda: NVFP4BlockScaling(backward_override="high_precision"),
     "nvfp4_backward_dequantized": lambda: NVFP4BlockScaling(backward_override="dequantized"),

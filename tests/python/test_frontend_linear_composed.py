@@ -27,6 +27,7 @@ RECIPES = {  # made in the test: recipe objects held by pytest's parametrization
         disable_rht=True, row_scaled_activation=True, nvfp4_4over6="activations", backward_override="dequantized"),
     "mxfp8": lambda: MXFP8BlockScaling(),
     "mxfp8_hybrid": lambda: MXFP8BlockScaling(fp8_format=Format.HYBRID),
+    "mxfp8_2d": lambda: MXFP8BlockScaling(enable_2d_quantization=True),  # weights in 32x32 tiles
     # TransformerEngine's backward_override: the backward's GEMMs unquantized (dense, the library's GEMM)
     "nvfp4_backward_high_precision": lambda: NVFP4BlockScaling(backward_override="high_precision"),
     "nvfp4_backward_dequantized": lambda: NVFP4BlockScaling(backward_override="dequantized"),

@@ -411,7 +411,8 @@ def test_backward_override_recipes():
         for bad in ("none", "HIGH_PRECISION", "fp32"):
             with pytest.raises(ms.Error, match="unknown backward_override"):
                 make(backward_override=bad)
-    assert repr(MXFP8BlockScaling()) == "MXFP8BlockScaling(fp8_format=Format.E4M3, backward_override=None)"
+    assert repr(MXFP8BlockScaling()) == ("MXFP8BlockScaling(fp8_format=Format.E4M3, backward_override=None, "
+                                         "enable_2d_quantization=False)")
 
     g = torch.Generator().manual_seed(5)
     x0 = torch.randn(64, 96, generator=g).to(torch.bfloat16)
