@@ -163,6 +163,19 @@ TEST(Cli, QuantizeTensorsMxRowwiseOnly) {
   EXPECT_FALSE(f.contains("layer.weight.rowwise_amax"));  // MX has no global scale
   EXPECT_EQ(f.at("layer.weight.rowwise_data").shape, (std::vector<int64_t>{64, 64}));
   EXPECT_EQ(f.at("layer.weight.rowwise_scale").shape, (std::vector<int64_t>{64, 4}));
+  EXPECT_EQ(f.metadata().at("microscale.tile"), "1x32");
+}
+
+TEST(Cli, QuantizeTensorsMxTiles) {
+  const std::string in = make_input(), out = temp("out_mx_tiles.safetensors");
+  const Result r = run_cli("quantize-tensors " + in + " -o " + out + " --scheme mxfp8_e4m3 --tile 32X32");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const SafetensorsFile f = SafetensorsFile::open(out);
+  EXPECT_EQ(f.metadata().at("microscale.tile"), "32x32");
+  // One scale per 32x32 tile: both directions hold the same codes.
+  const SafetensorsEntry row = f.at("layer.weight.rowwise_data"), col = f.at("layer.weight.columnwise_data");
+  ASSERT_EQ(row.nbytes, col.nbytes);
+  EXPECT_EQ(std::memcmp(row.data, col.data, row.nbytes), 0);
 }
 
 TEST(Cli, BadInputIsAMessageAndNonZeroExit) {
