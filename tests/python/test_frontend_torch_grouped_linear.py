@@ -13,7 +13,8 @@ import microscale as ms
 import microscale.torch as mst
 from microscale.recipe import MXFP8BlockScaling, NVFP4BlockScaling
 
-RECIPES = {"nvfp4": NVFP4BlockScaling, "mxfp8": MXFP8BlockScaling}
+RECIPES = {"nvfp4": NVFP4BlockScaling, "mxfp8": MXFP8BlockScaling,
+           "mxfp8_2d": lambda: MXFP8BlockScaling(enable_2d_quantization=True)}  # 32x32 weight tiles
 
 
 def experts_as_linears(grouped):

@@ -45,7 +45,7 @@ def test_layernorm_linear(normalization, zero_centered_gamma):
     x = (torch.randn(2, 16, 64) * 3 + 1).to(torch.bfloat16)
     gamma = module.layer_norm_weight.float() + (1 if zero_centered_gamma else 0)
     want_ln = reference_norm(x, normalization, gamma, module.layer_norm_bias, module.eps)
-    for recipe in (NVFP4BlockScaling(), MXFP8BlockScaling()):
+    for recipe in (NVFP4BlockScaling(), MXFP8BlockScaling(), MXFP8BlockScaling(enable_2d_quantization=True)):
         xg = x.clone().requires_grad_()
         with mst.autocast(recipe=recipe):
             y, bias, ln_out = module(xg)
