@@ -50,10 +50,9 @@ void put_code(uint8_t* row, int64_t column, uint8_t code, bool packed_fp4) {
 void quantize_tiles(const InputMatrix& x, const QuantizeOptions& options, QuantizedTensor& out) {
   const Format format = element_format(options.scheme);
   const FormatInfo& f = format_info(format);
-  const MxScaleRule rule = mx_scale_rule(options.scale_mode);
   const bool packed = format == Format::E2M1;
-  const int64_t m = x.rows, k = x.cols;
-  const int64_t data_cols = packed ? k / 2 : k;
+  const int64_t m = x.rows, k = x.cols, data_cols = packed ? k / 2 : k;
+  const MxScaleRule rule = mx_scale_rule(options.scale_mode);
   for (int64_t r0 = 0; r0 < m; r0 += kBlock) {
     for (int64_t c0 = 0; c0 < k; c0 += kBlock) {
       const int64_t r1 = std::min(r0 + kBlock, m), c1 = std::min(c0 + kBlock, k);
