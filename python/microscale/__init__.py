@@ -111,14 +111,18 @@ def gemm(a, b, *, a_usage="rowwise", b_usage="rowwise", alpha=1.0, beta=0.0, c=N
 
 
 def convert_checkpoint(input, output_dir, *, format, convention=None, skip=(), only=(), default_skips=True,
-                       scale_mode=None, calibration=None, num_threads=0, progress=None):
+                       scale_mode=None, calibration=None, num_threads=0, four_over_six="off",
+                       four_over_six_scaled_error=False, nvfp4_e4m3_max=448, progress=None):
     """Converts a safetensors checkpoint (a file, or a model directory with shards and config.json)
     into ``output_dir`` in a serving convention, as ``microscale quantize`` does (docs/checkpoints.md):
     ``format`` nvfp4, mxfp8 or mxfp4; ``convention`` modelopt, compressed-tensors or gpt-oss (None:
     the format's default); ``skip`` / ``only`` name patterns (``*``, ``?``) added to the default
     skips (embeddings, norms, lm_head, routers...: ``default_skips=False`` drops them) or
     restricting the quantized layers; ``scale_mode`` for MX (rceil when None); ``calibration`` a
-    safetensors file of input amaxes for NVFP4's input scales; ``progress(done, total, report)``
+    safetensors file of input amaxes for NVFP4's input scales; ``four_over_six`` ("mae" or "mse"),
+    ``four_over_six_scaled_error`` and ``nvfp4_e4m3_max`` (448, or 256) quantize NVFP4 weights by
+    TransformerEngine's 4over6 (each block the better of two scales; the files stay plain NVFP4,
+    which any engine reads); ``progress(done, total, report)``
     called after each tensor. Returns one dict per input tensor: name, shape, dtype, quantized,
     kept_because, sqnr_db, max_abs_error, bytes_before, bytes_after. Errors are microscale.Error;
     a failed conversion removes the files it wrote."""
@@ -130,7 +134,9 @@ def convert_checkpoint(input, output_dir, *, format, convention=None, skip=(), o
     return _C.convert_checkpoint(os.fspath(input), os.fspath(output_dir), format=format, convention=convention or "",
                                  skip=patterns(skip), only=patterns(only), default_skips=default_skips,
                                  scale_mode=scale_mode or "", calibration=os.fspath(calibration) if calibration else "",
-                                 num_threads=num_threads, progress=progress)
+                                 num_threads=num_threads, four_over_six=four_over_six,
+                                 four_over_six_scaled_error=four_over_six_scaled_error,
+                                 nvfp4_e4m3_max=nvfp4_e4m3_max, progress=progress)
 
 
 def read_quantized_weights(path):

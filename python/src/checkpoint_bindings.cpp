@@ -34,8 +34,12 @@ nb::dict report_dict(const TensorReport& r) {
 nb::list convert(const std::string& input, const std::string& output_dir, const std::string& format,
                  const std::string& convention, const std::vector<std::string>& skip,
                  const std::vector<std::string>& only, bool default_skips, const std::string& scale_mode,
-                 const std::string& calibration, int num_threads, nb::object progress) {
+                 const std::string& calibration, int num_threads, const std::string& four_over_six,
+                 bool four_over_six_scaled_error, int nvfp4_e4m3_max, nb::object progress) {
   ConvertOptions o = convert_options(input, format, convention, scale_mode);
+  o.four_over_six = parse_four_over_six(four_over_six);
+  o.four_over_six_scaled_error = four_over_six_scaled_error;
+  o.nvfp4_e4m3_max = nvfp4_e4m3_max;
   if (!default_skips) o.rules.skip.clear();
   o.rules.skip.insert(o.rules.skip.end(), skip.begin(), skip.end());
   o.rules.only = only;
@@ -88,7 +92,8 @@ void bind_checkpoint(nb::module_& m) {
         nb::arg("format"), nb::arg("convention") = "", nb::arg("skip") = std::vector<std::string>{},
         nb::arg("only") = std::vector<std::string>{}, nb::arg("default_skips") = true,
         nb::arg("scale_mode") = "", nb::arg("calibration") = "", nb::arg("num_threads") = 0,
-        nb::arg("progress").none() = nb::none(),
+        nb::arg("four_over_six") = "off", nb::arg("four_over_six_scaled_error") = false,
+        nb::arg("nvfp4_e4m3_max") = 448, nb::arg("progress").none() = nb::none(),
         "Converts a safetensors checkpoint (a file or a model directory) into `output_dir` in a serving "
         "convention, as `microscale quantize` does; returns one dict per input tensor (name, shape, dtype, "
         "quantized, kept_because, sqnr_db, max_abs_error, bytes_before, bytes_after).");

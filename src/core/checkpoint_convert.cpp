@@ -159,9 +159,7 @@ uint64_t write_quantized_piece(SafetensorsStreamWriter& writer, const WeightPiec
   writer.write(specs[1].name, q.rowwise_scale.data(), q.rowwise_scale.nbytes());
   uint64_t bytes = q.rowwise_data.nbytes() + q.rowwise_scale.nbytes();
   if (specs.size() >= 3) {  // NVFP4 global scale: ModelOpt's decode 1/S_enc, or CT's S_enc
-    // (The serving conventions' decode is scale * global with the usual bound: conversion never
-    // quantizes with 4over6's 256.)
-    require(q.nvfp4_e4m3_max == 448, "a checkpoint's NVFP4 weights take the global-scale bound 448");
+    // (An engine decodes code * scale * global, whatever bound gave S_enc: 448, or 4over6's 256.)
     require(!q.row_scaled, "a checkpoint's NVFP4 weights take one global scale per tensor, not per row");
     const float s_enc = nvfp4_global_encode_scale(q.rowwise_amax, q.nvfp4_e4m3_max);
     const float global = ct ? s_enc : 1.0f / s_enc;
@@ -438,6 +436,16 @@ std::vector<TensorReport> convert_checkpoint(const std::string& input, const std
   QuantizeOptions qo;
   qo.scheme = scheme_of(o.format);
   qo.scale_mode = o.mx_scale_mode;
+  if (o.four_over_six != FourOverSix::Off || o.four_over_six_scaled_error || o.nvfp4_e4m3_max != 448) {
+    require(o.format == CheckpointFormat::NVFP4, "4over6 and the global-scale bound apply to nvfp4");
+    qo.four_over_six = o.four_over_six;
+    qo.four_over_six_scaled_error = o.four_over_six_scaled_error;
+    qo.nvfp4_e4m3_max = o.nvfp4_e4m3_max;
+    // Options quantize would refuse (an unknown mode, the bound 256 without 4over6), refused
+    // before anything is written: quantize's own checks, on a blockable stand-in input.
+    const Tensor stand_in(DType::F32, {16, 16});
+    validate_quantize(make_input_matrix(stand_in.view()), qo);
+  }
   validate_thread_count(o.num_threads);  // before anything is written, as quantize would
   qo.num_threads = o.num_threads;
   const bool w4a4 = !o.calibration.empty();

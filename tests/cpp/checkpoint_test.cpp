@@ -405,6 +405,67 @@ TEST(Checkpoint, RoundTripEveryConvention) {
   }
 }
 
+// TransformerEngine's 4over6 for a checkpoint's NVFP4 weights (ConvertOptions::four_over_six):
+// the files stay plain NVFP4, whose decode (code * scale * global) gives the library's own
+// dequantization of its 4over6 quantization; with MSE and the bound 448 no tensor's error grows.
+TEST(Checkpoint, FourOverSixWeightsAreReadAsPlainNvfp4) {
+  const fs::path model = make_model("four_over_six_in");
+  const Checkpoint original = Checkpoint::open(model.string());
+  ConvertOptions plain;
+  const std::vector<TensorReport> plain_reports =
+      convert_checkpoint(model.string(), fresh_dir("four_over_six_plain").string(), plain);
+  for (const Convention convention : {Convention::ModelOpt, Convention::CompressedTensors}) {
+    for (const int bound : {448, 256}) {
+      SCOPED_TRACE(std::string(convention_name(convention)) + " bound " + std::to_string(bound));
+      ConvertOptions o;
+      o.convention = convention;
+      o.four_over_six = bound == 448 ? FourOverSix::MinMse : FourOverSix::MinMae;
+      o.nvfp4_e4m3_max = bound;
+      const fs::path out = fresh_dir("four_over_six_" + std::to_string(bound) + convention_name(convention));
+      const std::vector<TensorReport> reports = convert_checkpoint(model.string(), out.string(), o);
+      const std::vector<DetectedWeight> weights = read_quantized_weights(Checkpoint::open(out.string()));
+      ASSERT_EQ(weights.size(), 2u);
+      for (const DetectedWeight& w : weights) {
+        const TensorView src = original.shard(original.shard(0).contains(w.name) ? 0 : 1).view(w.name);
+        QuantizeOptions qo;
+        qo.four_over_six = o.four_over_six;
+        qo.nvfp4_e4m3_max = bound;
+        const Tensor expected = dequantize(quantize(src, qo), Usage::Rowwise, DType::F32);
+        QuantizeOptions without = qo;
+        without.four_over_six = FourOverSix::Off;
+        without.nvfp4_e4m3_max = 448;
+        const Tensor usual = dequantize(quantize(src, without), Usage::Rowwise, DType::F32);
+        int64_t bad = 0, moved = 0;
+        for (int64_t i = 0; i < expected.numel(); ++i) {
+          const float a = w.values.data_as<float>()[i], b = expected.data_as<float>()[i];
+          const float tolerance = convention == Convention::CompressedTensors ? 3e-7f * std::fabs(b) : 0.0f;
+          bad += !(std::fabs(a - b) <= tolerance);
+          moved += a != usual.data_as<float>()[i];
+        }
+        EXPECT_EQ(bad, 0) << w.name;
+        EXPECT_GT(moved, 0) << w.name;  // 4over6 picked other scales for some blocks
+      }
+      for (size_t i = 0; i < reports.size(); ++i) {
+        if (reports[i].quantized && bound == 448) {
+          EXPECT_GE(reports[i].sqnr_db, plain_reports[i].sqnr_db - 0.01) << reports[i].name;
+        }
+      }
+    }
+  }
+  // What quantize refuses is refused before anything is written.
+  ConvertOptions mx;
+  mx.format = CheckpointFormat::MXFP8;
+  mx.four_over_six = FourOverSix::MinMae;
+  ConvertOptions bound_alone;
+  bound_alone.nvfp4_e4m3_max = 256;
+  for (const ConvertOptions& bad : {mx, bound_alone}) {
+    const fs::path out = testing_paths::temp_path("four_over_six_refused");
+    fs::remove_all(out);
+    EXPECT_THROW(convert_checkpoint(model.string(), out.string(), bad), Error);
+    EXPECT_FALSE(fs::exists(out));
+  }
+}
+
 TEST(Checkpoint, ConventionErrors) {
   EXPECT_THROW(check_supported(CheckpointFormat::NVFP4, Convention::GptOss), Error);
   EXPECT_THROW(check_supported(CheckpointFormat::MXFP4, Convention::ModelOpt), Error);

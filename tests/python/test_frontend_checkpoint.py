@@ -25,14 +25,16 @@ def make_model(path):
     return path
 
 
-@pytest.mark.parametrize("fmt,extra", [("nvfp4", []), ("mxfp8", ["--scale-mode", "floor"]),
-                                       ("mxfp4", ["--convention", "compressed-tensors"])])
-def test_the_same_files_as_the_cli(tmp_path, fmt, extra):
+@pytest.mark.parametrize("fmt,extra,kwargs", [
+    ("nvfp4", [], {}), ("mxfp8", ["--scale-mode", "floor"], {"scale_mode": "floor"}),
+    ("mxfp4", ["--convention", "compressed-tensors"], {"convention": "compressed-tensors"}),
+    ("nvfp4", ["--4over6", "MSE", "--e4m3-max", "256", "--4over6-scaled-error"],
+     {"four_over_six": "mse", "nvfp4_e4m3_max": 256, "four_over_six_scaled_error": True})])
+def test_the_same_files_as_the_cli(tmp_path, fmt, extra, kwargs):
     model = make_model(tmp_path / "model")
     cli = subprocess.run([CLI, "quantize", str(model), "-o", str(tmp_path / "cli"), "--format", fmt, "-q",
                           "--skip", "*q_proj*", *extra], capture_output=True, text=True)
     assert cli.returncode == 0, cli.stderr
-    kwargs = {"scale_mode": "floor"} if fmt == "mxfp8" else {"convention": "compressed-tensors"} if fmt == "mxfp4" else {}
     reports = ms.convert_checkpoint(model, tmp_path / "py", format=fmt, skip=["*q_proj*"], **kwargs)
     for name in sorted(os.listdir(tmp_path / "cli")):
         assert (tmp_path / "cli" / name).read_bytes() == (tmp_path / "py" / name).read_bytes(), name
@@ -70,7 +72,10 @@ def test_errors(tmp_path):
     model = make_model(tmp_path / "model")
     cases = [(dict(format="nvfp5"), "nvfp5"), (dict(format="nvfp4", scale_mode="floor"), "scale mode applies"),
              (dict(format="mxfp4", convention="modelopt"), "no mxfp4 layout"),
-             (dict(format="mxfp8", scale_mode="up"), "scale mode")]
+             (dict(format="mxfp8", scale_mode="up"), "scale mode"),
+             (dict(format="mxfp8", four_over_six="mae"), "apply to nvfp4"),
+             (dict(format="nvfp4", nvfp4_e4m3_max=256), "or 256 with 4over6"),
+             (dict(format="nvfp4", four_over_six="best"), "4over6")]
     for kwargs, match in cases:
         with pytest.raises(ms.Error, match=match):
             ms.convert_checkpoint(model, tmp_path / "o", **kwargs)
