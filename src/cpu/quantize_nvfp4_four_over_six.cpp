@@ -51,6 +51,7 @@ struct Candidates {
   std::vector<float> amax, value4, value6, enc4, enc6, error4, error6;
   std::vector<float> enc_per_element, value_per_element, terms;  // encode_candidate's
   std::vector<uint8_t> scale4, scale6, codes4, codes6;
+  std::vector<uint32_t> code4, code6;  // the scale codes, in 32-bit lanes (four_over_six_candidates)
   explicit Candidates(int64_t max_blocks)
       : amax(max_blocks),
         value4(max_blocks),
@@ -65,7 +66,9 @@ struct Candidates {
         scale4(max_blocks),
         scale6(max_blocks),
         codes4(max_blocks * kBlock),
-        codes6(max_blocks * kBlock) {}
+        codes6(max_blocks * kBlock),
+        code4(max_blocks),
+        code6(max_blocks) {}
 };
 
 // One candidate's codes and error for every block: x [blocks * 16], enc and value (the decoded
@@ -103,6 +106,26 @@ MICROSCALE_CPU_INLINE void encode_candidate(const float* __restrict x, int64_t b
   }
 }
 
+// Each block's two candidate scales from its amax: the E4M3 codes (in 32-bit lanes), their values
+// and the encode scales. NOTE: a function of its own, with __restrict parameters: inline, GCC could
+// not tell its eight arrays apart and did not vectorise the loop (a scalar E4M3 encode and division
+// per block and candidate, the largest share of the kernel's time).
+MICROSCALE_CPU_INLINE void candidate_scales(const float* __restrict amax, int64_t blocks, float s_enc,
+                                            float s_dec, uint32_t* __restrict code4,
+                                            uint32_t* __restrict code6, float* __restrict value4,
+                                            float* __restrict value6, float* __restrict enc4,
+                                            float* __restrict enc6) {
+  for (int64_t i = 0; i < blocks; ++i) {
+    const float base = four_over_six_base_scale(amax[i], s_enc);
+    code4[i] = E4M3Codec::encode_rn(four_over_six_map4_scale(base));
+    code6[i] = E4M3Codec::encode_rn(min_nonnegative(base, 448.0f));
+    value4[i] = e4m3_code_value(code4[i]);
+    value6[i] = e4m3_code_value(code6[i]);
+    enc4[i] = nvfp4_block_encode_scale(value4[i], s_dec);
+    enc6[i] = nvfp4_block_encode_scale(value6[i], s_dec);
+  }
+}
+
 // Both candidates of `blocks` consecutive blocks at `x`; block_amax (16x16 tiles) replaces their
 // own amaxes when given.
 MICROSCALE_CPU_DISPATCH void four_over_six_candidates(const float* x, int64_t blocks, const float* block_amax,
@@ -113,24 +136,15 @@ MICROSCALE_CPU_DISPATCH void four_over_six_candidates(const float* x, int64_t bl
   } else {
     for (int64_t i = 0; i < blocks; ++i) amax[i] = max_abs(x + i * kBlock, kBlock, 0.0f);
   }
-  uint8_t* __restrict scale4 = c.scale4.data();
-  uint8_t* __restrict scale6 = c.scale6.data();
-  float* __restrict value4 = c.value4.data();
-  float* __restrict value6 = c.value6.data();
-  float* __restrict enc4 = c.enc4.data();
-  float* __restrict enc6 = c.enc6.data();
+  candidate_scales(amax, blocks, g.s_enc, g.s_dec, c.code4.data(), c.code6.data(), c.value4.data(),
+                   c.value6.data(), c.enc4.data(), c.enc6.data());
   for (int64_t i = 0; i < blocks; ++i) {
-    const float base = four_over_six_base_scale(amax[i], g.s_enc);
-    scale4[i] = E4M3Codec::encode_rn(four_over_six_map4_scale(base));
-    scale6[i] = E4M3Codec::encode_rn(min_nonnegative(base, 448.0f));
-    value4[i] = e4m3_code_value(scale4[i]);
-    value6[i] = e4m3_code_value(scale6[i]);
-    enc4[i] = nvfp4_block_encode_scale(value4[i], g.s_dec);
-    enc6[i] = nvfp4_block_encode_scale(value6[i], g.s_dec);
+    c.scale4[i] = static_cast<uint8_t>(c.code4[i]);
+    c.scale6[i] = static_cast<uint8_t>(c.code6[i]);
   }
   const auto both = [&](auto encode) {
-    encode(x, blocks, enc4, value4, g, c, c.codes4.data(), c.error4.data());
-    encode(x, blocks, enc6, value6, g, c, c.codes6.data(), c.error6.data());
+    encode(x, blocks, c.enc4.data(), c.value4.data(), g, c, c.codes4.data(), c.error4.data());
+    encode(x, blocks, c.enc6.data(), c.value6.data(), g, c, c.codes6.data(), c.error6.data());
   };
   if (g.scaled_error) {
     g.squared ? both(encode_candidate<true, true>) : both(encode_candidate<true, false>);
