@@ -48,7 +48,7 @@ QuantizeOptions to_options(const Args& a) {
     if (!is_mx(o.scheme)) throw Error("--scale-mode applies to the MX schemes, not " + a.scheme);
     o.scale_mode = parse_scale_mode(*a.scale_mode);
   }
-  o.tile = parse_tile(a.tile);  // a tile of the other family is refused by quantize's checks
+  o.tile = parse_tile(a.tile, o.scheme);  // a tile of the other family is refused by quantize's checks
   o.rht = a.rht;
   // Neither flag: both usages, as TransformerEngine's quantizers produce by default.
   o.rowwise = a.rowwise || !a.columnwise;

@@ -208,7 +208,8 @@ struct ConvertOptions {
   /// NVFP4 only: the weights' blocks by TransformerEngine's 4over6 (each block the better of its
   /// usual scale and 1.5 times it, FourOverSix in quantize.hpp), with the global-scale bound
   /// `nvfp4_e4m3_max` (448, or TE's 4over6 default 256). The files are plain NVFP4 either way:
-  /// the global scale written is the tensor's own 1/S_enc (S_enc for compressed-tensors), so any
+  /// the global scale written is the tensor's (or its fused group's) 1/S_enc (S_enc for
+  /// compressed-tensors), so any
   /// engine's decode, code * scale * global, reads them.
   FourOverSix four_over_six = FourOverSix::Off;
   bool four_over_six_scaled_error = false;  ///< QuantizeOptions::four_over_six_scaled_error

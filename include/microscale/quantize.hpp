@@ -177,10 +177,10 @@ std::string_view scheme_name(Scheme scheme);
 Scheme parse_scheme(std::string_view name);
 std::string_view scale_mode_name(ScaleMode mode);
 ScaleMode parse_scale_mode(std::string_view name);
-/// @brief "1x16", "16x16", "32x32" and back ("1x32" parses to k1x16, MX's 1-D blocks). The parsers
-/// take any ASCII case.
+/// @brief "1x16", "16x16", "32x32" and back; for an MX `scheme`, "1x32" parses to k1x16 (MX's 1-D
+/// blocks by their own size; for nvfp4 it is an error). The parsers take any ASCII case.
 std::string_view tile_name(Tile tile);
-Tile parse_tile(std::string_view name);
+Tile parse_tile(std::string_view name, Scheme scheme);
 /// @brief "off", "mae", "mse" and back (TE's nvfp4_4over6_err_mode spells them MAE and MSE).
 std::string_view four_over_six_name(FourOverSix mode);
 FourOverSix parse_four_over_six(std::string_view name);

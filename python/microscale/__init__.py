@@ -134,7 +134,7 @@ def convert_checkpoint(input, output_dir, *, format, convention=None, skip=(), o
     return _C.convert_checkpoint(os.fspath(input), os.fspath(output_dir), format=format, convention=convention or "",
                                  skip=patterns(skip), only=patterns(only), default_skips=default_skips,
                                  scale_mode=scale_mode or "", calibration=os.fspath(calibration) if calibration else "",
-                                 num_threads=num_threads, four_over_six=four_over_six,
+                                 num_threads=num_threads, four_over_six=four_over_six or "off",
                                  four_over_six_scaled_error=four_over_six_scaled_error,
                                  nvfp4_e4m3_max=nvfp4_e4m3_max, progress=progress)
 

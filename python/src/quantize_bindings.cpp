@@ -27,7 +27,7 @@ QuantizeOptions make_options(const std::string& scheme, bool rowwise, bool colum
   o.rowwise = rowwise;
   o.columnwise = columnwise;
   o.scale_mode = parse_scale_mode(scale_mode);
-  o.tile = parse_tile(tile);
+  o.tile = parse_tile(tile, o.scheme);
   o.rht = rht;
   if (sr_seed) o.stochastic_rounding = StochasticRounding{*sr_seed, sr_offset};
   o.amax_rowwise = amax_rowwise;

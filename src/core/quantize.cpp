@@ -351,9 +351,12 @@ std::string_view tile_name(Tile tile) {
   throw Error("unknown tile id " + std::to_string(static_cast<int>(tile)));
 }
 
-Tile parse_tile(std::string_view name) {
+Tile parse_tile(std::string_view name, Scheme scheme) {
   const std::string lower = ascii_lowercase(name);
-  if (lower == "1x32") return Tile::k1x16;  // MX's 1-D blocks by their own size
+  if (lower == "1x32") {  // MX's 1-D blocks by their own size
+    require(is_mx(scheme), "nvfp4 takes 1x16 blocks or 16x16 tiles; 1x32 blocks are MX's");
+    return Tile::k1x16;
+  }
   for (Tile tile : {Tile::k1x16, Tile::k16x16, Tile::k32x32}) {
     if (tile_name(tile) == lower) return tile;
   }

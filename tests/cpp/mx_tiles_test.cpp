@@ -180,6 +180,29 @@ TEST(MxTiles, TileAmaxFromEveryPlace) {
   unsetenv("MICROSCALE_CPU_KERNELS");
 }
 
+// Rows wider than the 16-bit kernel's 256-column chunks (544: two whole chunks and one of 32), so
+// that a band's tiles come from several chunks.
+TEST(MxTiles, BandsOfSeveralChunks) {
+  for (const char* kernels : testing_data::kKernelSets) {
+    if (!testing_data::select_kernel_set(kernels)) continue;
+    Tensor x = random_tensor(DType::BF16, {64, 544}, Fill::Heavy, 12);
+    x.data_as<uint16_t>()[40 * 544 + 300] = float_to_bf16(5.0e4f);  // tile (1, 9), in the second chunk
+    for (Scheme scheme : kMxSchemes) {
+      for (ScaleMode mode : {ScaleMode::RCeil, ScaleMode::Floor}) {
+        QuantizeOptions o = tile_options(scheme, true, true);
+        o.scale_mode = mode;
+        const QuantizedTensor fast = quantize(x.view(), o), ref = quantize_ref(x.view(), o);
+        const std::string what = std::string(kernels) + " " + std::string(scheme_name(scheme));
+        EXPECT_TRUE(same_bytes(fast.rowwise_data, ref.rowwise_data)) << what;
+        EXPECT_TRUE(same_bytes(fast.rowwise_scale, ref.rowwise_scale)) << what;
+        EXPECT_TRUE(same_bytes(fast.columnwise_data, ref.columnwise_data)) << what;
+        EXPECT_TRUE(same_bytes(fast.columnwise_scale, ref.columnwise_scale)) << what;
+      }
+    }
+  }
+  unsetenv("MICROSCALE_CPU_KERNELS");
+}
+
 // A tile's scale is the 1-D blocks' scale of its largest element: quantizing a tile equals
 // quantizing rows whose block amax is the tile's. Checked through the rule itself: where a tile's
 // amax sits in row 0, the 1-D rowwise scale of row 0's block equals the tile's scale.
@@ -270,10 +293,11 @@ TEST(MxTiles, OptionsItDoesNotTake) {
   o.scheme = Scheme::MXFP8_E4M3;
   o.tile = Tile::k16x16;
   EXPECT_THROW(quantize(x.view(), o), Error);  // 16x16 tiles are NVFP4's
-  EXPECT_EQ(parse_tile("32X32"), Tile::k32x32);
-  EXPECT_EQ(parse_tile("1x32"), Tile::k1x16);
+  EXPECT_EQ(parse_tile("32X32", Scheme::MXFP8_E4M3), Tile::k32x32);
+  EXPECT_EQ(parse_tile("1x32", Scheme::MXFP4), Tile::k1x16);
+  EXPECT_THROW(parse_tile("1x32", Scheme::NVFP4), Error);  // 1x32 blocks are MX's
   EXPECT_EQ(tile_name(Tile::k32x32), "32x32");
-  EXPECT_THROW(parse_tile("32x16"), Error);
+  EXPECT_THROW(parse_tile("32x16", Scheme::MXFP8_E4M3), Error);
   // The shape rules are the 1-D ones: columnwise output needs M % 32 == 0.
   const Tensor ragged = random_tensor(DType::F32, {40, 64}, Fill::Normal, 1);
   EXPECT_THROW(quantize(ragged.view(), tile_options(Scheme::MXFP8_E4M3, true, true)), Error);

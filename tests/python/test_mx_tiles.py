@@ -65,6 +65,8 @@ def test_torch_op_and_its_checks():
         mst.quantize(x, "nvfp4", tile="32x32")
     with pytest.raises(ms.Error, match="16x16 tiles are nvfp4's"):
         mst.quantize(x, "mxfp8_e4m3", tile="16x16")
+    with pytest.raises(ms.Error, match="1x32 blocks are MX's"):
+        mst.quantize(x, "nvfp4", tile="1x32")
 
 
 def test_recipe_field():
