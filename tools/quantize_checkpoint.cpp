@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "four_over_six_options.hpp"
 #include "microscale/checkpoint.hpp"
 #include "microscale/error.hpp"
 #include "microscale/output_file.hpp"
@@ -20,10 +21,8 @@ namespace {
 
 struct QuantizeArgs {
   std::string input, output, format, convention, report, calibration;
-  std::optional<std::string> scale_mode;     // MX only; rceil when not given
-  std::optional<std::string> four_over_six;  // NVFP4 only
-  bool four_over_six_scaled_error = false;
-  int e4m3_max = 448;
+  std::optional<std::string> scale_mode;  // MX only; rceil when not given
+  FourOverSixArgs four_over_six;          // NVFP4 only; the files stay plain NVFP4
   std::vector<std::string> skip, only;
   bool no_default_skips = false, quiet = false;
   int threads = 0;
@@ -58,9 +57,9 @@ void run_quantize(const QuantizeArgs& a) {
   o.rules.only = a.only;
   o.num_threads = a.threads;
   o.calibration = a.calibration;
-  if (a.four_over_six) o.four_over_six = parse_four_over_six(*a.four_over_six);
-  o.four_over_six_scaled_error = a.four_over_six_scaled_error;
-  o.nvfp4_e4m3_max = a.e4m3_max;
+  if (a.four_over_six.mode) o.four_over_six = parse_four_over_six(*a.four_over_six.mode);
+  o.four_over_six_scaled_error = a.four_over_six.scaled_error;
+  o.nvfp4_e4m3_max = a.four_over_six.e4m3_max;
   const bool terminal = isatty(fileno(stderr)) != 0;
   if (!a.quiet)
     o.progress = [terminal](size_t d, size_t t, const TensorReport& r) { show_progress(d, t, r, terminal); };
@@ -154,14 +153,7 @@ void add_quantize_command(CLI::App& app) {
   cmd->add_flag("--no-default-skips", a->no_default_skips,
                 "also quantize embeddings, norms, lm_head, routers and gates (kept by default)");
   cmd->add_option("--scale-mode", a->scale_mode, "MX scale rule: rceil (default) | floor | ceil | even");
-  cmd->add_option("--4over6", a->four_over_six,
-                  "nvfp4: each block the better of its scale and 1.5 times it (TransformerEngine's "
-                  "nvfp4_4over6), by the error mae | mse; the files stay plain NVFP4");
-  cmd->add_flag("--4over6-scaled-error", a->four_over_six_scaled_error,
-                "nvfp4 --4over6: measure the error in the scaled domain (TE's ..._ERR_USE_FAST_MATH)");
-  cmd->add_option("--e4m3-max", a->e4m3_max,
-                  "nvfp4: E4M3 bound of the global scale, 448 (default) or 256 (TE's 4over6 default; needs "
-                  "--4over6)");
+  add_four_over_six_options(cmd, a->four_over_six);
   add_threads_option(cmd, a->threads);
   cmd->add_option("--report", a->report, "also write the report as JSON to this file");
   cmd->add_option(

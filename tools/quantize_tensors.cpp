@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "four_over_six_options.hpp"
 #include "microscale/error.hpp"
 #include "microscale/error_stats.hpp"
 #include "microscale/hadamard.hpp"
@@ -24,9 +25,7 @@ struct Args {
   std::optional<std::string> scale_mode;
   bool rht = false, rowwise = false, columnwise = false, swizzle = false;
   std::optional<std::string> sr_seed;  // parsed by parse_seed (CLI11 wraps negatives and overflows)
-  std::optional<std::string> four_over_six;
-  bool four_over_six_scaled_error = false;
-  int e4m3_max = 448;
+  FourOverSixArgs four_over_six;
   bool row_scaled = false;
   int threads = 0;
 };
@@ -56,12 +55,12 @@ QuantizeOptions to_options(const Args& a) {
   o.scale_layout = a.swizzle ? ScaleLayout::Swizzled : ScaleLayout::Compact;
   if (a.sr_seed) o.stochastic_rounding = StochasticRounding{parse_seed(*a.sr_seed), 0};
   o.num_threads = a.threads;
-  if (a.four_over_six) {
+  if (a.four_over_six.mode) {
     if (is_mx(o.scheme)) throw Error("--4over6 applies to nvfp4 only");
-    o.four_over_six = parse_four_over_six(*a.four_over_six);
+    o.four_over_six = parse_four_over_six(*a.four_over_six.mode);
   }
-  o.four_over_six_scaled_error = a.four_over_six_scaled_error;
-  o.nvfp4_e4m3_max = a.e4m3_max;
+  o.four_over_six_scaled_error = a.four_over_six.scaled_error;
+  o.nvfp4_e4m3_max = a.four_over_six.e4m3_max;
   if (a.row_scaled && is_mx(o.scheme)) throw Error("--row-scaled applies to nvfp4 only");
   o.row_scaled = a.row_scaled;
   return o;
@@ -188,14 +187,7 @@ void add_quantize_tensors_command(CLI::App& app) {
                 "write scales in the cuBLAS 128x4 swizzled layout (default compact)");
   cmd->add_option("--sr-seed", args->sr_seed,
                   "nvfp4: stochastic rounding with this Philox seed (0 to 2^64 - 1)");
-  cmd->add_option("--4over6", args->four_over_six,
-                  "nvfp4: per block, the better of the usual scale and 1.5 times it (TransformerEngine's "
-                  "nvfp4_4over6), by the error mae | mse");
-  cmd->add_flag("--4over6-scaled-error", args->four_over_six_scaled_error,
-                "nvfp4 --4over6: measure the error in the scaled domain (TE's ..._ERR_USE_FAST_MATH)");
-  cmd->add_option("--e4m3-max", args->e4m3_max,
-                  "nvfp4: E4M3 bound of the global scale, 448 (default) or 256 (TE's 4over6 default; needs "
-                  "--4over6)");
+  add_four_over_six_options(cmd, args->four_over_six);
   cmd->add_flag("--row-scaled", args->row_scaled,
                 "nvfp4 1x16: a global scale per row (x.rowwise_amax is F32 [M], x.columnwise_amax F32 [K]; "
                 "TransformerEngine's row_scaled_nvfp4)");

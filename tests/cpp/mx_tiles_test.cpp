@@ -39,6 +39,14 @@ QuantizeOptions tile_options(Scheme scheme, bool rowwise, bool columnwise) {
   return o;
 }
 
+// Every output of two quantizations byte for byte.
+void expect_same_outputs(const QuantizedTensor& fast, const QuantizedTensor& ref, const std::string& what) {
+  EXPECT_TRUE(same_bytes(fast.rowwise_data, ref.rowwise_data)) << what;
+  EXPECT_TRUE(same_bytes(fast.rowwise_scale, ref.rowwise_scale)) << what;
+  EXPECT_TRUE(same_bytes(fast.columnwise_data, ref.columnwise_data)) << what;
+  EXPECT_TRUE(same_bytes(fast.columnwise_scale, ref.columnwise_scale)) << what;
+}
+
 float value_at(const Tensor& x, int64_t i) {
   switch (x.dtype()) {
     case DType::F32: return x.data_as<float>()[i];
@@ -193,10 +201,7 @@ TEST(MxTiles, BandsOfSeveralChunks) {
         o.scale_mode = mode;
         const QuantizedTensor fast = quantize(x.view(), o), ref = quantize_ref(x.view(), o);
         const std::string what = std::string(kernels) + " " + std::string(scheme_name(scheme));
-        EXPECT_TRUE(same_bytes(fast.rowwise_data, ref.rowwise_data)) << what;
-        EXPECT_TRUE(same_bytes(fast.rowwise_scale, ref.rowwise_scale)) << what;
-        EXPECT_TRUE(same_bytes(fast.columnwise_data, ref.columnwise_data)) << what;
-        EXPECT_TRUE(same_bytes(fast.columnwise_scale, ref.columnwise_scale)) << what;
+        expect_same_outputs(fast, ref, what);
       }
     }
   }
@@ -237,10 +242,7 @@ TEST(MxTiles, RaggedEdgeTiles) {
         QuantizeOptions o = tile_options(scheme, rowwise, !rowwise);
         const QuantizedTensor fast = quantize(x.view(), o), ref = quantize_ref(x.view(), o);
         const std::string what = std::string(kernels) + " " + std::string(scheme_name(scheme));
-        EXPECT_TRUE(same_bytes(fast.rowwise_data, ref.rowwise_data)) << what;
-        EXPECT_TRUE(same_bytes(fast.rowwise_scale, ref.rowwise_scale)) << what;
-        EXPECT_TRUE(same_bytes(fast.columnwise_data, ref.columnwise_data)) << what;
-        EXPECT_TRUE(same_bytes(fast.columnwise_scale, ref.columnwise_scale)) << what;
+        expect_same_outputs(fast, ref, what);
         // The short tile's scale is its own amax's: put a large value there and see its scale move.
         Tensor y = random_tensor(DType::BF16, shape, Fill::Heavy, 9);  // x again, to change
         y.data_as<uint16_t>()[(rowwise ? 36 * 64 + 3 : 3 * 40 + 36)] = float_to_bf16(1.0e6f);
