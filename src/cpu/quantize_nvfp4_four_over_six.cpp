@@ -157,16 +157,11 @@ MICROSCALE_CPU_DISPATCH void four_over_six_candidates(const float* x, int64_t bl
   }
 }
 
-// Block i's pick: map to 4 where its error is smaller. With 16x16 tiles, the tile's: its blocks
-// are `tile_stride` apart (a band's rowwise blocks: K/16; its columnwise ones: 1), and
-// `tile_first(i)` is the first of block i's tile.
-template <typename TileFirst>
-bool pick_map4(const Candidates& c, int64_t i, bool tile_2d, int64_t tile_stride, TileFirst tile_first) {
-  if (!tile_2d) return c.error4[i] < c.error6[i];
-  const int64_t first = tile_first(i);
-  const auto stride = static_cast<int>(tile_stride);
-  return four_over_six_tile_error(&c.error4[first], stride) <
-         four_over_six_tile_error(&c.error6[first], stride);
+// A 16x16 tile's pick: map to 4 where the sum of its 16 blocks' errors is smaller. Its blocks start
+// at `first` and are `stride` apart (a band's rowwise blocks: K/16; its columnwise ones: 1).
+bool tile_picks_map4(const Candidates& c, int64_t first, int64_t stride) {
+  const auto s = static_cast<int>(stride);
+  return four_over_six_tile_error(&c.error4[first], s) < four_over_six_tile_error(&c.error6[first], s);
 }
 
 // The chosen candidates' codes packed two per byte, even element in the low nibble (packed
@@ -187,9 +182,10 @@ MICROSCALE_CPU_DISPATCH void pack_chosen(const uint8_t* __restrict pick, const u
   }
 }
 
-// Every block's pick (pick_map4), then its chosen codes and scale (pack_chosen) into c.packed and
-// c.chosen_scale. NOTE: loops over all the blocks, which vectorise without tiles, where a block at
-// a time (pick, pack and store) ran scalar, ~18 % of the call.
+// Every block's pick (map to 4 where its error, or with 16x16 tiles its tile's, is smaller; block
+// i's tile starts at tile_first(i)), then its chosen codes and scale (pack_chosen) into c.packed
+// and c.chosen_scale. NOTE: loops over all the blocks, which vectorise without tiles, where a
+// block at a time (pick, pack and store) ran scalar, ~18 % of the call.
 template <typename TileFirst>
 MICROSCALE_CPU_INLINE void choose(Candidates& c, int64_t blocks, bool tile_2d, int64_t tile_stride,
                                   TileFirst tile_first) {
@@ -197,7 +193,7 @@ MICROSCALE_CPU_INLINE void choose(Candidates& c, int64_t blocks, bool tile_2d, i
   if (tile_2d) {  // a tile's pick once, at its first block (tile_first(i) <= i), then copied
     for (int64_t i = 0; i < blocks; ++i) {
       const int64_t first = tile_first(i);
-      pick[i] = first == i ? pick_map4(c, i, true, tile_stride, tile_first) : pick[first];
+      pick[i] = first == i ? tile_picks_map4(c, i, tile_stride) : pick[first];
     }
   } else {
     const float* error4 = c.error4.data();
