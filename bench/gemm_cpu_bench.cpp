@@ -3,6 +3,8 @@
 // GFLOP/s = 2 M N K / time. NVFP4 x NVFP4 (both with amax) and MXFP8 E4M3 x MXFP8 E4M3, operands
 // quantized beforehand (the GEMM cost only: dequantizing panels + sgemm + epilogue), f32 output;
 // baseline: cblas_sgemm on fp32 operands of the same shape. Shapes 1024^3 and 2048^3.
+// mxfp8_wgrad multiplies two MXFP8 columnwise operands (TE's layout: codes not transposed, so the
+// GEMM reads each logical row down a column), as the Linear's weight gradient does.
 // The table printed last gives each GEMM's ratio to sgemm.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
@@ -43,13 +45,15 @@ void BM_sgemm(benchmark::State& state) {
       2.0 * s * s * s, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
 
-void BM_block_scaled(benchmark::State& state, Scheme scheme) {
+void BM_block_scaled(benchmark::State& state, Scheme scheme, Usage usage) {
   const int64_t s = state.range(0);
   const Tensor a = random_f32(s, s, 1), b = random_f32(s, s, 2);
   QuantizeOptions o;
   o.scheme = scheme;
+  o.rowwise = usage == Usage::Rowwise;
+  o.columnwise = usage == Usage::Columnwise;
   const QuantizedTensor qa = quantize(a.view(), o), qb = quantize(b.view(), o);
-  const GemmOperand oa = GemmOperand::from(qa, Usage::Rowwise), ob = GemmOperand::from(qb, Usage::Rowwise);
+  const GemmOperand oa = GemmOperand::from(qa, usage), ob = GemmOperand::from(qb, usage);
   Tensor d(DType::F32, {s, s});
   for (auto _ : state) {
     gemm_into(oa, ob, GemmProblem{}, d.view());
@@ -88,11 +92,15 @@ int main(int argc, char** argv) {
   const std::vector<int64_t> sizes = {1024, 2048};
   for (int64_t s : sizes) {
     benchmark::RegisterBenchmark("sgemm", BM_sgemm)->Arg(s)->UseRealTime()->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark("nvfp4", BM_block_scaled, Scheme::NVFP4)
+    benchmark::RegisterBenchmark("nvfp4", BM_block_scaled, Scheme::NVFP4, Usage::Rowwise)
         ->Arg(s)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark("mxfp8", BM_block_scaled, Scheme::MXFP8_E4M3)
+    benchmark::RegisterBenchmark("mxfp8", BM_block_scaled, Scheme::MXFP8_E4M3, Usage::Rowwise)
+        ->Arg(s)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("mxfp8_wgrad", BM_block_scaled, Scheme::MXFP8_E4M3, Usage::Columnwise)
         ->Arg(s)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
@@ -100,16 +108,16 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   TableReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
-  std::printf("\n%-8s %8s %10s %10s\n", "gemm", "M=N=K", "GFLOP/s", "vs sgemm");
+  std::printf("\n%-12s %8s %10s %10s\n", "gemm", "M=N=K", "GFLOP/s", "vs sgemm");
   for (int64_t s : sizes) {
     std::string suffix = "/";  // appended piece by piece: GCC 12's -Wrestrict false positive on "/" + ...
     suffix += std::to_string(s);
     suffix += "/real_time";
     const double base = reporter.rates["sgemm" + suffix];
-    for (const char* name : {"sgemm", "nvfp4", "mxfp8"}) {
+    for (const char* name : {"sgemm", "nvfp4", "mxfp8", "mxfp8_wgrad"}) {
       const double r = reporter.rates[name + suffix];
       if (r == 0) continue;  // filtered out
-      std::printf("%-8s %8lld %10.1f %9.2fx\n", name, static_cast<long long>(s), r / 1e9,
+      std::printf("%-12s %8lld %10.1f %9.2fx\n", name, static_cast<long long>(s), r / 1e9,
                   base > 0 ? r / base : 0.0);
     }
   }

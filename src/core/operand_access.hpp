@@ -1,8 +1,12 @@
 // OperandReader: element access to a validated GemmOperand (dense or block-scaled, any layout),
-// and exact dequantization of a K-panel to fp32 — the reference way to read an operand, shared by
-// the CPU GEMM and the tests.
+// and exact dequantization of a K-panel to fp32, shared by the CPU GEMM and the tests. at() is
+// the reference way to read an operand (a table lookup per code); panels are decoded by the
+// vectorised loops of cpu/panel_decode.hpp, the same fp32 products, so equal to at() bit for bit.
 #pragma once
 
+#include <omp.h>
+
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -10,6 +14,7 @@
 #include <vector>
 
 #include "core/fp_environment.hpp"
+#include "cpu/panel_decode.hpp"
 #include "microscale/error.hpp"
 #include "microscale/format.hpp"
 #include "microscale/gemm.hpp"
@@ -75,51 +80,48 @@ class OperandReader {
   }
 
   /// dequantize_panel's walk for callers that store the values their own way (the CPU GEMM's
-  /// bf16 panels): for every row r of the panel (rows in parallel, under IEEE subnormals), row
-  /// r's width values are written to target(r) (a float*), then done(r, target(r)) is called.
-  /// Returns the OR of done's results (unsigned). k0 and width are multiples of the block size.
-  /// Throws (after the panel) if the panel holds a byte that is not a code of the format.
+  /// bf16 panels): row r's width values are written to target(r) (a float*), then done(r,
+  /// target(r)) is called. Rows go in groups of kColumnGroup (groups in parallel, under IEEE
+  /// subnormals); target(r) of one group's rows must not overlap, and done may be called only
+  /// after the whole group is written. Returns the OR of done's results (unsigned). k0 and width
+  /// are multiples of the block size. Throws (after the panel) if the panel holds a byte that is
+  /// not a code of the format.
   template <class RowTarget, class RowDone>
   unsigned panel_rows(int64_t l, int64_t k0, int64_t width, RowTarget target, RowDone done) const {
     const int64_t n = rows();
+    const int64_t groups = (n + cpu::kColumnGroup - 1) / cpu::kColumnGroup;
+    const Walk walk = walk_of();
+    // Per thread: the block scales of a group's panel, [width / block][kColumnGroup] for a
+    // transposed operand, [width / block] for one row otherwise (sized here: nothing in the
+    // parallel region allocates).
+    const int64_t scales_per_thread = (width / block_) * cpu::kColumnGroup;
+    std::vector<float> scale_buffers(static_cast<size_t>(omp_get_max_threads() * scales_per_thread));
     unsigned seen_invalid = 0;  // OR of every code's invalid bits (checked once, after the threads)
     unsigned finished = 0;
-    if (!op_.quantized || op_.stored_transposed || data_strides_[1] != 1) {
-#pragma omp parallel reduction(| : seen_invalid, finished)
-      {
-        const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < n; ++r) {
-          float* dst = target(r);
-          for (int64_t j = 0; j < width; ++j) dst[j] = value_at(l, r, k0 + j, seen_invalid);
-          finished |= done(r, dst);
-        }
-      }
-      if (seen_invalid != 0) throw_invalid_codes();
-      return finished;
-    }
-    // K-major codes: one scale lookup per block, then a table decode per element.
-    const auto* bytes = static_cast<const uint8_t*>(op_.data.data);
-    const int64_t batch_offset = data_strides_.size() == 3 ? l * data_strides_[2] : 0;
 #pragma omp parallel reduction(| : seen_invalid, finished)
     {
       const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
+      float* scales = scale_buffers.data() + omp_get_thread_num() * scales_per_thread;
 #pragma omp for schedule(static)
-      for (int64_t r = 0; r < n; ++r) {
-        const uint8_t* row = bytes + r * data_strides_[0] + batch_offset;
-        float* dst = target(r);
-        for (int64_t kb = k0 / block_; kb < (k0 + width) / block_; ++kb) {
-          const float scale = block_scale(l, r, kb);
-          const int64_t first = kb * block_;
-          for (int64_t j = 0; j < block_; ++j) {
-            const int64_t k = first + j;
-            const uint8_t code =
-                packed_ ? static_cast<uint8_t>((row[k / 2] >> (4 * (k % 2))) & 0x0F) : row[k];
-            seen_invalid |= code & invalid_bits_;
-            dst[k - k0] = codes_[code] * scale;
-          }
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t r0 = g * cpu::kColumnGroup, r1 = std::min(n, r0 + cpu::kColumnGroup);
+        if (walk == Walk::ColumnCodes) {
+          seen_invalid |= column_group(l, r0, r1, k0, width, target, scales);
+          for (int64_t r = r0; r < r1; ++r) finished |= done(r, target(r));
+          continue;
         }
-        finished |= done(r, dst);
+        for (int64_t r = r0; r < r1; ++r) {
+          float* dst = target(r);
+          if (walk == Walk::RowCodes) {
+            for (int64_t kb = 0; kb < width / block_; ++kb) scales[kb] = block_scale(l, r, k0 / block_ + kb);
+            seen_invalid |= cpu::decode_row(op_.scheme, row_bytes(l, r), k0, width, scales, dst);
+          } else if (walk == Walk::DenseRows) {
+            cpu::dense_row(op_.dense.dtype, dense_row_at(l, r, k0), width, dst);
+          } else {
+            for (int64_t j = 0; j < width; ++j) dst[j] = value_at(l, r, k0 + j, seen_invalid);
+          }
+          finished |= done(r, dst);
+        }
       }
     }
     if (seen_invalid != 0) throw_invalid_codes();
@@ -127,6 +129,48 @@ class OperandReader {
   }
 
  private:
+  // How panel_rows reads the operand: codes of K-major rows (a row's codes contiguous), codes of a
+  // transposed operand (MX columnwise: a K index's codes of consecutive rows contiguous), dense
+  // rows with unit stride along K, or element by element (any other strides).
+  enum class Walk { RowCodes, ColumnCodes, DenseRows, Elements };
+
+  Walk walk_of() const {
+    if (data_strides_[1] != 1) return Walk::Elements;
+    if (!op_.quantized) return Walk::DenseRows;
+    return op_.stored_transposed ? Walk::ColumnCodes : Walk::RowCodes;
+  }
+
+  int64_t batch_offset(int64_t l) const { return data_strides_.size() == 3 ? l * data_strides_[2] : 0; }
+
+  // Codes of logical row r of a K-major operand.
+  const uint8_t* row_bytes(int64_t l, int64_t r) const {
+    return static_cast<const uint8_t*>(op_.data.data) + r * data_strides_[0] + batch_offset(l);
+  }
+
+  // Element (r, k) of a dense operand whose K stride is 1.
+  const void* dense_row_at(int64_t l, int64_t r, int64_t k) const {
+    const int64_t i = r * data_strides_[0] + k + batch_offset(l);
+    return static_cast<const char*>(op_.dense.data) + i * dtype_size(op_.dense.dtype);
+  }
+
+  // Rows [r0, r1) of a transposed operand, K indices [k0, k0 + width): block scales gathered into
+  // `scales` ([width / block][kColumnGroup]), then the group decoded into the rows' targets.
+  template <class RowTarget>
+  unsigned column_group(int64_t l, int64_t r0, int64_t r1, int64_t k0, int64_t width, RowTarget& target,
+                        float* scales) const {
+    const int rows = static_cast<int>(r1 - r0);
+    for (int64_t kb = 0; kb < width / block_; ++kb) {
+      for (int i = 0; i < cpu::kColumnGroup; ++i)
+        scales[kb * cpu::kColumnGroup + i] = i < rows ? block_scale(l, r0 + i, k0 / block_ + kb) : 0.0f;
+    }
+    std::array<float*, cpu::kColumnGroup> outputs{};
+    for (int i = 0; i < rows; ++i) outputs[i] = target(r0 + i);
+    // Stored (k0, r0): stored row k0, stored column r0 (FP4: byte r0 / 2; r0 is a multiple of 16).
+    const uint8_t* codes = static_cast<const uint8_t*>(op_.data.data) + k0 * data_strides_[0] +
+                           (packed_ ? r0 / 2 : r0) + batch_offset(l);
+    return cpu::decode_columns(op_.scheme, codes, data_strides_[0], rows, width, scales, outputs.data());
+  }
+
   // at() without the throw (callable inside a parallel region): ORs the code's invalid bits into
   // `seen_invalid`.
   float value_at(int64_t l, int64_t r, int64_t k, unsigned& seen_invalid) const {

@@ -19,6 +19,7 @@
 #include "core/operand_access.hpp"
 #include "cpu/gemm_bf16.hpp"
 #include "cpu/gemm_kernels.hpp"
+#include "cpu/panel_decode.hpp"
 #include "microscale/half.hpp"
 
 namespace microscale::cpu {
@@ -48,16 +49,21 @@ uint32_t to_bf16_row(const float* src, int64_t count, uint16_t* dst) {
 }
 
 /// dst [rows, width] = the operand's panel as bf16 bits, each row dequantized into a small fp32
-/// buffer of its thread's (in L1) and converted there: one pass over the panel's memory. Returns
-/// whether every value passed to_bf16_row's test (dst is then complete, else unusable).
+/// buffer of its thread's and converted there: one pass over the panel's memory. Returns whether
+/// every value passed to_bf16_row's test (dst is then complete, else unusable).
 bool bf16_panel(const OperandReader& reader, int64_t l, int64_t k0, int64_t width, uint16_t* dst) {
-  // One row buffer per OpenMP thread, sized here: nothing in the parallel region allocates.
+  // kColumnGroup row buffers per OpenMP thread (panel_rows decodes a transposed operand's rows a
+  // group at a time), sized here: nothing in the parallel region allocates.
   thread_local std::vector<float> rows;
   const auto threads = static_cast<size_t>(omp_get_max_threads());
-  rows.resize(std::max(rows.size(), threads * static_cast<size_t>(width)));
+  const auto per_thread = static_cast<size_t>(kColumnGroup * width);
+  rows.resize(std::max(rows.size(), threads * per_thread));
   float* buffers = rows.data();
   return reader.panel_rows(
-             l, k0, width, [buffers, width](int64_t) { return buffers + omp_get_thread_num() * width; },
+             l, k0, width,
+             [buffers, per_thread, width](int64_t r) {
+               return buffers + omp_get_thread_num() * per_thread + (r % kColumnGroup) * width;
+             },
              [dst, width](int64_t r, const float* row) {
                return to_bf16_row(row, width, dst + r * width);
              }) == 0;

@@ -1,0 +1,129 @@
+// Vectorised decode of a GEMM operand's codes into fp32 (see panel_decode.hpp). Each entry point is
+// compiled per x86-64 level (cpu_dispatch.hpp) with one loop per scheme inlined into it, so the
+// codec's integer/select steps become vector instructions of the CPU at hand.
+#include "cpu/panel_decode.hpp"
+
+#include <cstring>
+
+#include "core/element_codec.hpp"
+#include "cpu/cpu_dispatch.hpp"
+#include "microscale/half.hpp"
+
+namespace microscale::cpu {
+namespace {
+
+// The bits a byte of the format's codes never sets: a 6-bit code has its two high bits clear.
+template <class Codec>
+constexpr unsigned kInvalidBits = Codec::kWidth == 6 ? 0xC0u : 0u;
+
+template <class Codec, int kBlock>
+MICROSCALE_CPU_INLINE unsigned row_values(const uint8_t* row, int64_t first, int64_t count,
+                                          const float* block_scales, float* out) {
+  unsigned invalid = 0;
+  for (int64_t b = 0; b < count / kBlock; ++b) {
+    const float scale = block_scales[b];
+    float* block = out + b * kBlock;  // [kBlock]
+    if constexpr (Codec::kWidth == 4) {
+      const uint8_t* bytes = row + (first + b * kBlock) / 2;  // [kBlock / 2], two codes each
+      // The nibbles spread to a byte each (low nibble first: a 16-bit lane's low byte), so that
+      // the decode loop reads consecutive codes: decoding the pairs in place interleaved the
+      // stores, and GCC left that loop scalar.
+      alignas(64) uint16_t pairs[kBlock / 2];
+#pragma omp simd
+      for (int j = 0; j < kBlock / 2; ++j)
+        pairs[j] = static_cast<uint16_t>((bytes[j] & 0x0Fu) | ((bytes[j] & 0xF0u) << 4));
+      alignas(64) uint8_t codes[kBlock];
+      std::memcpy(codes, pairs, sizeof codes);
+#pragma omp simd
+      for (int j = 0; j < kBlock; ++j) block[j] = Codec::decode(codes[j]) * scale;
+    } else {
+      const uint8_t* bytes = row + first + b * kBlock;  // [kBlock]
+#pragma omp simd reduction(| : invalid)
+      for (int j = 0; j < kBlock; ++j) {
+        invalid |= bytes[j] & kInvalidBits<Codec>;
+        block[j] = Codec::decode(bytes[j]) * scale;
+      }
+    }
+  }
+  return invalid;
+}
+
+template <class Codec, int kBlock>
+MICROSCALE_CPU_INLINE unsigned column_values(const uint8_t* codes, int64_t stride, int rows, int64_t count,
+                                             const float* block_scales, float* const* out) {
+  constexpr int kGroup = kColumnGroup;
+  static_assert(kBlock % kGroup == 0, "a step of kGroup K indices lies in one block");
+  unsigned invalid = 0;
+  alignas(64) uint8_t group[kGroup];      // one K index's codes of the group's rows
+  alignas(64) float tile[kGroup][kGroup];  // [K index in the step][row]
+  for (int64_t k0 = 0; k0 < count; k0 += kGroup) {
+    const float* scales = block_scales + (k0 / kBlock) * kGroup;  // [kGroup], one per row
+    for (int kk = 0; kk < kGroup; ++kk) {
+      const uint8_t* bytes = codes + (k0 + kk) * stride;
+      if constexpr (Codec::kWidth == 4) {
+        std::memset(group, 0, sizeof group);
+        for (int i = 0; i < rows; ++i) group[i] = static_cast<uint8_t>((bytes[i / 2] >> (4 * (i % 2))) & 0x0F);
+      } else if (rows == kGroup) {
+        std::memcpy(group, bytes, kGroup);
+      } else {
+        std::memset(group, 0, sizeof group);
+        std::memcpy(group, bytes, static_cast<size_t>(rows));
+      }
+#pragma omp simd reduction(| : invalid)
+      for (int i = 0; i < kGroup; ++i) {
+        invalid |= group[i] & kInvalidBits<Codec>;
+        tile[kk][i] = Codec::decode(group[i]) * scales[i];
+      }
+    }
+    // The tile transposed into the rows' outputs.
+    for (int i = 0; i < rows; ++i) {
+      float* row = out[i] + k0;
+      for (int kk = 0; kk < kGroup; ++kk) row[kk] = tile[kk][i];
+    }
+  }
+  return invalid;
+}
+
+}  // namespace
+
+MICROSCALE_CPU_DISPATCH unsigned decode_row(Scheme scheme, const uint8_t* row, int64_t first, int64_t count,
+                                            const float* block_scales, float* out) {
+  switch (scheme) {
+    case Scheme::NVFP4: return row_values<E2M1Codec, 16>(row, first, count, block_scales, out);
+    case Scheme::MXFP8_E4M3: return row_values<E4M3Codec, 32>(row, first, count, block_scales, out);
+    case Scheme::MXFP8_E5M2: return row_values<E5M2Codec, 32>(row, first, count, block_scales, out);
+    case Scheme::MXFP6_E2M3: return row_values<E2M3Codec, 32>(row, first, count, block_scales, out);
+    case Scheme::MXFP6_E3M2: return row_values<E3M2Codec, 32>(row, first, count, block_scales, out);
+    case Scheme::MXFP4: return row_values<E2M1Codec, 32>(row, first, count, block_scales, out);
+  }
+  return 0;
+}
+
+MICROSCALE_CPU_DISPATCH unsigned decode_columns(Scheme scheme, const uint8_t* codes, int64_t stride, int rows,
+                                                int64_t count, const float* block_scales, float* const* out) {
+  switch (scheme) {
+    case Scheme::NVFP4: return column_values<E2M1Codec, 16>(codes, stride, rows, count, block_scales, out);
+    case Scheme::MXFP8_E4M3: return column_values<E4M3Codec, 32>(codes, stride, rows, count, block_scales, out);
+    case Scheme::MXFP8_E5M2: return column_values<E5M2Codec, 32>(codes, stride, rows, count, block_scales, out);
+    case Scheme::MXFP6_E2M3: return column_values<E2M3Codec, 32>(codes, stride, rows, count, block_scales, out);
+    case Scheme::MXFP6_E3M2: return column_values<E3M2Codec, 32>(codes, stride, rows, count, block_scales, out);
+    case Scheme::MXFP4: return column_values<E2M1Codec, 32>(codes, stride, rows, count, block_scales, out);
+  }
+  return 0;
+}
+
+MICROSCALE_CPU_DISPATCH void dense_row(DType dtype, const void* row, int64_t count, float* out) {
+  if (dtype == DType::BF16) {
+    const auto* bits = static_cast<const uint16_t*>(row);
+#pragma omp simd
+    for (int64_t j = 0; j < count; ++j) out[j] = bf16_to_float(bits[j]);
+  } else if (dtype == DType::F16) {
+    const auto* bits = static_cast<const uint16_t*>(row);
+#pragma omp simd
+    for (int64_t j = 0; j < count; ++j) out[j] = half_to_float(bits[j]);
+  } else {
+    std::memcpy(out, row, static_cast<size_t>(count) * sizeof(float));
+  }
+}
+
+}  // namespace microscale::cpu

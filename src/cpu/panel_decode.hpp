@@ -1,0 +1,37 @@
+// Vectorised decode of a GEMM operand's codes into fp32 values (the CPU GEMM's K-panels): each
+// element is its code's value (core/element_codec.hpp, branch-free) times its block's scale, the
+// same fp32 product OperandReader::at computes, so the two agree bit for bit. One decode per
+// element, in vector registers, where a table lookup per element left the panel's decode scalar.
+#pragma once
+
+#include <cstdint>
+
+#include "microscale/quantize.hpp"
+#include "microscale/tensor.hpp"
+
+namespace microscale::cpu {
+
+/// Rows of a transposed operand decoded together (decode_columns): a group's codes of one K index
+/// are contiguous bytes.
+constexpr int kColumnGroup = 16;
+
+/// out[j] = value(code of element first + j) * block_scales[j / block] for j < count, where
+/// `row` holds a K-major row's codes (one a byte; FP4: two a byte, the low nibble first), first
+/// and count are multiples of the scheme's block, and block_scales has count / block values.
+/// Returns the OR of the codes' bits that no code of the format sets (nonzero: invalid bytes).
+unsigned decode_row(Scheme scheme, const uint8_t* row, int64_t first, int64_t count, const float* block_scales,
+                    float* out);
+
+/// Rows r0 + i (i < rows <= kColumnGroup) of a transposed operand, whose codes are stored
+/// [K, stored row bytes] with logical row r in stored column r (FP4: nibble r % 2 of byte r / 2):
+/// out[i][j] = value(code of (K index j, row r0 + i)) * block_scales[(j / block) * kColumnGroup + i]
+/// for j < count (a multiple of the block). `codes` points at K index 0 of row r0 (r0 even for
+/// FP4), consecutive K indices `stride` bytes apart. Returns the OR of the invalid bits, as
+/// decode_row.
+unsigned decode_columns(Scheme scheme, const uint8_t* codes, int64_t stride, int rows, int64_t count,
+                        const float* block_scales, float* const* out);
+
+/// out[j] = the fp32 value of element j < count of a contiguous dense row (f32, bf16 or f16).
+void dense_row(DType dtype, const void* row, int64_t count, float* out);
+
+}  // namespace microscale::cpu
