@@ -10,7 +10,8 @@
 // 32 MiB) on the same thread counts. The table printed last gives each figure as a ratio to memcpy and to the
 // reference path. A second table: NVFP4 row+col of small inputs (16 x 4096 to 1024 x 1024 bf16) on one
 // thread, where a call's fixed costs (its threshold tables, its buffers) show, beside memcpy of the same
-// input.
+// input. A third: dequantize of one usage of the input (NVFP4 and MXFP8, rowwise and MXFP8's
+// columnwise, to bf16 or f32) on 1 and all threads beside memcpy and dequantize_ref.
 //
 // Run: build/release/bench/bench_quantize_cpu [--benchmark_format=json]  (takes about a minute)
 #include <benchmark/benchmark.h>
@@ -219,6 +220,42 @@ void BM_quantize(benchmark::State& state, Case c, Path path) {
   state.SetBytesProcessed(state.iterations() * moved);
 }
 
+// Dequantize of one usage of the 4096x4096 input, quantized beforehand: bytes = codes + scales read
+// + output written.
+struct DequantizeCase {
+  const char* name;
+  Scheme scheme;
+  Usage usage;
+  DType out;
+};
+
+const std::vector<DequantizeCase> kDequantizeCases = {
+    {"nvfp4_rowwise_bf16", Scheme::NVFP4, Usage::Rowwise, DType::BF16},
+    {"nvfp4_rowwise_f32", Scheme::NVFP4, Usage::Rowwise, DType::F32},
+    {"mxfp8_rowwise_bf16", Scheme::MXFP8_E4M3, Usage::Rowwise, DType::BF16},
+    {"mxfp8_columnwise_bf16", Scheme::MXFP8_E4M3, Usage::Columnwise, DType::BF16},
+};
+
+void BM_dequantize(benchmark::State& state, DequantizeCase c, Path path) {
+  QuantizeOptions o;
+  o.scheme = c.scheme;
+  o.rowwise = c.usage == Usage::Rowwise;
+  o.columnwise = c.usage == Usage::Columnwise;
+  const QuantizedTensor q = quantize(input().view(), o);
+  const int threads = static_cast<int>(state.range(0));
+  const int outer = omp_get_max_threads();
+  omp_set_num_threads(threads);  // dequantize runs on the OpenMP default team
+  int64_t moved = 0;
+  for (auto _ : state) {
+    const Tensor d =
+        path == Path::Reference ? dequantize_ref(q, c.usage, c.out) : dequantize(q, c.usage, c.out);
+    moved = output_bytes(q) + static_cast<int64_t>(d.nbytes());
+    benchmark::DoNotOptimize(d.data());
+  }
+  omp_set_num_threads(outer);
+  state.SetBytesProcessed(state.iterations() * moved);
+}
+
 // Collects bytes/second per benchmark name for the closing table: the median over repetitions
 // (a single run's figure when there is one repetition).
 class TableReporter : public benchmark::ConsoleReporter {
@@ -280,6 +317,21 @@ int main(int argc, char** argv) {
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   }
+  for (const DequantizeCase& c : kDequantizeCases) {
+    for (int threads : {1, all}) {
+      benchmark::RegisterBenchmark((std::string("dequantize/") + c.name).c_str(), BM_dequantize, c,
+                                   Path::Fast)
+          ->Arg(threads)
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+    benchmark::RegisterBenchmark((std::string("dequantize_ref/") + c.name).c_str(), BM_dequantize, c,
+                                 Path::Reference)
+        ->Arg(1)
+        ->Iterations(1)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
   for (const auto& [rows, cols] : kSmallShapes) {
     benchmark::RegisterBenchmark(small_name("small/memcpy", rows, cols).c_str(), BM_small_memcpy, rows, cols)
         ->UseRealTime()
@@ -331,6 +383,25 @@ int main(int argc, char** argv) {
                   ratio(fast, ref, 1).c_str(), ratio(fast, portable, 1).c_str());
     }
     if (portable > 0) std::printf("%-24s %8d %10.2f   (portable kernels)\n", c.name, 1, portable / 1e9);
+  }
+  bool dequantize_header = false;
+  for (const DequantizeCase& c : kDequantizeCases) {
+    const double ref = rate(std::string("dequantize_ref/") + c.name + "/1/iterations:1/real_time");
+    for (int threads : {1, all}) {
+      std::string suffix = "/";
+      suffix += std::to_string(threads);
+      suffix += "/real_time";
+      const double fast = rate(std::string("dequantize/") + c.name + suffix);
+      if (fast == 0) continue;
+      if (!dequantize_header) {
+        std::printf(
+            "\ndequantize, 4096x4096 quantized beforehand, GB/s = (codes + scales + output bytes) / time\n");
+        std::printf("%-24s %8s %10s %12s %12s\n", "case", "threads", "GB/s", "vs memcpy", "vs ref(1t)");
+        dequantize_header = true;
+      }
+      std::printf("%-24s %8d %10.2f %12s %12s\n", c.name, threads, fast / 1e9,
+                  ratio(fast, rate("memcpy" + suffix)).c_str(), ratio(fast, ref, 1).c_str());
+    }
   }
   std::printf("\nsmall calls: NVFP4 row+col, bf16, 1 thread, fast path; medians\n");
   std::printf("%-24s %12s %14s %12s\n", "shape", "us per call", "memcpy (us)", "vs memcpy");

@@ -204,6 +204,11 @@ QuantizedTensor quantize_ref(const TensorView& input, const QuantizeOptions& opt
 /// MX: code * 2^(e-127) (NaN when e = 0xFF), exact in fp32, rounded once to the output dtype.
 /// NVFP4: code * RN(scale_e4m3 * RN(1 / S_enc)) in fp32, then rounded to the output dtype
 /// (S_enc = 6 * q.nvfp4_e4m3_max / amax, with the row's amax when row_scaled).
+/// Throws Error for a byte that is no code of the element format (a 6-bit format's high bits set).
+/// Threads + vectorised; equal to dequantize_ref bit for bit.
 Tensor dequantize(const QuantizedTensor& q, Usage usage, DType out_dtype = DType::F32);
+
+/// @brief dequantize's reference path: plain single-threaded loops (a table lookup per element).
+Tensor dequantize_ref(const QuantizedTensor& q, Usage usage, DType out_dtype = DType::F32);
 
 }  // namespace microscale

@@ -1,7 +1,7 @@
 // OperandReader: element access to a validated GemmOperand (dense or block-scaled, any layout),
 // and exact dequantization of a K-panel to fp32, shared by the CPU GEMM and the tests. at() is
 // the reference way to read an operand (a table lookup per code); panels are decoded by the
-// vectorised loops of cpu/panel_decode.hpp, the same fp32 products, so equal to at() bit for bit.
+// vectorised loops of cpu/decode_codes.hpp, the same fp32 products, so equal to at() bit for bit.
 #pragma once
 
 #include <omp.h>
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "core/fp_environment.hpp"
-#include "cpu/panel_decode.hpp"
+#include "cpu/decode_codes.hpp"
 #include "microscale/error.hpp"
 #include "microscale/format.hpp"
 #include "microscale/gemm.hpp"

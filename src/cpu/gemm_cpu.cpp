@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "core/operand_access.hpp"
+#include "cpu/decode_codes.hpp"
 #include "cpu/gemm_bf16.hpp"
 #include "cpu/gemm_kernels.hpp"
-#include "cpu/panel_decode.hpp"
 #include "microscale/half.hpp"
 
 namespace microscale::cpu {

@@ -1,4 +1,4 @@
-// The CPU GEMM's panel decode (cpu/panel_decode.hpp through OperandReader::dequantize_panel)
+// The CPU GEMM's panel decode (cpu/decode_codes.hpp through OperandReader::dequantize_panel)
 // against OperandReader::at, the table-lookup reference, bit for bit: every scheme, K-major and
 // transposed (MX columnwise) codes, compact and swizzled scales, a batch dim, panels that start
 // past K index 0, a row count that leaves a partial group, every code and every scale byte.
@@ -64,13 +64,13 @@ TEST(PanelDecode, EqualsElementAccessForEverySchemeLayoutAndWalk) {
           // outermost in memory.
           const int64_t stored_rows = transposed ? kK : kRows, stored_cols = transposed ? kRows : kK;
           const int64_t stored_bytes = fp4 ? stored_cols / 2 : stored_cols;
-          std::vector<uint8_t> data = random_bytes(static_cast<size_t>(batches * stored_rows * stored_bytes),
-                                                   code_mask, seed++);
+          std::vector<uint8_t> data =
+              random_bytes(static_cast<size_t>(batches * stored_rows * stored_bytes), code_mask, seed++);
           const int64_t blocks = kK / block;
-          const int64_t scale_image = layout == ScaleLayout::Swizzled
-                                          ? swizzled_rows(kRows) * swizzled_cols(blocks)
-                                          : kRows * blocks;
-          std::vector<uint8_t> scales = random_bytes(static_cast<size_t>(batches * scale_image), 0xFF, seed++);
+          const int64_t scale_image =
+              layout == ScaleLayout::Swizzled ? swizzled_rows(kRows) * swizzled_cols(blocks) : kRows * blocks;
+          std::vector<uint8_t> scales =
+              random_bytes(static_cast<size_t>(batches * scale_image), 0xFF, seed++);
           GemmOperand op;
           op.quantized = true;
           op.scheme = scheme;
@@ -94,11 +94,13 @@ TEST(PanelDecode, EqualsElementAccessForEverySchemeLayoutAndWalk) {
           const OperandReader reader(op);
           ASSERT_EQ(reader.rows(), kRows);
           ASSERT_EQ(reader.k(), kK);
-          const std::string what = std::string(scheme_name(scheme)) + (transposed ? " transposed" : " K-major") +
-                                   (layout == ScaleLayout::Swizzled ? " swizzled" : " compact") + " batches " +
-                                   std::to_string(batches);
+          const std::string what = std::string(scheme_name(scheme)) +
+                                   (transposed ? " transposed" : " K-major") +
+                                   (layout == ScaleLayout::Swizzled ? " swizzled" : " compact") +
+                                   " batches " + std::to_string(batches);
           expect_panels_equal_at(reader, 0, kK, what);
-          expect_panels_equal_at(reader, 2 * block, kK - 2 * block, what + " (panel from K index 2 blocks in)");
+          expect_panels_equal_at(reader, 2 * block, kK - 2 * block,
+                                 what + " (panel from K index 2 blocks in)");
         }
       }
     }

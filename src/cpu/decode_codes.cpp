@@ -1,7 +1,7 @@
-// Vectorised decode of a GEMM operand's codes into fp32 (see panel_decode.hpp). Each entry point is
+// Vectorised decode of block-scaled codes into fp32 (see decode_codes.hpp). Each entry point is
 // compiled per x86-64 level (cpu_dispatch.hpp) with one loop per scheme inlined into it, so the
 // codec's integer/select steps become vector instructions of the CPU at hand.
-#include "cpu/panel_decode.hpp"
+#include "cpu/decode_codes.hpp"
 
 #include <cstring>
 
@@ -16,6 +16,18 @@ namespace {
 template <class Codec>
 constexpr unsigned kInvalidBits = Codec::kWidth == 6 ? 0xC0u : 0u;
 
+// codes[j] = FP4 code j of `bytes` (two a byte, the low nibble first), j < kCount. A nibble to a
+// byte each, so that a decode loop reads consecutive codes: decoding the pairs in place
+// interleaved the stores, and GCC left that loop scalar.
+template <int kCount>
+MICROSCALE_CPU_INLINE void spread_nibbles(const uint8_t* bytes, uint8_t* codes) {
+  alignas(64) uint16_t pairs[kCount / 2];  // low byte: the low nibble (little-endian)
+#pragma omp simd
+  for (int j = 0; j < kCount / 2; ++j)
+    pairs[j] = static_cast<uint16_t>((bytes[j] & 0x0Fu) | ((bytes[j] & 0xF0u) << 4));
+  std::memcpy(codes, pairs, kCount);
+}
+
 template <class Codec, int kBlock>
 MICROSCALE_CPU_INLINE unsigned row_values(const uint8_t* row, int64_t first, int64_t count,
                                           const float* block_scales, float* out) {
@@ -24,16 +36,8 @@ MICROSCALE_CPU_INLINE unsigned row_values(const uint8_t* row, int64_t first, int
     const float scale = block_scales[b];
     float* block = out + b * kBlock;  // [kBlock]
     if constexpr (Codec::kWidth == 4) {
-      const uint8_t* bytes = row + (first + b * kBlock) / 2;  // [kBlock / 2], two codes each
-      // The nibbles spread to a byte each (low nibble first: a 16-bit lane's low byte), so that
-      // the decode loop reads consecutive codes: decoding the pairs in place interleaved the
-      // stores, and GCC left that loop scalar.
-      alignas(64) uint16_t pairs[kBlock / 2];
-#pragma omp simd
-      for (int j = 0; j < kBlock / 2; ++j)
-        pairs[j] = static_cast<uint16_t>((bytes[j] & 0x0Fu) | ((bytes[j] & 0xF0u) << 4));
       alignas(64) uint8_t codes[kBlock];
-      std::memcpy(codes, pairs, sizeof codes);
+      spread_nibbles<kBlock>(row + (first + b * kBlock) / 2, codes);
 #pragma omp simd
       for (int j = 0; j < kBlock; ++j) block[j] = Codec::decode(codes[j]) * scale;
     } else {
@@ -48,13 +52,40 @@ MICROSCALE_CPU_INLINE unsigned row_values(const uint8_t* row, int64_t first, int
   return invalid;
 }
 
+template <class Codec>
+MICROSCALE_CPU_INLINE unsigned scaled_values(const uint8_t* bytes, int64_t count, const float* scales,
+                                             float* out) {
+  constexpr int kStep = 64;  // codes per step (FP4: spread from 32 bytes)
+  unsigned invalid = 0;
+  alignas(64) uint8_t codes[kStep];
+  for (int64_t j0 = 0; j0 < count; j0 += kStep) {
+    const int n = static_cast<int>(count - j0 < kStep ? count - j0 : kStep);
+    if constexpr (Codec::kWidth == 4) {
+      if (n == kStep) {
+        spread_nibbles<kStep>(bytes + j0 / 2, codes);
+      } else {
+        for (int j = 0; j < n; ++j)
+          codes[j] = static_cast<uint8_t>((bytes[(j0 + j) / 2] >> (4 * (j % 2))) & 0x0F);
+      }
+    } else {
+      std::memcpy(codes, bytes + j0, static_cast<size_t>(n));
+    }
+#pragma omp simd reduction(| : invalid)
+    for (int j = 0; j < n; ++j) {
+      invalid |= codes[j] & kInvalidBits<Codec>;
+      out[j0 + j] = Codec::decode(codes[j]) * scales[j0 + j];
+    }
+  }
+  return invalid;
+}
+
 template <class Codec, int kBlock>
 MICROSCALE_CPU_INLINE unsigned column_values(const uint8_t* codes, int64_t stride, int rows, int64_t count,
                                              const float* block_scales, float* const* out) {
   constexpr int kGroup = kColumnGroup;
   static_assert(kBlock % kGroup == 0, "a step of kGroup K indices lies in one block");
   unsigned invalid = 0;
-  alignas(64) uint8_t group[kGroup];      // one K index's codes of the group's rows
+  alignas(64) uint8_t group[kGroup];       // one K index's codes of the group's rows
   alignas(64) float tile[kGroup][kGroup];  // [K index in the step][row]
   for (int64_t k0 = 0; k0 < count; k0 += kGroup) {
     const float* scales = block_scales + (k0 / kBlock) * kGroup;  // [kGroup], one per row
@@ -62,7 +93,8 @@ MICROSCALE_CPU_INLINE unsigned column_values(const uint8_t* codes, int64_t strid
       const uint8_t* bytes = codes + (k0 + kk) * stride;
       if constexpr (Codec::kWidth == 4) {
         std::memset(group, 0, sizeof group);
-        for (int i = 0; i < rows; ++i) group[i] = static_cast<uint8_t>((bytes[i / 2] >> (4 * (i % 2))) & 0x0F);
+        for (int i = 0; i < rows; ++i)
+          group[i] = static_cast<uint8_t>((bytes[i / 2] >> (4 * (i % 2))) & 0x0F);
       } else if (rows == kGroup) {
         std::memcpy(group, bytes, kGroup);
       } else {
@@ -103,11 +135,28 @@ MICROSCALE_CPU_DISPATCH unsigned decode_columns(Scheme scheme, const uint8_t* co
                                                 int64_t count, const float* block_scales, float* const* out) {
   switch (scheme) {
     case Scheme::NVFP4: return column_values<E2M1Codec, 16>(codes, stride, rows, count, block_scales, out);
-    case Scheme::MXFP8_E4M3: return column_values<E4M3Codec, 32>(codes, stride, rows, count, block_scales, out);
-    case Scheme::MXFP8_E5M2: return column_values<E5M2Codec, 32>(codes, stride, rows, count, block_scales, out);
-    case Scheme::MXFP6_E2M3: return column_values<E2M3Codec, 32>(codes, stride, rows, count, block_scales, out);
-    case Scheme::MXFP6_E3M2: return column_values<E3M2Codec, 32>(codes, stride, rows, count, block_scales, out);
+    case Scheme::MXFP8_E4M3:
+      return column_values<E4M3Codec, 32>(codes, stride, rows, count, block_scales, out);
+    case Scheme::MXFP8_E5M2:
+      return column_values<E5M2Codec, 32>(codes, stride, rows, count, block_scales, out);
+    case Scheme::MXFP6_E2M3:
+      return column_values<E2M3Codec, 32>(codes, stride, rows, count, block_scales, out);
+    case Scheme::MXFP6_E3M2:
+      return column_values<E3M2Codec, 32>(codes, stride, rows, count, block_scales, out);
     case Scheme::MXFP4: return column_values<E2M1Codec, 32>(codes, stride, rows, count, block_scales, out);
+  }
+  return 0;
+}
+
+MICROSCALE_CPU_DISPATCH unsigned decode_scaled(Scheme scheme, const uint8_t* codes, int64_t count,
+                                               const float* scales, float* out) {
+  switch (scheme) {
+    case Scheme::NVFP4:
+    case Scheme::MXFP4: return scaled_values<E2M1Codec>(codes, count, scales, out);
+    case Scheme::MXFP8_E4M3: return scaled_values<E4M3Codec>(codes, count, scales, out);
+    case Scheme::MXFP8_E5M2: return scaled_values<E5M2Codec>(codes, count, scales, out);
+    case Scheme::MXFP6_E2M3: return scaled_values<E2M3Codec>(codes, count, scales, out);
+    case Scheme::MXFP6_E3M2: return scaled_values<E3M2Codec>(codes, count, scales, out);
   }
   return 0;
 }
@@ -123,6 +172,19 @@ MICROSCALE_CPU_DISPATCH void dense_row(DType dtype, const void* row, int64_t cou
     for (int64_t j = 0; j < count; ++j) out[j] = half_to_float(bits[j]);
   } else {
     std::memcpy(out, row, static_cast<size_t>(count) * sizeof(float));
+  }
+}
+
+MICROSCALE_CPU_DISPATCH void store_row(DType dtype, const float* in, int64_t count, void* out) {
+  if (dtype == DType::BF16) {
+    auto* bits = static_cast<uint16_t*>(out);
+#pragma omp simd
+    for (int64_t j = 0; j < count; ++j) bits[j] = float_to_bf16(in[j]);
+  } else if (dtype == DType::F16) {
+    auto* bits = static_cast<uint16_t*>(out);
+    for (int64_t j = 0; j < count; ++j) bits[j] = float_to_half(in[j]);  // (branches: stays scalar)
+  } else {
+    std::memcpy(out, in, static_cast<size_t>(count) * sizeof(float));
   }
 }
 

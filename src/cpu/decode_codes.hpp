@@ -1,7 +1,8 @@
-// Vectorised decode of a GEMM operand's codes into fp32 values (the CPU GEMM's K-panels): each
-// element is its code's value (core/element_codec.hpp, branch-free) times its block's scale, the
-// same fp32 product OperandReader::at computes, so the two agree bit for bit. One decode per
-// element, in vector registers, where a table lookup per element left the panel's decode scalar.
+// Vectorised decode of block-scaled codes into fp32 values (the CPU GEMM's K-panels, dequantize):
+// each element is its code's value (core/element_codec.hpp, branch-free) times its block's scale,
+// the same fp32 product as the reference paths' table lookups (OperandReader::at,
+// dequantize_ref), so they agree bit for bit. One decode per element, in vector registers, where a
+// table lookup per element left the loops scalar.
 #pragma once
 
 #include <cstdint>
@@ -19,8 +20,8 @@ constexpr int kColumnGroup = 16;
 /// `row` holds a K-major row's codes (one a byte; FP4: two a byte, the low nibble first), first
 /// and count are multiples of the scheme's block, and block_scales has count / block values.
 /// Returns the OR of the codes' bits that no code of the format sets (nonzero: invalid bytes).
-unsigned decode_row(Scheme scheme, const uint8_t* row, int64_t first, int64_t count, const float* block_scales,
-                    float* out);
+unsigned decode_row(Scheme scheme, const uint8_t* row, int64_t first, int64_t count,
+                    const float* block_scales, float* out);
 
 /// Rows r0 + i (i < rows <= kColumnGroup) of a transposed operand, whose codes are stored
 /// [K, stored row bytes] with logical row r in stored column r (FP4: nibble r % 2 of byte r / 2):
@@ -31,7 +32,15 @@ unsigned decode_row(Scheme scheme, const uint8_t* row, int64_t first, int64_t co
 unsigned decode_columns(Scheme scheme, const uint8_t* codes, int64_t stride, int rows, int64_t count,
                         const float* block_scales, float* const* out);
 
+/// out[j] = value(code j) * scales[j] for j < count: one scale per element (MX columnwise data,
+/// whose blocks run along the rows, read a row at a time). `codes` as decode_row's `row` from
+/// element 0 (count even for FP4). Returns the OR of the invalid bits, as decode_row.
+unsigned decode_scaled(Scheme scheme, const uint8_t* codes, int64_t count, const float* scales, float* out);
+
 /// out[j] = the fp32 value of element j < count of a contiguous dense row (f32, bf16 or f16).
 void dense_row(DType dtype, const void* row, int64_t count, float* out);
+
+/// out[j] = in[j] rounded once (RNE) to `dtype` (f32, bf16 or f16), for j < count.
+void store_row(DType dtype, const float* in, int64_t count, void* out);
 
 }  // namespace microscale::cpu
