@@ -48,9 +48,10 @@ TEST(Dequantize, EqualsReferenceOnEveryCodeAndScaleByte) {
   // 96 x 160: three MX blocks down the columns, 2.5 of the fast path's 64-code steps along a row.
   const Tensor x = random_tensor(DType::F32, {96, 160}, Fill::Normal, 3);
   uint32_t seed = 100;
-  for (const Variant& v : {Variant{Scheme::NVFP4}, Variant{Scheme::NVFP4, true}, Variant{Scheme::NVFP4, false, 256},
-                           Variant{Scheme::MXFP8_E4M3}, Variant{Scheme::MXFP8_E5M2}, Variant{Scheme::MXFP6_E2M3},
-                           Variant{Scheme::MXFP6_E3M2}, Variant{Scheme::MXFP4}}) {
+  for (const Variant& v :
+       {Variant{Scheme::NVFP4}, Variant{Scheme::NVFP4, true}, Variant{Scheme::NVFP4, false, 256},
+        Variant{Scheme::MXFP8_E4M3}, Variant{Scheme::MXFP8_E5M2}, Variant{Scheme::MXFP6_E2M3},
+        Variant{Scheme::MXFP6_E3M2}, Variant{Scheme::MXFP4}}) {
     const uint8_t code_mask = format_info(element_format(v.scheme)).bits == 6 ? 0x3F : 0xFF;
     for (ScaleLayout layout : {ScaleLayout::Compact, ScaleLayout::Swizzled}) {
       QuantizeOptions o;
