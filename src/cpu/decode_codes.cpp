@@ -79,10 +79,15 @@ MICROSCALE_CPU_INLINE unsigned row_values(const uint8_t* row, int64_t first, int
 #endif
     } else {
       const uint8_t* bytes = row + first + b * kBlock;  // [kBlock]
+      // The codes widened to 32-bit lanes first: with bytes in the decode loop, GCC sizes its
+      // vectors by the bytes (16 of them in 128 bits) and runs the codec's 32-bit steps 4 lanes
+      // wide; from 32-bit codes they run 8 (AVX2) or 16 (AVX-512) wide.
+      alignas(64) uint32_t codes[kBlock];
+      for (int j = 0; j < kBlock; ++j) codes[j] = bytes[j];
 #pragma omp simd reduction(| : invalid)
       for (int j = 0; j < kBlock; ++j) {
-        invalid |= bytes[j] & kInvalidBits<Codec>;
-        block[j] = Codec::decode(bytes[j]) * scale;
+        invalid |= codes[j] & kInvalidBits<Codec>;
+        block[j] = Codec::decode(codes[j]) * scale;
       }
     }
   }
@@ -94,19 +99,21 @@ MICROSCALE_CPU_INLINE unsigned scaled_values(const uint8_t* bytes, int64_t count
                                              float* out) {
   constexpr int kStep = 64;  // codes per step (FP4: spread from 32 bytes)
   unsigned invalid = 0;
-  alignas(64) uint8_t codes[kStep];
+  alignas(64) uint8_t spread[kStep];  // FP4: a code a byte
+  alignas(64) uint32_t codes[kStep];  // 32-bit lanes for the decode (see row_values)
   for (int64_t j0 = 0; j0 < count; j0 += kStep) {
     const int n = static_cast<int>(count - j0 < kStep ? count - j0 : kStep);
+    const uint8_t* step = bytes + j0;  // [n] one code a byte
     if constexpr (Codec::kWidth == 4) {
       if (n == kStep) {
-        spread_nibbles<kStep>(bytes + j0 / 2, codes);
+        spread_nibbles<kStep>(bytes + j0 / 2, spread);
       } else {
         for (int j = 0; j < n; ++j)
-          codes[j] = static_cast<uint8_t>((bytes[(j0 + j) / 2] >> (4 * (j % 2))) & 0x0F);
+          spread[j] = static_cast<uint8_t>((bytes[(j0 + j) / 2] >> (4 * (j % 2))) & 0x0F);
       }
-    } else {
-      std::memcpy(codes, bytes + j0, static_cast<size_t>(n));
+      step = spread;
     }
+    for (int j = 0; j < n; ++j) codes[j] = step[j];
 #pragma omp simd reduction(| : invalid)
     for (int j = 0; j < n; ++j) {
       invalid |= codes[j] & kInvalidBits<Codec>;
@@ -138,10 +145,12 @@ MICROSCALE_CPU_INLINE unsigned column_values(const uint8_t* codes, int64_t strid
         std::memset(group, 0, sizeof group);
         std::memcpy(group, bytes, static_cast<size_t>(rows));
       }
+      alignas(64) uint32_t group_codes[kGroup];  // 32-bit lanes for the decode (see row_values)
+      for (int i = 0; i < kGroup; ++i) group_codes[i] = group[i];
 #pragma omp simd reduction(| : invalid)
       for (int i = 0; i < kGroup; ++i) {
-        invalid |= group[i] & kInvalidBits<Codec>;
-        tile[kk][i] = Codec::decode(group[i]) * scales[i];
+        invalid |= group_codes[i] & kInvalidBits<Codec>;
+        tile[kk][i] = Codec::decode(group_codes[i]) * scales[i];
       }
     }
     // The tile transposed into the rows' outputs.
