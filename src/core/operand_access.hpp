@@ -15,6 +15,7 @@
 
 #include "core/fp_environment.hpp"
 #include "cpu/decode_codes.hpp"
+#include "cpu/dense_rows.hpp"
 #include "microscale/error.hpp"
 #include "microscale/format.hpp"
 #include "microscale/gemm.hpp"
@@ -81,19 +82,18 @@ class OperandReader {
 
   /// dequantize_panel's walk for callers that store the values their own way (the CPU GEMM's
   /// bf16 panels): row r's width values are written to target(r) (a float*), then done(r,
-  /// target(r)) is called. Rows go in groups of kColumnGroup (groups in parallel, under IEEE
-  /// subnormals); target(r) of one group's rows must not overlap, and done may be called only
-  /// after the whole group is written. Returns the OR of done's results (unsigned). k0 and width
-  /// are multiples of the block size. Throws (after the panel) if the panel holds a byte that is
-  /// not a code of the format.
+  /// target(r)) is called (under IEEE subnormals, on the OpenMP team). Rows go in parallel, except
+  /// that a transposed operand's are decoded kColumnGroup at a time (one K index's codes of
+  /// consecutive rows are contiguous): so target(r) of rows in one aligned group of kColumnGroup
+  /// must not overlap, and a group's done calls may come after all its rows are written.
+  /// Returns the OR of done's results (unsigned). k0 and width are multiples of the block size.
+  /// Throws (after the panel) if the panel holds a byte that is not a code of the format.
   template <class RowTarget, class RowDone>
   unsigned panel_rows(int64_t l, int64_t k0, int64_t width, RowTarget target, RowDone done) const {
     const int64_t n = rows();
-    const int64_t groups = (n + cpu::kColumnGroup - 1) / cpu::kColumnGroup;
     const Walk walk = walk_of();
-    // Per thread: the block scales of a group's panel, [width / block][kColumnGroup] for a
-    // transposed operand, [width / block] for one row otherwise (sized here: nothing in the
-    // parallel region allocates).
+    // Per thread: the block scales of a row ([width / block]) or of a transposed group's rows
+    // ([width / block][kColumnGroup]), sized here: nothing in the parallel region allocates.
     const int64_t scales_per_thread = (width / block_) * cpu::kColumnGroup;
     std::vector<float> scale_buffers(static_cast<size_t>(omp_get_max_threads() * scales_per_thread));
     unsigned seen_invalid = 0;  // OR of every code's invalid bits (checked once, after the threads)
@@ -102,15 +102,17 @@ class OperandReader {
     {
       const IeeeSubnormals ieee;  // per thread (fp_environment.hpp)
       float* scales = scale_buffers.data() + omp_get_thread_num() * scales_per_thread;
+      if (walk == Walk::ColumnCodes) {
+        const int64_t groups = (n + cpu::kColumnGroup - 1) / cpu::kColumnGroup;
 #pragma omp for schedule(static)
-      for (int64_t g = 0; g < groups; ++g) {
-        const int64_t r0 = g * cpu::kColumnGroup, r1 = std::min(n, r0 + cpu::kColumnGroup);
-        if (walk == Walk::ColumnCodes) {
+        for (int64_t g = 0; g < groups; ++g) {
+          const int64_t r0 = g * cpu::kColumnGroup, r1 = std::min(n, r0 + cpu::kColumnGroup);
           seen_invalid |= column_group(l, r0, r1, k0, width, target, scales);
           for (int64_t r = r0; r < r1; ++r) finished |= done(r, target(r));
-          continue;
         }
-        for (int64_t r = r0; r < r1; ++r) {
+      } else {
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < n; ++r) {
           float* dst = target(r);
           if (walk == Walk::RowCodes) {
             for (int64_t kb = 0; kb < width / block_; ++kb) scales[kb] = block_scale(l, r, k0 / block_ + kb);

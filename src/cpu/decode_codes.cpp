@@ -7,7 +7,6 @@
 
 #include "core/element_codec.hpp"
 #include "cpu/cpu_dispatch.hpp"
-#include "microscale/half.hpp"
 
 namespace microscale::cpu {
 namespace {
@@ -103,7 +102,7 @@ MICROSCALE_CPU_INLINE unsigned scaled_values(const uint8_t* bytes, int64_t count
   alignas(64) uint32_t codes[kStep];  // 32-bit lanes for the decode (see row_values)
   for (int64_t j0 = 0; j0 < count; j0 += kStep) {
     const int n = static_cast<int>(count - j0 < kStep ? count - j0 : kStep);
-    const uint8_t* step = bytes + j0;  // [n] one code a byte
+    const uint8_t* step = spread;  // [n] one code a byte
     if constexpr (Codec::kWidth == 4) {
       if (n == kStep) {
         spread_nibbles<kStep>(bytes + j0 / 2, spread);
@@ -111,7 +110,8 @@ MICROSCALE_CPU_INLINE unsigned scaled_values(const uint8_t* bytes, int64_t count
         for (int j = 0; j < n; ++j)
           spread[j] = static_cast<uint8_t>((bytes[(j0 + j) / 2] >> (4 * (j % 2))) & 0x0F);
       }
-      step = spread;
+    } else {
+      step = bytes + j0;
     }
     for (int j = 0; j < n; ++j) codes[j] = step[j];
 #pragma omp simd reduction(| : invalid)
@@ -205,33 +205,6 @@ MICROSCALE_CPU_DISPATCH unsigned decode_scaled(Scheme scheme, const uint8_t* cod
     case Scheme::MXFP6_E3M2: return scaled_values<E3M2Codec>(codes, count, scales, out);
   }
   return 0;
-}
-
-MICROSCALE_CPU_DISPATCH void dense_row(DType dtype, const void* row, int64_t count, float* out) {
-  if (dtype == DType::BF16) {
-    const auto* bits = static_cast<const uint16_t*>(row);
-#pragma omp simd
-    for (int64_t j = 0; j < count; ++j) out[j] = bf16_to_float(bits[j]);
-  } else if (dtype == DType::F16) {
-    const auto* bits = static_cast<const uint16_t*>(row);
-#pragma omp simd
-    for (int64_t j = 0; j < count; ++j) out[j] = half_to_float(bits[j]);
-  } else {
-    std::memcpy(out, row, static_cast<size_t>(count) * sizeof(float));
-  }
-}
-
-MICROSCALE_CPU_DISPATCH void store_row(DType dtype, const float* in, int64_t count, void* out) {
-  if (dtype == DType::BF16) {
-    auto* bits = static_cast<uint16_t*>(out);
-#pragma omp simd
-    for (int64_t j = 0; j < count; ++j) bits[j] = float_to_bf16(in[j]);
-  } else if (dtype == DType::F16) {
-    auto* bits = static_cast<uint16_t*>(out);
-    for (int64_t j = 0; j < count; ++j) bits[j] = float_to_half(in[j]);  // (branches: stays scalar)
-  } else {
-    std::memcpy(out, in, static_cast<size_t>(count) * sizeof(float));
-  }
 }
 
 }  // namespace microscale::cpu

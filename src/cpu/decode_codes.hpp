@@ -1,14 +1,14 @@
 // Vectorised decode of block-scaled codes into fp32 values (the CPU GEMM's K-panels, dequantize):
 // each element is its code's value (core/element_codec.hpp, branch-free) times its block's scale,
 // the same fp32 product as the reference paths' table lookups (OperandReader::at,
-// dequantize_ref), so they agree bit for bit. One decode per element, in vector registers, where a
-// table lookup per element left the loops scalar.
+// dequantize_ref), so they agree bit for bit (a NaN's bits aside where a NaN code meets a NaN
+// scale: which one a product passes on is the multiply's operand order). One decode per element,
+// in vector registers, where a table lookup per element left the loops scalar.
 #pragma once
 
 #include <cstdint>
 
 #include "microscale/quantize.hpp"
-#include "microscale/tensor.hpp"
 
 namespace microscale::cpu {
 
@@ -36,11 +36,5 @@ unsigned decode_columns(Scheme scheme, const uint8_t* codes, int64_t stride, int
 /// whose blocks run along the rows, read a row at a time). `codes` as decode_row's `row` from
 /// element 0 (count even for FP4). Returns the OR of the invalid bits, as decode_row.
 unsigned decode_scaled(Scheme scheme, const uint8_t* codes, int64_t count, const float* scales, float* out);
-
-/// out[j] = the fp32 value of element j < count of a contiguous dense row (f32, bf16 or f16).
-void dense_row(DType dtype, const void* row, int64_t count, float* out);
-
-/// out[j] = in[j] rounded once (RNE) to `dtype` (f32, bf16 or f16), for j < count.
-void store_row(DType dtype, const float* in, int64_t count, void* out);
 
 }  // namespace microscale::cpu

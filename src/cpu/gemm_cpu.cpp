@@ -48,12 +48,13 @@ uint32_t to_bf16_row(const float* src, int64_t count, uint16_t* dst) {
   return unfit;
 }
 
-/// dst [rows, width] = the operand's panel as bf16 bits, each row dequantized into a small fp32
+/// dst [rows, width] = the operand's panel as bf16 bits, each row dequantized into an fp32 row
 /// buffer of its thread's and converted there: one pass over the panel's memory. Returns whether
 /// every value passed to_bf16_row's test (dst is then complete, else unusable).
 bool bf16_panel(const OperandReader& reader, int64_t l, int64_t k0, int64_t width, uint16_t* dst) {
   // kColumnGroup row buffers per OpenMP thread (panel_rows decodes a transposed operand's rows a
-  // group at a time), sized here: nothing in the parallel region allocates.
+  // group at a time; width x 4 bytes each, 256 KiB a thread at the longest panel), sized here:
+  // nothing in the parallel region allocates.
   thread_local std::vector<float> rows;
   const auto threads = static_cast<size_t>(omp_get_max_threads());
   const auto per_thread = static_cast<size_t>(kColumnGroup * width);

@@ -60,17 +60,22 @@ std::vector<float> subnormal_rows(bool normal_first_row) {
 
 struct Outputs {
   QuantizedTensor fast, ref;
-  std::vector<float> dequantized, product;
+  // Per usage (rowwise, columnwise): the fast path's dequantized values and the product of the
+  // usage's operand with itself (MX columnwise: the GEMM's transposed walk).
+  std::vector<float> dequantized[2], product[2];
 };
 
 Outputs run_all(const TensorView& x, const QuantizeOptions& o) {
   Outputs r;
   r.fast = quantize(x, o);
   r.ref = quantize_ref(x, o);
-  const Tensor d = dequantize(r.fast, Usage::Rowwise);
-  r.dequantized.assign(d.data_as<float>(), d.data_as<float>() + d.numel());
-  const Tensor p = gemm(GemmOperand::from(r.fast, Usage::Rowwise), GemmOperand::from(r.fast, Usage::Rowwise));
-  r.product.assign(p.data_as<float>(), p.data_as<float>() + p.numel());
+  for (const Usage usage : {Usage::Rowwise, Usage::Columnwise}) {
+    const int u = usage == Usage::Rowwise ? 0 : 1;
+    const Tensor d = dequantize(r.fast, usage);
+    r.dequantized[u].assign(d.data_as<float>(), d.data_as<float>() + d.numel());
+    const Tensor p = gemm(GemmOperand::from(r.fast, usage), GemmOperand::from(r.fast, usage));
+    r.product[u].assign(p.data_as<float>(), p.data_as<float>() + p.numel());
+  }
   return r;
 }
 
@@ -120,8 +125,12 @@ TEST(FpEnvironment, CallersFlushToZeroChangesNoByte) {
             EXPECT_EQ(float_bits(q->rowwise_amax), float_bits(ieee.ref.rowwise_amax)) << what;
             EXPECT_EQ(float_bits(q->columnwise_amax), float_bits(ieee.ref.columnwise_amax)) << what;
           }
-          EXPECT_TRUE(same_floats(flushed.dequantized, ieee.dequantized)) << what << ": dequantize";
-          EXPECT_TRUE(same_floats(flushed.product, ieee.product)) << what << ": gemm";
+          for (const int u : {0, 1}) {
+            const std::string usage = u == 0 ? " rowwise" : " columnwise";
+            EXPECT_TRUE(same_floats(flushed.dequantized[u], ieee.dequantized[u]))
+                << what << ": dequantize" << usage;
+            EXPECT_TRUE(same_floats(flushed.product[u], ieee.product[u])) << what << ": gemm" << usage;
+          }
         }
       }
     }
