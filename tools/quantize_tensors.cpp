@@ -140,10 +140,9 @@ void run(const Args& a) {
   };
   if (is_mx(options.scheme)) {
     metadata["microscale.scale_mode"] = std::string(scale_mode_name(options.scale_mode));
-    metadata["microscale.tile"] = options.tile == Tile::k32x32 ? "32x32" : "1x32";
   }
+  metadata["microscale.tile"] = std::string(tile_name(options.tile, options.scheme));
   if (!is_mx(options.scheme)) {
-    metadata["microscale.tile"] = std::string(tile_name(options.tile));
     metadata["microscale.rht"] = options.rht && options.columnwise ? "true" : "false";  // as applied
     if (options.stochastic_rounding)
       metadata["microscale.sr_seed"] = std::to_string(options.stochastic_rounding->seed);

@@ -180,6 +180,9 @@ ScaleMode parse_scale_mode(std::string_view name);
 /// @brief "1x16", "16x16", "32x32" and back; for an MX `scheme`, "1x32" parses to k1x16 (MX's 1-D
 /// blocks by their own size; for nvfp4 it is an error). The parsers take any ASCII case.
 std::string_view tile_name(Tile tile);
+/// @brief The name a user of `scheme` writes: as tile_name, but "1x32" for MX's 1-D blocks (what the
+/// CLI's metadata and Python's `tile` properties show; parse_tile reads it back for that scheme).
+std::string_view tile_name(Tile tile, Scheme scheme);
 Tile parse_tile(std::string_view name, Scheme scheme);
 /// @brief "off", "mae", "mse" and back (TE's nvfp4_4over6_err_mode spells them MAE and MSE).
 std::string_view four_over_six_name(FourOverSix mode);

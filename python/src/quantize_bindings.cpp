@@ -135,7 +135,7 @@ void bind_quantize(nb::module_& m) {
       .def_ro("columnwise", &QuantizeOptions::columnwise)
       .def_prop_ro("scale_mode",
                    [](const QuantizeOptions& o) { return std::string(scale_mode_name(o.scale_mode)); })
-      .def_prop_ro("tile", [](const QuantizeOptions& o) { return std::string(tile_name(o.tile)); })
+      .def_prop_ro("tile", [](const QuantizeOptions& o) { return std::string(tile_name(o.tile, o.scheme)); })
       .def_ro("rht", &QuantizeOptions::rht)
       .def_prop_ro("four_over_six",
                    [](const QuantizeOptions& o) { return std::string(four_over_six_name(o.four_over_six)); })
@@ -153,7 +153,7 @@ void bind_quantize(nb::module_& m) {
   nb::class_<QuantizedTensor>(m, "QuantizedTensor",
                               "Data + scales (+ NVFP4 amaxes) of a quantization; arrays share its memory.")
       .def_prop_ro("scheme", [](const QuantizedTensor& q) { return std::string(scheme_name(q.scheme)); })
-      .def_prop_ro("tile", [](const QuantizedTensor& q) { return std::string(tile_name(q.tile)); })
+      .def_prop_ro("tile", [](const QuantizedTensor& q) { return std::string(tile_name(q.tile, q.scheme)); })
       .def_ro("rht", &QuantizedTensor::rht)
       .def_ro("nvfp4_e4m3_max", &QuantizedTensor::nvfp4_e4m3_max)
       .def_ro("row_scaled", &QuantizedTensor::row_scaled)

@@ -58,7 +58,7 @@ Tensor dequantize_blocks(const SafetensorsEntry& data, bool fp4, const Safetenso
   return out;
 }
 
-float e8m0(uint8_t b) { return b == 0xFF ? NAN : std::ldexp(1.0f, b - 127); }
+float e8m0(uint8_t b) { return decode(Format::E8M0, b); }  // 2^(b - 127), NaN for 0xFF
 
 float scalar_f32(const SafetensorsEntry& e) {
   if (e.dtype != "F32" || e.nbytes != 4) throw Error("tensor '" + e.name + "' must be one F32 value");

@@ -74,17 +74,6 @@ float nvfp4_s_dec(const QuantizedTensor& q, Usage usage, int64_t r) {
   return 1.0f / nvfp4_global_encode_scale(q.amax_of_row(usage, r), q.nvfp4_e4m3_max);
 }
 
-// Scale byte -> its value: E4M3 (NVFP4), or 2^(s - 127) (MX; its NaN byte 0xFF gives Inf here, and
-// the callers write the canonical NaN). A code's value is multiplied by value * s_dec (NVFP4) or
-// by the value (MX).
-std::array<float, 256> scale_values(Scheme scheme) {
-  const bool nvfp4 = scheme == Scheme::NVFP4;
-  std::array<float, 256> values{};
-  for (int s = 0; s < 256; ++s)
-    values[s] = nvfp4 ? decode(Format::E4M3, static_cast<uint8_t>(s)) : std::ldexp(1.0f, s - 127);
-  return values;
-}
-
 [[noreturn]] void throw_invalid_codes(Scheme scheme) {
   throw Error(std::string("this ") + std::string(scheme_name(scheme)) + " tensor holds bytes that are not " +
               std::string(format_info(element_format(scheme)).name) +
@@ -112,7 +101,7 @@ Tensor dequantize_ref(const QuantizedTensor& q, Usage usage, DType out_dtype) {
   const int codes_of_format = 1 << format_info(format).bits;
   for (int code = 0; code < codes_of_format; ++code)
     element[code] = decode(format, static_cast<uint8_t>(code));
-  const std::array<float, 256> scale_value = scale_values(src.scheme);
+  const std::array<float, 256> scale_value = scale_byte_values(src.scheme);
   const auto make_factors = [&](int64_t r) {
     const float s_dec = src.nvfp4 ? nvfp4_s_dec(q, usage, r) : 0.0f;
     for (int s = 0; s < 256; ++s) factor[s] = src.nvfp4 ? scale_value[s] * s_dec : scale_value[s];
@@ -138,7 +127,7 @@ Tensor dequantize(const QuantizedTensor& q, Usage usage, DType out_dtype) {
   const DequantizeSource src = dequantize_source(q, usage, out_dtype);
   Tensor out(out_dtype, {src.rows, src.cols});
   const auto* scale = src.scales.data_as<uint8_t>();
-  const std::array<float, 256> scale_value = scale_values(src.scheme);
+  const std::array<float, 256> scale_value = scale_byte_values(src.scheme);
   const int64_t blocks = src.cols / src.block;  // per row (K-major); MX columnwise: blocks of rows
   const int64_t factors_per_row = src.mx_columnwise ? src.cols : blocks;
   const bool f32_out = out_dtype == DType::F32;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/fp_environment.hpp"
+#include "core/quantized_reading.hpp"
 #include "cpu/decode_codes.hpp"
 #include "cpu/dense_rows.hpp"
 #include "microscale/error.hpp"
@@ -36,11 +37,7 @@ class OperandReader {
       const int bits = format_info(format_).bits;
       if (bits == 6) invalid_bits_ = 0xC0;
       for (int c = 0; c < (1 << bits); ++c) codes_[c] = decode(format_, static_cast<uint8_t>(c));
-      for (int c = 0; c < 256; ++c) {
-        scale_values_[c] = op.scheme == Scheme::NVFP4 ? decode(Format::E4M3, static_cast<uint8_t>(c))
-                           : c == 0xFF                ? NAN
-                                                      : std::ldexp(1.0f, c - 127);
-      }
+      scale_values_ = scale_byte_values(op.scheme);
       data_strides_ = op.data.effective_strides();
       scale_strides_ = op.scales.effective_strides();
     } else {

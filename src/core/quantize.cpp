@@ -330,6 +330,10 @@ std::string_view tile_name(Tile tile) {
   throw Error("unknown tile id " + std::to_string(static_cast<int>(tile)));
 }
 
+std::string_view tile_name(Tile tile, Scheme scheme) {
+  return tile == Tile::k1x16 && is_mx(scheme) ? "1x32" : tile_name(tile);
+}
+
 Tile parse_tile(std::string_view name, Scheme scheme) {
   const std::string lower = ascii_lowercase(name);
   if (lower == "1x32") {  // MX's 1-D blocks by their own size

@@ -299,6 +299,15 @@ TEST(MxTiles, OptionsItDoesNotTake) {
   EXPECT_EQ(parse_tile("1x32", Scheme::MXFP4), Tile::k1x16);
   EXPECT_THROW(parse_tile("1x32", Scheme::NVFP4), Error);  // 1x32 blocks are MX's
   EXPECT_EQ(tile_name(Tile::k32x32), "32x32");
+  // The scheme's own name reads back to the same tile: MX's 1-D blocks are "1x32", NVFP4's "1x16".
+  EXPECT_EQ(tile_name(Tile::k1x16, Scheme::MXFP6_E2M3), "1x32");
+  EXPECT_EQ(tile_name(Tile::k1x16, Scheme::NVFP4), "1x16");
+  EXPECT_EQ(tile_name(Tile::k16x16, Scheme::NVFP4), "16x16");
+  for (Scheme scheme : {Scheme::NVFP4, Scheme::MXFP8_E4M3, Scheme::MXFP4}) {
+    const std::vector<Tile> tiles = is_mx(scheme) ? std::vector<Tile>{Tile::k1x16, Tile::k32x32}
+                                                  : std::vector<Tile>{Tile::k1x16, Tile::k16x16};
+    for (Tile tile : tiles) EXPECT_EQ(parse_tile(tile_name(tile, scheme), scheme), tile);
+  }
   EXPECT_THROW(parse_tile("32x16", Scheme::MXFP8_E4M3), Error);
   // The shape rules are the 1-D ones: columnwise output needs M % 32 == 0.
   const Tensor ragged = random_tensor(DType::F32, {40, 64}, Fill::Normal, 1);

@@ -74,8 +74,8 @@ def test_recipe_field():
     assert r.enable_2d_quantization and not MXFP8BlockScaling().enable_2d_quantization
     assert repr(r).endswith("enable_2d_quantization=True)")
     assert ms._C.quantize_options(r, "weight").tile == "32x32"
-    assert ms._C.quantize_options(r, "input").tile == "1x16"
-    assert ms._C.quantize_options(r, "grad_output").tile == "1x16"
+    assert ms._C.quantize_options(r, "input").tile == "1x32"  # MX's 1-D blocks by their own size
+    assert ms._C.quantize_options(r, "grad_output").tile == "1x32"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -104,3 +104,11 @@ def test_linear_forward_is_the_gemm_of_tiled_weights(dtype):
 def test_nvfp4_recipe_takes_no_enable_2d_quantization():
     with pytest.raises(TypeError):
         NVFP4BlockScaling(enable_2d_quantization=True)
+
+
+def test_tile_names_read_back():
+    x = np.ones((32, 64), dtype=np.float32)
+    assert ms.quantize(x, "mxfp4").tile == "1x32"  # the name the CLI writes and parses for MX
+    assert ms.quantize(x, "mxfp4", tile="1x32").tile == "1x32"
+    assert ms.quantize(x, "nvfp4").tile == "1x16"
+    assert ms.QuantizeOptions(scheme="mxfp8_e5m2", tile=ms.quantize(x, "mxfp8_e5m2").tile).tile == "1x32"
