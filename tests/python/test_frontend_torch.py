@@ -479,6 +479,54 @@ def test_checkpoint_recomputes_under_the_scope_of_the_call():
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("recipe", [NVFP4BlockScaling(), MXFP8BlockScaling(),
+                                    NVFP4BlockScaling(backward_override="dequantized")], ids=repr)
+def test_cpu_layers_saved_operands_are_seen_by_saved_tensor_hooks(recipe, monkeypatch):
+    """Under saved-tensor hooks a CPU layer saves its quantized operands as tensors (its composed
+    form): torch's checkpoint drops them and runs the forward again in backward, a pack hook sees
+    them (save_on_cpu's kind); the outputs and gradients are the plain C++ layer's, bit for bit."""
+    from microscale.torch import linear_composed
+
+    layer = mst.LayerNormLinear(64, 32)
+    xs = torch.randn(32, 64, dtype=torch.bfloat16)
+    quantized = []
+    real_quantize_for = linear_composed.quantize_for
+    monkeypatch.setattr(linear_composed, "quantize_for",
+                        lambda t, *a, **k: quantized.append(t.shape) or real_quantize_for(t, *a, **k))
+
+    def step(run):
+        layer.zero_grad()
+        xg = xs.clone().requires_grad_()
+        with mst.autocast(recipe=recipe):
+            torch.manual_seed(5)
+            y = run(xg)
+        torch.manual_seed(2)  # the gradient's stochastic rounding
+        y.float().square().sum().backward()
+        return [y.detach(), xg.grad, layer.weight.grad, layer.bias.grad, layer.layer_norm_weight.grad]
+
+    want = step(layer)
+    assert not quantized  # no hooks: the C++ layer
+    got = step(lambda t: mst.checkpoint(layer, t))
+    assert quantized.count(xs.shape) == 2  # x quantized again: the forward ran again in backward
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    packed = []
+
+    def pack(t):
+        packed.append(t.dtype)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        got = step(layer)
+    assert torch.uint8 in packed  # the quantized operands, saved as tensors
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    with torch.autograd.graph.save_on_cpu():
+        got = step(layer)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
 def test_return_bias_and_init_method_as_transformer_engine():
     torch.manual_seed(0)
     layer = mst.Linear(64, 32, return_bias=True, params_dtype=torch.bfloat16)

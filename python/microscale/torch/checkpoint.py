@@ -17,9 +17,9 @@ from .autocast import autocast, autocast_enabled, current_recipe
 def checkpoint(function, *args, **kwargs):
     """torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs), the
     recomputation under the autocast scope of this call (recipe and enabled state). The tensors
-    the region's CUDA Linear layers save (their quantized operands) are dropped after the forward
-    and made again in backward, with the same bytes; a CPU layer keeps its context (a C++ object
-    torch's hooks do not see), with the same gradients. ``kwargs`` go to torch's checkpoint, but
+    the region's Linear layers save (their quantized operands; a CPU layer under the hooks runs
+    composed, quantized_linear.saved_tensor_hooks_active) are dropped after the forward and made
+    again in backward, with the same bytes and gradients. ``kwargs`` go to torch's checkpoint, but
     use_reentrant (False here: the reentrant form has no context_fn) and context_fn (this one's)."""
     for name in ("use_reentrant", "context_fn"):
         if name in kwargs:

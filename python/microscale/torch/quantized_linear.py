@@ -1,7 +1,8 @@
 """The quantized Linear as a function of its tensors, for every layer of this package that holds
 one (Linear, LayerNormLinear, LayerNormMLP, GroupedLinear): y = x W^T (+ b) under the autocast
 scope's recipe, the weight's quantization kept in a WeightCache when is_first_microbatch says so,
-forward and backward through the C++ layer (CPU tensors) or linear_composed.py (CUDA tensors).
+forward and backward through the C++ layer (CPU tensors) or linear_composed.py (CUDA tensors, and
+CPU tensors under saved-tensor hooks: activation checkpointing, offloading).
 
 Traced by torch.compile, the layer is linear_composed.py's autograd function on either device,
 its quantize, gemm and column-sum calls the library's ops, so that dynamo records the layer whole
@@ -164,15 +165,28 @@ def quantized_linear(x, weight, bias, cache, *, is_first_microbatch=None, fuse_w
 
 def _eager_linear(x, weight, bias, plan, cache, is_first_microbatch, training, fuse_wgrad_accumulation,
                   rows_gathered_over):
-    """The layer run eagerly: the C++ layer on CPU tensors, the composed one on CUDA tensors and
-    where a share of a gathered x is kept (rows_gathered_over), the weight's quantization from the
+    """The layer run eagerly: the C++ layer on CPU tensors, the composed one on CUDA tensors, where
+    a share of a gathered x is kept (rows_gathered_over) and where saved-tensor hooks would miss
+    the C++ layer's context (a training step under them), the weight's quantization from the
     cache."""
-    composed = x.device.type == "cuda" or rows_gathered_over is not None
+    composed = x.device.type == "cuda" or rows_gathered_over is not None or (training and saved_tensor_hooks_active())
     quantized_weight = cache.get(weight, plan, is_first_microbatch, composed=composed)
     if composed:
         return ComposedLinearFunction.apply(x, weight, bias, plan, quantized_weight, training,
                                             fuse_wgrad_accumulation, rows_gathered_over)
     return _LinearFunction.apply(x, weight, bias, plan, quantized_weight, training, fuse_wgrad_accumulation)
+
+
+def saved_tensor_hooks_active():
+    """Whether torch's saved-tensor hooks are in force (torch.utils.checkpoint's non-reentrant form,
+    torch.autograd.graph.save_on_cpu, saved_tensors_hooks of one's own). They see only what
+    ctx.save_for_backward saves, so a CPU layer then runs composed, its quantized operands saved
+    tensors (the C++ layer keeps them in a context object no hook sees: nothing would be dropped
+    or moved). The composed layer's results are the C++ layer's, bit for bit. NOTE: torch has no
+    public query for the hooks in force; this is the one torch.compile's tracer uses, and without
+    it the C++ layer runs, as before."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top is not None and top(False) is not None
 
 
 # What a traced layer calls for what it cannot trace: a graph break on each side. (Eager calls
