@@ -1,5 +1,6 @@
 #include "cpu/nvfp4_band.hpp"
 
+#include <algorithm>
 #include <vector>
 
 #include "core/fp_environment.hpp"
@@ -18,10 +19,24 @@ MICROSCALE_CPU_DISPATCH void transpose_band(const float* band, int64_t k, float*
 }
 
 MICROSCALE_CPU_DISPATCH void band_tile_amax(const float* band, int64_t k, float* tile_amax) {
-  for (int64_t kb = 0; kb < k / kBlock; ++kb) {
-    float m = 0.0f;
-    for (int i = 0; i < kBlock; ++i) m = max_abs(band + i * k + kb * kBlock, kBlock, m);
-    tile_amax[kb] = m;
+  // Column maxima first, row after row (contiguous, vertical maxima), then each tile's 16 of them:
+  // max_abs's bit maximum, the same in any order. NOTE: a tile at a time (16 rows of 16) took 16
+  // horizontal reductions per tile, ~9 % of a 4over6 call.
+  constexpr int64_t kChunk = 256;  // columns per step: the maxima stay in L1
+  alignas(64) uint32_t column_bits[kChunk];
+  for (int64_t c0 = 0; c0 < k; c0 += kChunk) {
+    const int64_t n = std::min(kChunk, k - c0);  // a multiple of 16
+    for (int64_t c = 0; c < n; ++c) column_bits[c] = 0;
+    for (int i = 0; i < kBlock; ++i) {
+      const float* row = band + i * k + c0;
+      for (int64_t c = 0; c < n; ++c)
+        column_bits[c] = std::max(column_bits[c], abs_bits_skipping_nan(row[c]));
+    }
+    for (int64_t t = 0; t < n / kBlock; ++t) {
+      uint32_t m = 0;
+      for (int c = 0; c < kBlock; ++c) m = std::max(m, column_bits[t * kBlock + c]);
+      tile_amax[c0 / kBlock + t] = bits_to_float(m);
+    }
   }
 }
 

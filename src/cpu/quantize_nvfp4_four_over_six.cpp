@@ -6,10 +6,12 @@
 // Pass 1: the amax (4over6 has no RHT, so one amax serves both directions), or a row-scaled
 // tensor's amax of every row (rowwise only, as in TE). Pass 2, per band: the
 // rowwise blocks are the band's [rows, K] read as rows * K/16 consecutive blocks, the columnwise
-// ones its transpose [K, 16] as K blocks (block c = block `band` of columnwise row c); both
-// candidates of every block, their errors, then the pick per block or per 16x16 tile.
+// ones its columns, read in place (block c = block `band` of columnwise row c, element j at row j);
+// both candidates of every block, their errors, then the pick per block or per 16x16 tile.
 #include <algorithm>
+#include <bit>
 #include <cfloat>
+#include <cstring>
 #include <vector>
 
 #include "core/fp_environment.hpp"
@@ -46,13 +48,15 @@ Globals make_globals(float amax, const QuantizeOptions& o) {
   return g;
 }
 
-// Both candidates of up to K blocks: [blocks] scales and errors, [blocks * 16] codes.
+// Both candidates of up to K blocks, in the blocks' "columns" layout (element j of block i at
+// [j * blocks + i]): [blocks] scales and errors, [16 * blocks] codes.
 struct Candidates {
   std::vector<float> amax, value4, value6, enc4, enc6, error4, error6;
-  std::vector<float> enc_per_element, value_per_element, terms;  // encode_candidate's
+  std::vector<float> columns;  // rowwise_candidates': a band's rowwise blocks in the columns layout
   std::vector<uint8_t> scale4, scale6, codes4, codes6;
-  std::vector<uint32_t> code4, code6;  // the scale codes, in 32-bit lanes (four_over_six_candidates)
+  std::vector<uint32_t> code4, code6;               // the scale codes, in 32-bit lanes (candidate_scales)
   std::vector<uint8_t> pick, packed, chosen_scale;  // choose's: [blocks], [blocks * 8], [blocks]
+  std::vector<uint64_t> packed_words;               // pack_chosen's: [blocks]
   explicit Candidates(int64_t max_blocks)
       : amax(max_blocks),
         value4(max_blocks),
@@ -61,9 +65,7 @@ struct Candidates {
         enc6(max_blocks),
         error4(max_blocks),
         error6(max_blocks),
-        enc_per_element(max_blocks * kBlock),
-        value_per_element(max_blocks * kBlock),
-        terms(max_blocks * kBlock),
+        columns(max_blocks * kBlock),
         scale4(max_blocks),
         scale6(max_blocks),
         codes4(max_blocks * kBlock),
@@ -72,43 +74,9 @@ struct Candidates {
         code6(max_blocks),
         pick(max_blocks),
         packed(max_blocks * kBlock / 2),
-        chosen_scale(max_blocks) {}
+        chosen_scale(max_blocks),
+        packed_words(max_blocks) {}
 };
-
-// One candidate's codes and error for every block: x [blocks * 16], enc and value (the decoded
-// E4M3 scale) [blocks]. The error adds its 16 terms in element order, as the reference does.
-// NOTE: each step is a loop over all the blocks' elements, and the sums run over the blocks with
-// the element index outside, so that GCC vectorises every loop without changing any block's order
-// of additions (the per-block form, a chain of 16 dependent adds per block, ran at 0.1 GB/s).
-template <bool kScaledError, bool kSquared>
-MICROSCALE_CPU_INLINE void encode_candidate(const float* __restrict x, int64_t blocks,
-                                            const float* __restrict enc, const float* __restrict value,
-                                            const Globals& g, Candidates& c, uint8_t* __restrict codes,
-                                            float* __restrict error) {
-  const int64_t n = blocks * kBlock;
-  float* __restrict enc_e = c.enc_per_element.data();
-  float* __restrict value_e = c.value_per_element.data();
-  float* __restrict terms = c.terms.data();
-  for (int64_t i = 0; i < blocks; ++i) {
-    for (int j = 0; j < kBlock; ++j) {
-      enc_e[i * kBlock + j] = enc[i];
-      value_e[i * kBlock + j] = value[i];
-    }
-  }
-  const float amax = g.amax, denominator = g.denominator, s_enc = g.s_enc;
-  for (int64_t e = 0; e < n; ++e) {
-    float code_value;                                                              // E2M1Codec::decode(code)
-    const uint32_t code = cuda::e2m1_code_and_value(x[e] * enc_e[e], code_value);  // any zero -> 0
-    codes[e] = static_cast<uint8_t>(code);
-    terms[e] = four_over_six_error_term(
-        four_over_six_candidate_value(code_value, value_e[e], amax, denominator, kScaledError),
-        four_over_six_input_value(x[e], s_enc, kScaledError), kSquared);
-  }
-  for (int64_t i = 0; i < blocks; ++i) error[i] = 0.0f;
-  for (int j = 0; j < kBlock; ++j) {
-    for (int64_t i = 0; i < blocks; ++i) error[i] += terms[i * kBlock + j];
-  }
-}
 
 // Each block's two candidate scales from its amax: the E4M3 codes (in 32-bit lanes), their values
 // and the encode scales. NOTE: a function of its own, with __restrict parameters: inline, GCC could
@@ -130,15 +98,48 @@ MICROSCALE_CPU_INLINE void candidate_scales(const float* __restrict amax, int64_
   }
 }
 
-// Both candidates of `blocks` consecutive blocks at `x`; block_amax (16x16 tiles) replaces their
-// own amaxes when given.
-MICROSCALE_CPU_DISPATCH void four_over_six_candidates(const float* x, int64_t blocks, const float* block_amax,
-                                                      const Globals& g, Candidates& c) {
+// One candidate of `blocks` blocks in the columns layout: element j of block c at x[j * blocks + c],
+// enc and value [blocks], codes [16 * blocks] in the same layout, error [blocks]. Each block's 16
+// terms are added in element order, as the reference does. NOTE: the loops run along the blocks
+// (contiguous), so that every step vectorises and the sums are vertical adds; with each block's
+// 16 elements contiguous instead, the sums were stride-16 permutes and the scales had to be
+// broadcast per element (the call took ~1.6x as long).
+template <bool kScaledError, bool kSquared>
+MICROSCALE_CPU_INLINE void encode_candidate(const float* __restrict x, int64_t blocks,
+                                            const float* __restrict enc, const float* __restrict value,
+                                            const Globals& g, uint8_t* __restrict codes,
+                                            float* __restrict error) {
+  const float amax = g.amax, denominator = g.denominator, s_enc = g.s_enc;
+  for (int64_t c = 0; c < blocks; ++c) error[c] = 0.0f;
+  for (int j = 0; j < kBlock; ++j) {
+    const float* __restrict row = x + j * blocks;        // [blocks]: element j of every block
+    uint8_t* __restrict row_codes = codes + j * blocks;  // [blocks]
+    for (int64_t c = 0; c < blocks; ++c) {
+      float code_value;  // E2M1Codec::decode(code)
+      const uint32_t code = cuda::e2m1_code_and_value(row[c] * enc[c], code_value);
+      row_codes[c] = static_cast<uint8_t>(code);
+      error[c] += four_over_six_error_term(
+          four_over_six_candidate_value(code_value, value[c], amax, denominator, kScaledError),
+          four_over_six_input_value(row[c], s_enc, kScaledError), kSquared);
+    }
+  }
+}
+
+// Both candidates of `k` blocks in the columns layout (x [16, k]; a full band's columnwise blocks
+// as loaded: block c is column c's 16 rows). block_amax replaces their amaxes when given.
+MICROSCALE_CPU_DISPATCH void candidates_in_columns(const float* x, int64_t blocks, const float* block_amax,
+                                                   const Globals& g, Candidates& c) {
   float* __restrict amax = c.amax.data();
   if (block_amax != nullptr) {
     std::copy_n(block_amax, blocks, amax);
-  } else {
-    for (int64_t i = 0; i < blocks; ++i) amax[i] = max_abs(x + i * kBlock, kBlock, 0.0f);
+  } else {  // max_abs's bit maximum, row by row: the same value in any order
+    uint32_t* __restrict bits = c.code4.data();  // scratch until candidate_scales
+    for (int64_t i = 0; i < blocks; ++i) bits[i] = 0;
+    for (int j = 0; j < kBlock; ++j) {
+      const float* __restrict row = x + j * blocks;
+      for (int64_t i = 0; i < blocks; ++i) bits[i] = std::max(bits[i], abs_bits_skipping_nan(row[i]));
+    }
+    for (int64_t i = 0; i < blocks; ++i) amax[i] = bits_to_float(bits[i]);
   }
   candidate_scales(amax, blocks, g.s_enc, g.s_dec, c.code4.data(), c.code6.data(), c.value4.data(),
                    c.value6.data(), c.enc4.data(), c.enc6.data());
@@ -147,14 +148,25 @@ MICROSCALE_CPU_DISPATCH void four_over_six_candidates(const float* x, int64_t bl
     c.scale6[i] = static_cast<uint8_t>(c.code6[i]);
   }
   const auto both = [&](auto encode) {
-    encode(x, blocks, c.enc4.data(), c.value4.data(), g, c, c.codes4.data(), c.error4.data());
-    encode(x, blocks, c.enc6.data(), c.value6.data(), g, c, c.codes6.data(), c.error6.data());
+    encode(x, blocks, c.enc4.data(), c.value4.data(), g, c.codes4.data(), c.error4.data());
+    encode(x, blocks, c.enc6.data(), c.value6.data(), g, c.codes6.data(), c.error6.data());
   };
   if (g.scaled_error) {
     g.squared ? both(encode_candidate<true, true>) : both(encode_candidate<true, false>);
   } else {
     g.squared ? both(encode_candidate<false, true>) : both(encode_candidate<false, false>);
   }
+}
+
+// Both candidates of `blocks` consecutive blocks at x ([blocks, 16]: a band's rowwise blocks in row
+// order), put in the columns layout first (c.columns).
+MICROSCALE_CPU_DISPATCH void rowwise_candidates(const float* x, int64_t blocks, const float* block_amax,
+                                                const Globals& g, Candidates& c) {
+  float* __restrict columns = c.columns.data();  // [16, blocks]
+  for (int64_t i = 0; i < blocks; ++i) {
+    for (int j = 0; j < kBlock; ++j) columns[j * blocks + i] = x[i * kBlock + j];
+  }
+  candidates_in_columns(columns, blocks, block_amax, g, c);
 }
 
 // A 16x16 tile's pick: map to 4 where the sum of its 16 blocks' errors is smaller. Its blocks start
@@ -164,22 +176,31 @@ bool tile_picks_map4(const Candidates& c, int64_t first, int64_t stride) {
   return four_over_six_tile_error(&c.error4[first], s) < four_over_six_tile_error(&c.error6[first], s);
 }
 
-// The chosen candidates' codes packed two per byte, even element in the low nibble (packed
-// [blocks * 8], block i's 8 bytes at i * 8), and their scales ([blocks]).
+// The chosen candidates' codes (columns layout) packed two per byte, even element in the low
+// nibble (block c's 8 bytes as packed[c], little-endian: built as one 64-bit word per block so
+// that the loops run along the blocks), and their scales ([blocks]).
+static_assert(std::endian::native == std::endian::little,
+              "pack_chosen's words are the blocks' bytes in order");
+
 MICROSCALE_CPU_DISPATCH void pack_chosen(const uint8_t* __restrict pick, const uint8_t* __restrict codes4,
                                          const uint8_t* __restrict codes6, const uint8_t* __restrict scale4,
                                          const uint8_t* __restrict scale6, int64_t blocks,
-                                         uint8_t* __restrict packed, uint8_t* __restrict scale) {
-  for (int64_t i = 0; i < blocks; ++i) {
-    const auto map4 = static_cast<uint8_t>(0u - pick[i]);  // all ones where map to 4 wins
-    for (int j = 0; j < kBlock / 2; ++j) {
-      const int64_t e = i * kBlock + 2 * j;
-      const auto four = static_cast<uint8_t>(codes4[e] | (codes4[e + 1] << 4));
-      const auto six = static_cast<uint8_t>(codes6[e] | (codes6[e + 1] << 4));
-      packed[i * (kBlock / 2) + j] = static_cast<uint8_t>((four & map4) | (six & ~map4));
+                                         uint64_t* __restrict packed, uint8_t* __restrict scale) {
+  for (int64_t c = 0; c < blocks; ++c) packed[c] = 0;
+  for (int jj = 0; jj < kBlock / 2; ++jj) {
+    const uint8_t* __restrict even4 = codes4 + (2 * jj) * blocks;
+    const uint8_t* __restrict odd4 = codes4 + (2 * jj + 1) * blocks;
+    const uint8_t* __restrict even6 = codes6 + (2 * jj) * blocks;
+    const uint8_t* __restrict odd6 = codes6 + (2 * jj + 1) * blocks;
+    for (int64_t c = 0; c < blocks; ++c) {
+      const auto map4 = static_cast<uint8_t>(0u - pick[c]);  // all ones where map to 4 wins
+      const auto four = static_cast<uint8_t>(even4[c] | (odd4[c] << 4));
+      const auto six = static_cast<uint8_t>(even6[c] | (odd6[c] << 4));
+      const auto byte = static_cast<uint8_t>((four & map4) | (six & ~map4));
+      packed[c] |= static_cast<uint64_t>(byte) << (8 * jj);  // little-endian: byte jj of the block
     }
-    scale[i] = pick[i] != 0 ? scale4[i] : scale6[i];
   }
+  for (int64_t c = 0; c < blocks; ++c) scale[c] = pick[c] != 0 ? scale4[c] : scale6[c];
 }
 
 // Every block's pick (map to 4 where its error, or with 16x16 tiles its tile's, is smaller; block
@@ -201,7 +222,8 @@ MICROSCALE_CPU_INLINE void choose(Candidates& c, int64_t blocks, bool tile_2d, i
     for (int64_t i = 0; i < blocks; ++i) pick[i] = error4[i] < error6[i];  // a tie keeps map to 6
   }
   pack_chosen(pick, c.codes4.data(), c.codes6.data(), c.scale4.data(), c.scale6.data(), blocks,
-              c.packed.data(), c.chosen_scale.data());
+              c.packed_words.data(), c.chosen_scale.data());
+  std::memcpy(c.packed.data(), c.packed_words.data(), static_cast<size_t>(blocks) * (kBlock / 2));
 }
 
 }  // namespace
@@ -244,7 +266,7 @@ void quantize_nvfp4_four_over_six(const InputMatrix& x, const QuantizeOptions& o
 #pragma omp parallel num_threads(threads)
   {
     const IeeeSubnormals ieee;
-    std::vector<float> band(static_cast<size_t>(kBlock * k)), tile(static_cast<size_t>(kBlock * k));
+    std::vector<float> band(static_cast<size_t>(kBlock * k));
     std::vector<float> tile_amax(static_cast<size_t>(kb)), block_amax(static_cast<size_t>(k));
     Candidates c(k);  // a band's rowwise blocks (rows * K/16 <= K) or its K columnwise blocks
 #pragma omp for schedule(static)
@@ -255,7 +277,7 @@ void quantize_nvfp4_four_over_six(const InputMatrix& x, const QuantizeOptions& o
       if (o.rowwise && o.row_scaled) {  // one row at a time, each with its own global terms
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t row = b * kBlock + r;
-          four_over_six_candidates(band.data() + r * k, kb, nullptr, row_scaled_globals[row], c);
+          rowwise_candidates(band.data() + r * k, kb, nullptr, row_scaled_globals[row], c);
           choose(c, kb, false, 1, [](int64_t j) { return j; });
           std::copy_n(c.packed.data(), k / 2, out.rowwise_data.data_as<uint8_t>() + row * (k / 2));
           std::copy_n(c.chosen_scale.data(), kb, out.rowwise_scale.data_as<uint8_t>() + row * kb);
@@ -265,8 +287,7 @@ void quantize_nvfp4_four_over_six(const InputMatrix& x, const QuantizeOptions& o
         if (tile_2d) {
           for (int64_t i = 0; i < rows * kb; ++i) block_amax[i] = tile_amax[i % kb];
         }
-        four_over_six_candidates(band.data(), rows * kb, tile_2d ? block_amax.data() : nullptr, row_globals,
-                                 c);
+        rowwise_candidates(band.data(), rows * kb, tile_2d ? block_amax.data() : nullptr, row_globals, c);
         // The band's blocks in row order are its output rows' bytes in order: (M, K/2), (M, K/16).
         choose(c, rows * kb, tile_2d, kb, [kb](int64_t j) { return j % kb; });
         std::copy_n(c.packed.data(), rows * (k / 2),
@@ -274,12 +295,12 @@ void quantize_nvfp4_four_over_six(const InputMatrix& x, const QuantizeOptions& o
         std::copy_n(c.chosen_scale.data(), rows * kb, out.rowwise_scale.data_as<uint8_t>() + b * kBlock * kb);
       }
       if (o.columnwise) {
-        // Block c = columnwise row c's block b; its tile's blocks are consecutive.
-        transpose_band(band.data(), k, tile.data());
+        // Block c = columnwise row c's block b, read in the band's layout (a full band: columnwise
+        // output needs M % 16 == 0); its tile's blocks are consecutive.
         if (tile_2d) {
           for (int64_t i = 0; i < k; ++i) block_amax[i] = tile_amax[i / kBlock];
         }
-        four_over_six_candidates(tile.data(), k, tile_2d ? block_amax.data() : nullptr, col_globals, c);
+        candidates_in_columns(band.data(), k, tile_2d ? block_amax.data() : nullptr, col_globals, c);
         uint8_t* data = out.columnwise_data.data_as<uint8_t>();    // (K, M/2)
         uint8_t* scale = out.columnwise_scale.data_as<uint8_t>();  // (K, M/16)
         choose(c, k, tile_2d, 1, [](int64_t j) { return j / kBlock * kBlock; });
