@@ -58,7 +58,7 @@ struct Chunk {
   int cols;            // a multiple of 32, <= kChunkCols
   bool prefetch_next;  // a chunk follows in this band
   bool stream;         // the outputs' rows are whole aligned lines, streamed (the AVX2 chunks)
-  bool scale_tiles;    // 32x32 scale tiles (plain chunks only): each block takes its tile's max
+  bool scale_tiles;    // 32x32 scale tiles: each block takes its tile's max (tile_maxes)
   MxParams p;
   // MXFP4 by thresholds: quantize_chunk_fp4, and the AVX2 chunk's columns where the two-step form
   // does not hold; widened, the AVX2 chunk's rows there.
@@ -117,6 +117,19 @@ MICROSCALE_CPU_INLINE void fix_outside(const uint16_t* __restrict x, int blocks,
           0u - static_cast<unsigned>(mx16_outside(x[lane], kPerLane ? t.limit[lane] : block_limit)));
       out[lane] = static_cast<uint8_t>((general & take) | (out[lane] & ~take));
     }
+  }
+}
+
+// 32x32 scale tiles: the chunk's rows are a band of a tile row, so a 32-column block's column
+// maxes span its tile; each of the tile's column and row blocks takes the tile's max, and the
+// steps after give every block of a tile the one scale, and the same codes in both directions.
+MICROSCALE_CPU_INLINE void tile_maxes(const Chunk& c, uint16_t* __restrict col_max,
+                                      uint16_t* __restrict row_max) {
+  for (int b = 0; b < c.cols / kBlock; ++b) {
+    uint16_t m = 0;
+    for (int j = 0; j < kBlock; ++j) m = std::max(m, col_max[b * kBlock + j]);
+    std::fill_n(col_max + b * kBlock, kBlock, m);
+    for (int i = 0; i < c.rows; ++i) row_max[i * kChunkBlocks + b] = m;
   }
 }
 

@@ -300,6 +300,7 @@ MICROSCALE_AVX2 void chunk_avx2(const Chunk& c) {
   alignas(32) uint16_t col_max[kChunkCols];
   alignas(32) uint16_t row_max[kBlock * kChunkBlocks];  // [row][block]
   maxes(c, col_max, row_max);
+  if (c.scale_tiles) tile_maxes(c, col_max, row_max);
   Terms col, row;
   chunk_terms<kIn, kRule>(c, col_max, row_max, col, row);
   // FP6 puts many lanes in the format's subnormals (E2M3: most blocks have some), which the
@@ -472,6 +473,7 @@ MICROSCALE_AVX2 void chunk_fp4_avx2(const Chunk& c) {
   alignas(32) uint16_t col_max[kChunkCols];
   alignas(32) uint16_t row_max[kBlock * kChunkBlocks];  // [row][block]
   maxes(c, col_max, row_max);
+  if (c.scale_tiles) tile_maxes(c, col_max, row_max);
   alignas(64) uint8_t col_scale[kChunkCols], row_scale[kBlock * kChunkBlocks];
   fp4_scale_bytes<kIn, kRule>(c, col_max, row_max, col_scale, row_scale);
   const bool columnwise = c.col_data != nullptr;

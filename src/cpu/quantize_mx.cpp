@@ -6,7 +6,7 @@
 // with its column's scale (still row-major, so the stores stay contiguous). MXFP8 and MXFP4 of
 // bf16 and f16 inputs with contiguous rows take quantize_mx16.cpp instead (16-bit lanes, no
 // widening), and so does MXFP6 where the CPU has AVX2 (see mx16_applies). 32x32 scale tiles take
-// quantize_mx16.cpp's plain chunks where it applies, else tiles_band below.
+// quantize_mx16.cpp's chunks where it applies, else tiles_band below.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -188,7 +188,7 @@ void quantize_mx(const InputMatrix& x, const QuantizeOptions& o, QuantizedTensor
   if (!tiles && quantize_mx_avx512(x, o, out)) return;
   const FormatInfo& f = format_info(element_format(o.scheme));
   const MxParams p{mx_scale_rule(o.scale_mode), f.emax, f.mantissa_bits, f.max_normal};
-  if (mx16_applies(x, o.scheme, o.tile)) return quantize_mx16(x, o, p, out);  // 16-bit lanes, no widening
+  if (mx16_applies(x, o.scheme)) return quantize_mx16(x, o, p, out);  // 16-bit lanes, no widening
   switch (o.scheme) {
     case Scheme::MXFP8_E4M3: return quantize_mx_with<E4M3Codec, false>(x, o, p, out);
     case Scheme::MXFP8_E5M2: return quantize_mx_with<E5M2Codec, false>(x, o, p, out);

@@ -118,19 +118,6 @@ MICROSCALE_CPU_INLINE void chunk_maxes(const Chunk& c, uint16_t* __restrict col_
   }
 }
 
-// 32x32 scale tiles: the chunk's rows are a band of a tile row, so a 32-column block's column
-// maxes span its tile; each of the tile's column and row blocks takes the tile's max, and the
-// steps after give every block of a tile the one scale, and the same codes in both directions.
-MICROSCALE_CPU_INLINE void tile_maxes(const Chunk& c, uint16_t* __restrict col_max,
-                                      uint16_t* __restrict row_max) {
-  for (int b = 0; b < c.cols / kBlock; ++b) {
-    uint16_t m = 0;
-    for (int j = 0; j < kBlock; ++j) m = std::max(m, col_max[b * kBlock + j]);
-    std::fill_n(col_max + b * kBlock, kBlock, m);
-    for (int i = 0; i < c.rows; ++i) row_max[i * kChunkBlocks + b] = m;
-  }
-}
-
 template <typename Codec, DType kIn, MxScaleRule kRule>
 MICROSCALE_CPU_DISPATCH void quantize_chunk(const Chunk& c) {
   const bool rowwise = c.row_data != nullptr, columnwise = c.col_data != nullptr;
@@ -275,9 +262,9 @@ void quantize_with(const InputMatrix& x, const QuantizeOptions& o, const MxParam
   const int64_t m = x.rows, k = x.cols;
   const int64_t data_cols = kFp4 ? k / 2 : k;  // bytes of an output row
   // The kernel set, once per call (the chunk kernel and the FP4 table it reads must agree). 32x32
-  // scale tiles take the plain chunks (tile_maxes), whatever the set.
+  // scale tiles take the same chunks, with tile_maxes after their maxes.
   const bool scale_tiles = o.tile == Tile::k32x32;
-  const bool avx2 = kernel_set() >= KernelSet::Avx2 && !scale_tiles;
+  const bool avx2 = kernel_set() >= KernelSet::Avx2;
   void (*chunk)(const Chunk&) = nullptr;
   switch (p.rule) {
     case MxScaleRule::Floor: chunk = kernel_of<Codec, kIn, MxScaleRule::Floor>(avx2); break;
@@ -349,18 +336,17 @@ void quantize_with_input(const InputMatrix& x, const QuantizeOptions& o, const M
 
 }  // namespace
 
-bool mx16_applies(const InputMatrix& x, Scheme scheme, Tile tile) {
+bool mx16_applies(const InputMatrix& x, Scheme scheme) {
   // FP8 by the 16-bit form; FP4 by thresholds (in AVX2 the two-step form where it holds). FP6
   // only with AVX2: E2M3 puts a large share of a Gaussian block in the format's subnormals,
   // outside the 16-bit form, which the AVX2 chunk encodes in vector (the subnormal form,
   // mx16_chunk_avx2.cpp); the plain chunk mends them lane group by lane group and measured slower
   // than the fp32 kernel (docs/perf.md, fifteenth session). Chunks are whole rowwise blocks: a
-  // columnwise-only call may have any last dim (K % 32 != 0), which the fp32 kernel takes. 32x32
-  // scale tiles run the plain chunks only, so not FP6.
+  // columnwise-only call may have any last dim (K % 32 != 0), which the fp32 kernel takes.
   const bool fp6 = scheme == Scheme::MXFP6_E2M3 || scheme == Scheme::MXFP6_E3M2;
   return (x.dtype == DType::BF16 || x.dtype == DType::F16) && x.col_stride == 1 && x.cols % kBlock == 0 &&
          (scheme == Scheme::MXFP8_E4M3 || scheme == Scheme::MXFP8_E5M2 || scheme == Scheme::MXFP4 ||
-          (fp6 && kernel_set() >= KernelSet::Avx2 && tile != Tile::k32x32));
+          (fp6 && kernel_set() >= KernelSet::Avx2));
 }
 
 void quantize_mx16(const InputMatrix& x, const QuantizeOptions& o, const MxParams& p, QuantizedTensor& out) {
