@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -164,7 +165,9 @@ Tensor dequantize(const QuantizedTensor& q, Usage usage, DType out_dtype) {
           factors[b] = src.nvfp4 ? scale_value[row_scales[b]] * s_dec : scale_value[row_scales[b]];
         invalid |= cpu::decode_row(src.scheme, codes, 0, src.cols, factors, row_out);
       }
-      if (!src.nvfp4) {  // MX's NaN scale byte: the canonical NaN (as dequantize_ref)
+      // MX's NaN scale byte: the canonical NaN (as dequantize_ref). NOTE: memchr first: the byte
+      // loop alone, one compare per element of a columnwise row, took ~1/3 of such a call.
+      if (!src.nvfp4 && std::memchr(row_scales, 0xFF, static_cast<size_t>(factors_per_row)) != nullptr) {
         const int64_t per_byte = src.mx_columnwise ? 1 : src.block;
         for (int64_t i = 0; i < factors_per_row; ++i) {
           if (row_scales[i] == 0xFF) std::fill_n(row_out + i * per_byte, per_byte, NAN);
