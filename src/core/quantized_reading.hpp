@@ -1,6 +1,7 @@
 // What every reader of a QuantizedTensor (dequantize, dequantize_ref) does first: check that its
 // fields agree (a struct filled in by hand may not), and get one usage's scales in the compact
-// layout whatever layout it holds. Defined in quantize.cpp, beside the shapes they check against.
+// layout whatever layout it holds (defined in quantize.cpp, beside the shapes they check against),
+// and look its scale bytes up (scale_byte_values, here).
 #pragma once
 
 #include <array>

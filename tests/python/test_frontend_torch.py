@@ -487,7 +487,9 @@ def test_cpu_layers_saved_operands_are_seen_by_saved_tensor_hooks(recipe, monkey
     them (save_on_cpu's kind); the outputs and gradients are the plain C++ layer's, bit for bit."""
     from microscale.torch import linear_composed
 
-    layer = mst.LayerNormLinear(64, 32)
+    if getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None) is None:
+        pytest.skip("this torch has no query for the saved-tensor hooks in force")
+    layer = mst.LayerNormLinear(64, 96)  # W [96, 64]: not x's shape (MXFP8 needs N % 32 == 0)
     xs = torch.randn(32, 64, dtype=torch.bfloat16)
     quantized = []
     real_quantize_for = linear_composed.quantize_for

@@ -1,7 +1,8 @@
 """The quantized Linear layer for PyTorch: y = x W^T + b under the autocast scope's recipe.
 
 On the CPU, forward and backward are the C++ library's linear_forward / linear_backward
-(docs/training.md); on CUDA, linear_composed.py composes the same three GEMMs from the CUDA ops:
+(docs/training.md; under saved-tensor hooks, such as activation checkpointing, the composed form
+below with the same bytes); on CUDA, linear_composed.py composes the same three GEMMs from the CUDA ops:
 fprop x.rowwise x W.rowwise; dgrad dy.rowwise x W.columnwise; wgrad dy.columnwise x x.columnwise;
 each GEMM accumulates in fp32 over exactly dequantized blocks and rounds once to its output dtype
 (y to x's dtype, dx and db to dy's, dW to x's and then, here, to the weight's). Stochastic rounding of NVFP4 gradients

@@ -1,4 +1,5 @@
-"""The quantized Linear's forward and backward on CUDA tensors, composed from this package's ops:
+"""The quantized Linear's forward and backward on CUDA tensors (and on CPU tensors where
+torch.compile traces the layer or saved-tensor hooks are in force), composed from this package's ops:
 quantize (the Hopper kernels: the CPU path's bytes) and gemm (the library's Hopper GEMM for every
 recipe: NVFP4 and MX). The three GEMMs and their operands are the C++ linear_forward /
 linear_backward's (docs/training.md), so a CUDA layer quantizes x, W and dy to the same bytes as a
@@ -94,7 +95,7 @@ def _gradient_seed(device):
 
 class ComposedLinearFunction(torch.autograd.Function):
     """y = x W^T + b under a quantized recipe's LinearPlan (linear_plan.py), on CUDA tensors (and
-    on CPU tensors where torch.compile traces the layer). `weight_q` is the weight already
+    on CPU tensors where torch.compile traces the layer or saved-tensor hooks are in force). `weight_q` is the weight already
     quantized under the plan's weight options (both usages; the Linear's cache), or None: forward
     quantizes it (a traced layer, which keeps no cache). `rows_gathered_over`: the group whose
     ranks' rows x stacks (a column-parallel layer under sequence parallelism), or None; backward's

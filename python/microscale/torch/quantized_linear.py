@@ -75,7 +75,9 @@ class WeightCache:
     """A weight's quantization under a recipe, kept when the caller says so, as TransformerEngine
     decides (its forward's is_first_microbatch): None quantizes the weight on every call and keeps
     nothing; True quantizes it and keeps the result; False reuses what was kept (and quantizes and
-    keeps it when nothing usable was: none yet, or another shape, dtype, device or recipe).
+    keeps it when nothing usable was: none yet, or another shape, dtype, device or recipe, or the
+    other form of the layer: a CPU layer run under saved-tensor hooks is the composed one, whose
+    quantization is a torch-level QuantizedTensor, and outside them the C++ one).
 
     Nothing is kept unasked because no check of the weight can be trusted to see every change:
     FSDP2 writes the gathered weight into the same storage without moving its version counter,
@@ -186,7 +188,12 @@ def saved_tensor_hooks_active():
     public query for the hooks in force; this is the one torch.compile's tracer uses, and without
     it the C++ layer runs, as before."""
     top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-    return top is not None and top(False) is not None
+    if top is None:
+        return False
+    try:
+        return top(False) is not None  # ignore_is_tracing=False: eager calls only reach here
+    except TypeError:  # a torch whose form takes no argument
+        return top() is not None
 
 
 # What a traced layer calls for what it cannot trace: a graph break on each side. (Eager calls
