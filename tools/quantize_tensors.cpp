@@ -138,11 +138,10 @@ void run(const Args& a) {
       {"microscale.scheme", std::string(scheme_name(options.scheme))},
       {"microscale.scale_layout", a.swizzle ? "swizzled" : "compact"},
   };
+  metadata["microscale.tile"] = std::string(tile_name(options.tile, options.scheme));
   if (is_mx(options.scheme)) {
     metadata["microscale.scale_mode"] = std::string(scale_mode_name(options.scale_mode));
-  }
-  metadata["microscale.tile"] = std::string(tile_name(options.tile, options.scheme));
-  if (!is_mx(options.scheme)) {
+  } else {
     metadata["microscale.rht"] = options.rht && options.columnwise ? "true" : "false";  // as applied
     if (options.stochastic_rounding)
       metadata["microscale.sr_seed"] = std::to_string(options.stochastic_rounding->seed);

@@ -26,12 +26,8 @@ MICROSCALE_CPU_DISPATCH void band_tile_amax(const float* band, int64_t k, float*
   alignas(64) uint32_t column_bits[kChunk];
   for (int64_t c0 = 0; c0 < k; c0 += kChunk) {
     const int64_t n = std::min(kChunk, k - c0);  // a multiple of 16
-    for (int64_t c = 0; c < n; ++c) column_bits[c] = 0;
-    for (int i = 0; i < kBlock; ++i) {
-      const float* row = band + i * k + c0;
-      for (int64_t c = 0; c < n; ++c)
-        column_bits[c] = std::max(column_bits[c], abs_bits_skipping_nan(row[c]));
-    }
+    std::fill_n(column_bits, n, 0u);
+    for (int i = 0; i < kBlock; ++i) max_column_bits(band + i * k + c0, n, column_bits);
     for (int64_t t = 0; t < n / kBlock; ++t) {
       uint32_t m = 0;
       for (int c = 0; c < kBlock; ++c) m = std::max(m, column_bits[t * kBlock + c]);
@@ -42,9 +38,9 @@ MICROSCALE_CPU_DISPATCH void band_tile_amax(const float* band, int64_t k, float*
 
 namespace {
 
-// column_bits[c] = max(column_bits[c], |row[c]| as bits), NaN patterns dropped (as max_abs).
+// max_column_bits compiled per x86-64 level, for row_scaled_amaxes (which is not).
 MICROSCALE_CPU_DISPATCH void column_max_bits(const float* row, int64_t k, uint32_t* column_bits) {
-  for (int64_t c = 0; c < k; ++c) column_bits[c] = std::max(column_bits[c], abs_bits_skipping_nan(row[c]));
+  max_column_bits(row, k, column_bits);
 }
 
 }  // namespace

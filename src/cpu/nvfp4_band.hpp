@@ -27,6 +27,12 @@ MICROSCALE_CPU_INLINE float max_abs(const float* v, int64_t n, float start) {
   return bits_to_float(result);
 }
 
+/// column_bits[c] = max(column_bits[c], |row[c]| as bits) for c < n, NaN patterns dropped (as
+/// max_abs): a block of rows' column maxima, one contiguous row at a time (vertical maxima).
+MICROSCALE_CPU_INLINE void max_column_bits(const float* row, int64_t n, uint32_t* column_bits) {
+  for (int64_t c = 0; c < n; ++c) column_bits[c] = std::max(column_bits[c], abs_bits_skipping_nan(row[c]));
+}
+
 /// max|v[0..n)|, NaN skipped.
 float band_max_abs(const float* v, int64_t n);
 

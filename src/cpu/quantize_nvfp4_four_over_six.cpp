@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <bit>
 #include <cfloat>
-#include <cstring>
 #include <vector>
 
 #include "core/fp_environment.hpp"
@@ -54,9 +53,10 @@ struct Candidates {
   std::vector<float> amax, value4, value6, enc4, enc6, error4, error6;
   std::vector<float> columns;  // rowwise_candidates': a band's rowwise blocks in the columns layout
   std::vector<uint8_t> scale4, scale6, codes4, codes6;
-  std::vector<uint32_t> code4, code6;               // the scale codes, in 32-bit lanes (candidate_scales)
-  std::vector<uint8_t> pick, packed, chosen_scale;  // choose's: [blocks], [blocks * 8], [blocks]
-  std::vector<uint64_t> packed_words;               // pack_chosen's: [blocks]
+  std::vector<uint32_t> amax_bits;          // the blocks' amaxes as bits, found row by row
+  std::vector<uint32_t> code4, code6;       // the scale codes, in 32-bit lanes (candidate_scales)
+  std::vector<uint8_t> pick, chosen_scale;  // choose's: [blocks], [blocks]
+  std::vector<uint64_t> packed;             // choose's: [blocks], a block's 8 bytes each (packed_bytes)
   explicit Candidates(int64_t max_blocks)
       : amax(max_blocks),
         value4(max_blocks),
@@ -70,12 +70,14 @@ struct Candidates {
         scale6(max_blocks),
         codes4(max_blocks * kBlock),
         codes6(max_blocks * kBlock),
+        amax_bits(max_blocks),
         code4(max_blocks),
         code6(max_blocks),
         pick(max_blocks),
-        packed(max_blocks * kBlock / 2),
         chosen_scale(max_blocks),
-        packed_words(max_blocks) {}
+        packed(max_blocks) {}
+  // The chosen codes as bytes: [blocks * 8], block i's at i * 8 (little-endian words, pack_chosen).
+  const uint8_t* packed_bytes() const { return reinterpret_cast<const uint8_t*>(packed.data()); }
 };
 
 // Each block's two candidate scales from its amax: the E4M3 codes (in 32-bit lanes), their values
@@ -133,12 +135,9 @@ MICROSCALE_CPU_DISPATCH void candidates_in_columns(const float* x, int64_t block
   if (block_amax != nullptr) {
     std::copy_n(block_amax, blocks, amax);
   } else {  // max_abs's bit maximum, row by row: the same value in any order
-    uint32_t* __restrict bits = c.code4.data();  // scratch until candidate_scales
-    for (int64_t i = 0; i < blocks; ++i) bits[i] = 0;
-    for (int j = 0; j < kBlock; ++j) {
-      const float* __restrict row = x + j * blocks;
-      for (int64_t i = 0; i < blocks; ++i) bits[i] = std::max(bits[i], abs_bits_skipping_nan(row[i]));
-    }
+    uint32_t* bits = c.amax_bits.data();
+    std::fill_n(bits, blocks, 0u);
+    for (int j = 0; j < kBlock; ++j) max_column_bits(x + j * blocks, blocks, bits);
     for (int64_t i = 0; i < blocks; ++i) amax[i] = bits_to_float(bits[i]);
   }
   candidate_scales(amax, blocks, g.s_enc, g.s_dec, c.code4.data(), c.code6.data(), c.value4.data(),
@@ -222,8 +221,7 @@ MICROSCALE_CPU_INLINE void choose(Candidates& c, int64_t blocks, bool tile_2d, i
     for (int64_t i = 0; i < blocks; ++i) pick[i] = error4[i] < error6[i];  // a tie keeps map to 6
   }
   pack_chosen(pick, c.codes4.data(), c.codes6.data(), c.scale4.data(), c.scale6.data(), blocks,
-              c.packed_words.data(), c.chosen_scale.data());
-  std::memcpy(c.packed.data(), c.packed_words.data(), static_cast<size_t>(blocks) * (kBlock / 2));
+              c.packed.data(), c.chosen_scale.data());
 }
 
 }  // namespace
@@ -279,7 +277,7 @@ void quantize_nvfp4_four_over_six(const InputMatrix& x, const QuantizeOptions& o
           const int64_t row = b * kBlock + r;
           rowwise_candidates(band.data() + r * k, kb, nullptr, row_scaled_globals[row], c);
           choose(c, kb, false, 1, [](int64_t j) { return j; });
-          std::copy_n(c.packed.data(), k / 2, out.rowwise_data.data_as<uint8_t>() + row * (k / 2));
+          std::copy_n(c.packed_bytes(), k / 2, out.rowwise_data.data_as<uint8_t>() + row * (k / 2));
           std::copy_n(c.chosen_scale.data(), kb, out.rowwise_scale.data_as<uint8_t>() + row * kb);
         }
       } else if (o.rowwise) {
@@ -290,7 +288,7 @@ void quantize_nvfp4_four_over_six(const InputMatrix& x, const QuantizeOptions& o
         rowwise_candidates(band.data(), rows * kb, tile_2d ? block_amax.data() : nullptr, row_globals, c);
         // The band's blocks in row order are its output rows' bytes in order: (M, K/2), (M, K/16).
         choose(c, rows * kb, tile_2d, kb, [kb](int64_t j) { return j % kb; });
-        std::copy_n(c.packed.data(), rows * (k / 2),
+        std::copy_n(c.packed_bytes(), rows * (k / 2),
                     out.rowwise_data.data_as<uint8_t>() + b * kBlock * (k / 2));
         std::copy_n(c.chosen_scale.data(), rows * kb, out.rowwise_scale.data_as<uint8_t>() + b * kBlock * kb);
       }
@@ -305,7 +303,7 @@ void quantize_nvfp4_four_over_six(const InputMatrix& x, const QuantizeOptions& o
         uint8_t* scale = out.columnwise_scale.data_as<uint8_t>();  // (K, M/16)
         choose(c, k, tile_2d, 1, [](int64_t j) { return j / kBlock * kBlock; });
         for (int64_t i = 0; i < k; ++i) {
-          std::copy_n(c.packed.data() + i * (kBlock / 2), kBlock / 2, data + i * (m / 2) + b * (kBlock / 2));
+          std::copy_n(c.packed_bytes() + i * (kBlock / 2), kBlock / 2, data + i * (m / 2) + b * (kBlock / 2));
           scale[i * (m / kBlock) + b] = c.chosen_scale[i];
         }
       }
