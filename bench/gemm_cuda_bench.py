@@ -8,10 +8,12 @@ cost):
 
   microscale   microscale.torch.gemm's call (_C.gemm_cuda): NVFP4 x NVFP4, bf16 out, along the path
                cuda::gemm picks for the shape (workspace allocated once, as PyTorch's caching
-               allocator hands it back); beside it each path forced: fused (the one kernel) and
-               expanded (exact bf16 copies, cuBLAS, the epilogue)
+               allocator hands it back); beside it each path forced: fused (the wgmma kernel),
+               skinny (the mma.sync kernel for few rows of A; M <= 128 only) and expanded (exact
+               bf16 copies, cuBLAS, the epilogue)
   cuBLAS BF16  torch.mm of the bf16 tensors
-  cuBLAS FP8   torch._scaled_mm of E4M3 copies with per-tensor scales (the fastest Hopper path)
+  cuBLAS FP8   torch._scaled_mm of E4M3 copies with per-tensor scales (the fastest Hopper path;
+               it needs M to be a multiple of 16: "-" below that)
   deq+BF16     dequantize both NVFP4 operands to bf16 (microscale's CUDA dequantize), then torch.mm:
                the emulation torchao runs on Hopper, here with microscale's (untuned) CUDA dequantize
   MXFP8        microscale's call for the MXFP8 E4M3 operands (the expanded path: MX has no fused kernel)
@@ -34,6 +36,11 @@ import microscale.torch as mst
 from microscale import _C
 
 SHAPES = [
+    (1, 7168, 16384),  # decode: a few tokens against a weight (the skinny kernel)
+    (16, 7168, 16384),
+    (32, 7168, 16384),
+    (1, 4096, 7168),
+    (16, 4096, 7168),
     (128, 7168, 16384),  # GPU MODE NVFP4 GEMM shapes (decode-like: M = 128)
     (128, 4096, 7168),
     (128, 7168, 2048),
@@ -143,6 +150,15 @@ def main():
         def fp8():
             return torch._scaled_mm(fa, fb.t(), scale_a=one, scale_b=inv, out_dtype=torch.bfloat16)
 
+        def timed_if_supported(fn):
+            """per_call_us, or NaN where the call refuses the shape (torch._scaled_mm below M = 16)."""
+            try:
+                fn()
+            except RuntimeError as e:
+                print(f"({fn.__name__} at {m} x {n} x {k}: {str(e).splitlines()[0]})")
+                return float("nan")
+            return per_call_us(fn, calls)
+
         def dequant_bf16():
             da = mst.dequantize(qa, "rowwise", torch.bfloat16)
             db = mst.dequantize(qb, "rowwise", torch.bfloat16)
@@ -159,8 +175,9 @@ def main():
         flops = 2.0 * m * n * k
         calls = max(3, min(200, int(2e12 / flops)))
         t = {"microscale": per_call_us(ours, calls), "fused": per_call_us(along("fused"), calls),
+             "skinny": per_call_us(along("skinny"), calls) if m <= 128 else float("nan"),
              "expanded": per_call_us(along("expanded"), calls), "cuBLAS BF16": per_call_us(bf16, calls),
-             "cuBLAS FP8": per_call_us(fp8, calls), "deq+BF16": per_call_us(dequant_bf16, calls),
+             "cuBLAS FP8": timed_if_supported(fp8), "deq+BF16": per_call_us(dequant_bf16, calls),
              "MXFP8": per_call_us(mxfp8, calls), "MX deq+BF16": per_call_us(mx_dequant_bf16, calls),
              "microscale + bias": per_call_us(ours_bias, calls), "BF16 + bias": per_call_us(bf16_bias, calls)}
         rows.append({"m": m, "n": n, "k": k, "us": t, "tflops": {key: flops / v / 1e6 for key, v in t.items()},
@@ -169,7 +186,7 @@ def main():
         torch.cuda.empty_cache()
 
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}")
-    keys = ("microscale", "fused", "expanded", "cuBLAS BF16", "cuBLAS FP8", "deq+BF16", "MXFP8", "MX deq+BF16")
+    keys = ("microscale", "fused", "skinny", "expanded", "cuBLAS BF16", "cuBLAS FP8", "deq+BF16", "MXFP8", "MX deq+BF16")
     head = f"{'M x N x K':>20} | " + " | ".join(f"{key:>17}" for key in keys) + " | rel err"
     print(head)
     print("-" * len(head))
@@ -178,10 +195,13 @@ def main():
         cells = []
         for key in keys:
             us, tf = r["us"][key], r["tflops"][key]
-            cells.append(f"{us:8.1f} us {tf:5.0f} TF" if key == "microscale" else f"{us:8.1f} ({us / ours_us:4.2f}x)")
+            if us != us:  # NaN: not run or not supported at this shape
+                cells.append("-")
+            else:
+                cells.append(f"{us:8.1f} us {tf:5.0f} TF" if key == "microscale" else f"{us:8.1f} ({us / ours_us:4.2f}x)")
         print(f"{r['m']:>6} x {r['n']:>5} x {r['k']:>5} | " + " | ".join(f"{c:>17}" for c in cells) +
               f" | {r['rel_err_vs_fp32_of_dequantized']:.1e}")
-    print("(microscale: NVFP4 along the path cuda::gemm picks; fused, expanded: each path forced; other columns: "
+    print("(microscale: NVFP4 along the path cuda::gemm picks; fused, skinny, expanded: each path forced; other columns: "
           "time and time / microscale's NVFP4 time, above 1 = microscale's NVFP4 faster; rel err: the larger of "
           "NVFP4's and MXFP8's against the float32 product of the dequantized operands)")
     print("MXFP8 beside its baselines (ratio = baseline time / microscale's MXFP8 time, above 1 = microscale faster):")

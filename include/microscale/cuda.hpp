@@ -47,10 +47,14 @@ void dequantize(const QuantizedViews& q, const std::vector<int64_t>& shape, cons
 /// padding), both on the device.
 void swizzle_scales(const TensorView& compact, const TensorView& swizzled, void* stream);
 
-/// @brief How cuda::gemm runs. Both give the same numerics (exact blocks, fp32 accumulation):
+/// @brief How cuda::gemm runs. All give the same numerics (exact blocks, fp32 accumulation):
 /// - Fused: one kernel converts each tile of codes to fp16 in shared memory and multiplies it
 ///   with wgmma (src/cuda/gemm_nvfp4.cu); no copy of the operands. NVFP4 pairs whose K is a
-///   multiple of 64 only. Best where M or N is small.
+///   multiple of 64 only. Best where M or N is small but M is not tiny.
+/// - Skinny: for few rows of A (decode: a handful of tokens against a weight B), one kernel that
+///   converts its share of the codes in registers and multiplies with mma.sync, reading B once
+///   per 32 rows of A (src/cuda/gemm_nvfp4_skinny.cu). NVFP4 pairs whose K is a multiple of 32
+///   only; any M, but meant for M <= 32.
 /// - Expanded: the operands' blocks are written out once as exact bf16 values (codes times block
 ///   scales; the NVFP4 global scales stay in alpha), and cuBLAS multiplies them with fp32
 ///   accumulation. cuBLAS writes D itself (alpha' by value, or from the device when an amax is
@@ -63,10 +67,11 @@ void swizzle_scales(const TensorView& compact, const TensorView& swizzled, void*
 ///   (blocks of values below ~2^-115) are caught on the device, and a slow exact kernel then
 ///   recomputes the result (src/cuda/gemm_fallback.cu). Needs workspace for the copies and M, N,
 ///   K times L below 2^31; takes every pair; fastest for large shapes.
-/// - Auto: the fused kernel where it takes the pair (layouts included) and M or N is below 512
+/// - Auto: the skinny kernel where it takes the pair (layouts included) and M <= 32
+///   (kSkinnyMaxRows); else the fused kernel where it takes the pair and M or N is below 512
 ///   (prefer_expanded_gemm in src/cuda/gemm_split.hpp) or the expanded path's sizes would not
-///   hold, else the expanded path.
-enum class GemmPath { Auto, Fused, Expanded };
+///   hold; else the expanded path.
+enum class GemmPath { Auto, Fused, Expanded, Skinny };
 
 /// @brief D = alpha * A B^T (+ beta C) (+ bias) on the device, for two block-scaled operands of
 /// one block size: NVFP4 x NVFP4, or MX x MX of any element formats (e.g. MXFP8 E4M3 x E5M2), as
@@ -81,13 +86,13 @@ enum class GemmPath { Auto, Fused, Expanded };
 /// torch frontend's gemm does). D, C and bias are device tensors (f32/bf16/f16; D
 /// and C [M, N(, L)] with any positive strides, bias [N] contiguous); problem.out_dtype is
 /// ignored (D's dtype rules); C is D itself or apart from it. Codes need contiguous stored rows;
-/// L <= 65535 and M <= 65535 * 128. The fused path also needs rows and batches of codes 16-byte
-/// aligned; compact scale rows and batches 4-byte aligned, or swizzled scales 16-byte aligned.
+/// L <= 65535 and M <= 65535 * 128. The fused and skinny paths also need rows and batches of codes
+/// 16-byte aligned; compact scale rows and batches 4-byte aligned, or swizzled scales 16-byte aligned.
 /// Anything else throws microscale::Error. One difference from the CPU GEMM: a byte of a 6-bit
 /// format with its high bits set (no code) reads as NaN here, where the CPU GEMM throws.
 ///
-/// The fused path splits K over several blocks when its output tiles are too few to fill the GPU
-/// (e.g. M = 128) and adds their fp32 sums in a second kernel (in a fixed order); the expanded
+/// The fused and skinny paths split K over several blocks when their output tiles are too few to
+/// fill the GPU (e.g. M = 128) and adds their fp32 sums in a second kernel (in a fixed order); the expanded
 /// path needs room for the bf16 copies and the fp32 product. Either takes `workspace` (device
 /// memory of `workspace_bytes`, 256-byte aligned) when it holds gemm_workspace_bytes(M, N, K, L,
 /// path, scheme) bytes, otherwise memory from the stream-ordered pool (cudaMallocAsync, freed on

@@ -94,8 +94,9 @@ GemmOperand device_operand(const std::string& scheme, const AnyArray& data, cons
 cuda::GemmPath parse_gemm_path(const std::string& path) {
   if (path == "auto") return cuda::GemmPath::Auto;
   if (path == "fused") return cuda::GemmPath::Fused;
+  if (path == "skinny") return cuda::GemmPath::Skinny;
   if (path == "expanded") return cuda::GemmPath::Expanded;
-  throw Error("unknown GEMM path '" + path + "' (auto, fused, expanded)");
+  throw Error("unknown GEMM path '" + path + "' (auto, fused, skinny, expanded)");
 }
 
 const float* device_amax(const DeviceArray& amax, const char* what) {
@@ -180,7 +181,7 @@ void bind_cuda(nb::module_& m) {
       "b_transposed, an MX columnwise output [K, rows]; compact or swizzled scales), into the caller's CUDA "
       "array D, on `stream`; a_e4m3_max / b_e4m3_max: an NVFP4 operand's global-scale bound (448, or 256 "
       "for 4over6); workspace: contiguous CUDA memory of gemm_workspace_bytes (else the "
-      "stream-ordered pool's); path: 'auto', 'fused' or 'expanded' (cuda::GemmPath).");
+      "stream-ordered pool's); path: 'auto', 'fused', 'skinny' or 'expanded' (cuda::GemmPath).");
 
   m.def(
       "column_sums_cuda",

@@ -1,6 +1,7 @@
 // microscale::cuda::gemm: the operands and epilogue tensors checked on the host (device memory,
-// shapes, strides, alignment), then one of the two paths launched: the fused kernel
-// (src/cuda/gemm_nvfp4.cu) or the expanded path (src/cuda/gemm_expanded.cu). The numerics are
+// shapes, strides, alignment), then one of the three paths launched: the fused kernel
+// (src/cuda/gemm_nvfp4.cu), the skinny kernel for few rows of A (src/cuda/gemm_nvfp4_skinny.cu)
+// or the expanded path (src/cuda/gemm_expanded.cu). The numerics are
 // core/gemm.cpp's: D = alpha' * sum over blocks (sa * sb * sum a*b) [+ beta C]
 // [+ bias], fp32 accumulation, alpha' folding in the NVFP4 global amaxes.
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include "core/view_extent.hpp"
 #include "cuda/gemm_expanded.hpp"
 #include "cuda/gemm_nvfp4.hpp"
+#include "cuda/gemm_nvfp4_skinny.hpp"
 #include "cuda/gemm_split.hpp"
 #include "microscale/cuda.hpp"
 #include "microscale/error.hpp"
@@ -105,16 +107,19 @@ GemmDeviceOperand device_operand(const GemmOperand& op, const float* device_amax
   return out;
 }
 
-// What the fused kernel needs beyond device_operand: 16-byte aligned rows of codes (its cp.async
-// copies), compact scale rows on 4-byte boundaries or 16-byte aligned swizzled images. Empty when
-// `op` has them, else the reason.
-std::string fused_layout_problem(const GemmDeviceOperand& op) {
+// What the fused and skinny kernels need beyond device_operand: 16-byte aligned rows of codes
+// (their cp.async copies); compact scale rows on 4-byte boundaries or 16-byte aligned swizzled
+// images (the fused kernel's copies), 2-byte boundaries for both (the skinny kernel reads a
+// thread's two block scales as one 16-bit word). Empty when `op` has them, else the reason.
+std::string kernel_layout_problem(const GemmDeviceOperand& op, bool skinny) {
   if (op.row_bytes % 16 != 0 || op.batch_bytes % 16 != 0 || !aligned(op.data, 16))
     return "rows of codes must start 16-byte aligned";
-  if (op.swizzled && !aligned(op.scales, 16)) return "swizzled scales must be 16-byte aligned";
-  if (!op.swizzled &&
-      (op.scale_row_bytes % 4 != 0 || op.scale_batch_bytes % 4 != 0 || !aligned(op.scales, 4)))
-    return "compact scale rows must start on 4-byte boundaries";
+  const int64_t scale_alignment = skinny ? 2 : op.swizzled ? 16 : 4;
+  if (op.swizzled && !aligned(op.scales, scale_alignment))
+    return "swizzled scales must be " + std::to_string(scale_alignment) + "-byte aligned";
+  if (!op.swizzled && (op.scale_row_bytes % scale_alignment != 0 ||
+                       op.scale_batch_bytes % scale_alignment != 0 || !aligned(op.scales, scale_alignment)))
+    return "compact scale rows must start on " + std::to_string(scale_alignment) + "-byte boundaries";
   return {};
 }
 
@@ -155,20 +160,36 @@ void require_c_apart_from_d(const TensorView& c, const TensorView& d) {
   require(c_end <= first(d) || d_end <= first(c), "C overlaps D without being D itself");
 }
 
-// Whether `path` runs the expanded path for an operand pair of `scheme`. The fused kernel takes
-// NVFP4 pairs whose K is a multiple of its K tile (and whose layouts it can read: `fused_layouts`);
-// Auto picks it by shape (gemm_split.hpp) and where the expanded path's int sizes (M, N and K
-// times L below 2^31) would not hold.
-bool expanded(GemmPath path, Scheme scheme, int64_t m, int64_t n, int64_t k, int64_t batches,
-              bool fused_layouts = true) {
-  const bool fused_takes = scheme == Scheme::NVFP4 && k % kNvfp4GemmK == 0;
-  if (path == GemmPath::Fused) {
-    require(fused_takes, "the fused path takes NVFP4 pairs whose K is a multiple of " +
-                             std::to_string(kNvfp4GemmK) + " (GemmPath::Expanded or Auto take the rest)");
-    return false;
+// The kernel a GEMM runs on.
+enum class Route { Fused, Skinny, Expanded };
+
+// The route of `path` for an operand pair of `scheme`. The fused kernel takes NVFP4 pairs whose K
+// is a multiple of its K tile, the skinny one those whose K is a multiple of 32, each only where
+// it can read the layouts (`fused_layouts`, `skinny_layouts`). Auto picks the skinny kernel for
+// few rows of A, else the fused one or the expanded path by shape (gemm_split.hpp), the fused one
+// where the expanded path's int sizes (M, N and K times L below 2^31) would not hold.
+Route route(GemmPath path, Scheme scheme, int64_t m, int64_t n, int64_t k, int64_t batches,
+            bool fused_layouts = true, bool skinny_layouts = true) {
+  const bool nvfp4 = scheme == Scheme::NVFP4;
+  const bool fused_takes = nvfp4 && k % kNvfp4GemmK == 0, skinny_takes = nvfp4 && k % kNvfp4SkinnyK == 0;
+  switch (path) {
+    case GemmPath::Fused:
+      require(fused_takes, "the fused path takes NVFP4 pairs whose K is a multiple of " +
+                               std::to_string(kNvfp4GemmK) + " (GemmPath::Expanded or Auto take the rest)");
+      return Route::Fused;
+    case GemmPath::Skinny:
+      require(skinny_takes, "the skinny path takes NVFP4 pairs whose K is a multiple of " +
+                                std::to_string(kNvfp4SkinnyK) +
+                                " (GemmPath::Expanded or Auto take the rest)");
+      require(skinny_row_steps(m) <= 65535, "too many rows of A for the skinny path");
+      return Route::Skinny;
+    case GemmPath::Expanded: return Route::Expanded;
+    default: break;
   }
-  if (path == GemmPath::Expanded || !fused_takes || !fused_layouts) return true;
-  return prefer_expanded_gemm(m, n) && std::max({m, n, k}) <= INT_MAX / batches;
+  if (skinny_takes && skinny_layouts && m <= kSkinnyMaxRows) return Route::Skinny;
+  if (!fused_takes || !fused_layouts) return Route::Expanded;
+  return prefer_expanded_gemm(m, n) && std::max({m, n, k}) <= INT_MAX / batches ? Route::Expanded
+                                                                                : Route::Fused;
 }
 
 }  // namespace
@@ -215,20 +236,34 @@ void gemm(const GemmOperand& a, const GemmOperand& b, const GemmProblem& problem
   p.batches = la;
   p.alpha = problem.alpha;
   p.beta = problem.beta;
-  const std::string a_layout = fused_layout_problem(p.a), b_layout = fused_layout_problem(p.b);
-  if (expanded(path, a.scheme, m, n, ka, la, a_layout.empty() && b_layout.empty())) {
+  const std::string fused_a = kernel_layout_problem(p.a, false), fused_b = kernel_layout_problem(p.b, false);
+  const std::string skinny_a = kernel_layout_problem(p.a, true), skinny_b = kernel_layout_problem(p.b, true);
+  const Route r = route(path, a.scheme, m, n, ka, la, fused_a.empty() && fused_b.empty(),
+                        skinny_a.empty() && skinny_b.empty());
+  if (r == Route::Expanded) {
     launch_expanded_gemm(p, static_cast<cudaStream_t>(stream), workspace, workspace_bytes);
+    return;
+  }
+  const bool skinny = r == Route::Skinny;
+  const std::string& problem_a = skinny ? skinny_a : fused_a;
+  const std::string& problem_b = skinny ? skinny_b : fused_b;
+  const std::string kernel = skinny ? " (skinny path): " : " (fused path): ";
+  require(problem_a.empty(), "operand A" + kernel + problem_a);
+  require(problem_b.empty(), "operand B" + kernel + problem_b);
+  if (skinny) {
+    launch_nvfp4_skinny_gemm(p, static_cast<cudaStream_t>(stream), workspace, workspace_bytes);
   } else {
-    require(a_layout.empty(), "operand A (fused path): " + a_layout);
-    require(b_layout.empty(), "operand B (fused path): " + b_layout);
     launch_nvfp4_gemm(p, static_cast<cudaStream_t>(stream), workspace, workspace_bytes);
   }
 }
 
 size_t gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batches, GemmPath path, Scheme scheme) {
   require(m > 0 && n > 0 && k > 0 && batches > 0, "gemm_workspace_bytes: sizes must be positive");
-  return expanded(path, scheme, m, n, k, batches) ? expanded_gemm_workspace_bytes(m, n, k, batches)
-                                                  : nvfp4_gemm_workspace_bytes(m, n, k, batches);
+  switch (route(path, scheme, m, n, k, batches)) {
+    case Route::Expanded: return expanded_gemm_workspace_bytes(m, n, k, batches);
+    case Route::Skinny: return nvfp4_skinny_workspace_bytes(m, n, k, batches);
+    default: return nvfp4_gemm_workspace_bytes(m, n, k, batches);
+  }
 }
 
 }  // namespace microscale::cuda

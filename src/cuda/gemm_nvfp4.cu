@@ -9,30 +9,21 @@
 //     --convert (all threads)--> shared fp16, 2 buffers, 128-byte swizzle --wgmma--> fp32 registers
 //     --epilogue--> D
 //
-// Exactness of the conversion: an E2M1 code c with magnitude bits m (3 bits) and sign s becomes
-// the fp16 bit pattern s<<15 | m<<9, whose value is e2m1(c) * 2^-14 (the code's exponent and
-// mantissa bits land in fp16's, and the subnormal code 0.5 lands on fp16's subnormal 2^-15). One
-// fp16 multiply by the block scale (E4M3 -> fp16 is exact) then gives e2m1 * scale * 2^-14, which
-// fp16 holds exactly: the product has at most 6 significant bits, its smallest step is
-// 0.5 * 2^-9 * 2^-14 = 2^-24 (fp16's subnormal step) and its largest value 6 * 448 * 2^-14 < 1.
-// The tensor cores multiply those fp16 values exactly and accumulate in fp32, so the accumulator
-// holds sum(a * b) * 2^-28; the epilogue scales it back by 2^28 (exact) before alpha, as
-// core/gemm.cpp does on the CPU.
+// The conversion is exact (cuda/nvfp4_fp16_codes.cuh): the accumulators hold sum(a * b) * 2^-28,
+// scaled back by 2^28 before alpha.
 //
 // Block tile 128 x 128 x 64 (K); two warpgroups, each the wgmma of 64 rows x 128 columns.
 // Within a 16-element block the conversion stores code q of each 8-code word beside code q + 4
 // (one shift per pair of codes); A and B are permuted alike, so the sum over K is the same.
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-
 #include <algorithm>
 #include <cstdint>
 
+#include "cuda/cp_async.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/gemm_epilogue.cuh"
 #include "cuda/gemm_nvfp4.hpp"
-#include "cuda/gemm_split.hpp"
-#include "cuda/stream_workspace.hpp"
+#include "cuda/gemm_split_launch.hpp"
+#include "cuda/nvfp4_fp16_codes.cuh"
 
 namespace microscale::cuda {
 namespace {
@@ -55,25 +46,6 @@ constexpr int kSharedBytes = 2 * kBufferBytes + kStages * kStageBytes + 1024;
 constexpr int kBlocksPerSm = 2;
 
 static_assert(kTileM == 128 && kTileN == 128, "a thread copies and converts one half row of A and one of B");
-
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, zero-filled when !valid (a row past the matrix).
-__device__ __forceinline__ void copy16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void copy4(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(dst)), "l"(src),
-               "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int Pending>
-__device__ __forceinline__ void wait_copies() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
-}
 
 // Shared-memory stage: A codes [128][32], B codes [128][32], A scales [128][4], B scales [128][4]
 // (compact rows, or each tile's 128x4 atom as stored: 512 bytes).
@@ -154,23 +126,6 @@ __device__ __forceinline__ int scale_index(int row, int j) {
   return row * kScaleBytes + j;
 }
 
-// 8 codes (one 32-bit word, code q in bits 4q..4q+3) times a block scale -> 4 fp16 pairs
-// (code q, code q + 4) * scale * 2^-14, exactly (see the file comment). Per pair: t holds each
-// code's 4 bits at fp16 bits 9-12 (magnitude at 9-11, sign at 12); adding 7 times the sign bit
-// carries it from bit 12 to bit 15 and leaves bits 12-14 clear: s<<15 | m<<9.
-__device__ __forceinline__ uint4 convert_word(uint32_t w, __half2 scale) {
-  uint32_t out[4];
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const uint32_t shifted = q < 3 ? w << (9 - 4 * q) : w >> 3;  // code q at bits 9-12, q + 4 at 25-28
-    const uint32_t t = shifted & 0x1E001E00u;
-    const uint32_t bits = t + (t & 0x10001000u) * 7u;
-    __half2 h = __hmul2(*reinterpret_cast<const __half2*>(&bits), scale);
-    out[q] = *reinterpret_cast<uint32_t*>(&h);
-  }
-  return make_uint4(out[0], out[1], out[2], out[3]);
-}
-
 // Row `row`, codes 32*half..+32 (two 16-element blocks, four 16-byte chunks), of one operand's
 // stage into its fp16 tile [rows][64], in wgmma's 128-byte swizzled K-major layout: the 16-byte
 // chunk c of row r sits at chunk c ^ (r % 8).
@@ -178,17 +133,15 @@ template <bool Swizzled>
 __device__ __forceinline__ void convert_half_row(const uint8_t* codes, const uint8_t* scales, uint8_t* tile,
                                                  int row, int half) {
   const uint4 raw = *reinterpret_cast<const uint4*>(codes + row * kCodeBytes + half * 16);
-  const __nv_fp8x2_storage_t pair = static_cast<__nv_fp8x2_storage_t>(
-      scales[scale_index<Swizzled>(row, 2 * half)] | (scales[scale_index<Swizzled>(row, 2 * half + 1)] << 8));
-  const __half2 both = __half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3));
-  const __half2 s0 = __low2half2(both), s1 = __high2half2(both);
+  const ScalePair s = e4m3_scale_pair(scales[scale_index<Swizzled>(row, 2 * half)],
+                                      scales[scale_index<Swizzled>(row, 2 * half + 1)]);
   uint8_t* dst = tile + row * kRowBytes;
   const int swz = row % 8;
   const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int chunk = (4 * half + i) ^ swz;
-    *reinterpret_cast<uint4*>(dst + chunk * 16) = convert_word(words[i], i < 2 ? s0 : s1);
+    *reinterpret_cast<uint4*>(dst + chunk * 16) = nvfp4_word_to_fp16_pairs(words[i], i < 2 ? s.low : s.high);
   }
 }
 
@@ -352,36 +305,21 @@ void launch(const GemmDeviceParams& p, cudaStream_t stream) {
   MICROSCALE_CUDA_CHECK(cudaGetLastError());
 }
 
-int multiprocessors() {
-  int device = 0, count = 0;
-  MICROSCALE_CUDA_CHECK(cudaGetDevice(&device));
-  MICROSCALE_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
-}
-
 GemmSplit split_of(int64_t m, int64_t n, int64_t k, int64_t batches) {
   const int64_t tiles = ((n + kTileN - 1) / kTileN) * ((m + kTileM - 1) / kTileM) * batches;
-  return choose_gemm_split(tiles, k / kTileK, multiprocessors(), kBlocksPerSm);
-}
-
-size_t slices_bytes(const GemmSplit& s, int64_t m, int64_t n, int64_t batches) {
-  return s.splits > 1 ? static_cast<size_t>(s.splits * batches * m * n) * sizeof(float) : 0;
+  return choose_gemm_split(tiles, k / kTileK, multiprocessor_count(), kBlocksPerSm);
 }
 
 }  // namespace
 
 size_t nvfp4_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batches) {
-  return slices_bytes(split_of(m, n, k, batches), m, n, batches);
+  return split_slices_bytes(split_of(m, n, k, batches), m, n, batches);
 }
 
 void launch_nvfp4_gemm(const GemmDeviceParams& problem, cudaStream_t stream, void* workspace,
                        size_t workspace_bytes) {
   GemmDeviceParams p = problem;
-  const GemmSplit split = split_of(p.m, p.n, p.k, p.batches);
-  p.splits = split.splits;
-  p.tiles_per_split = split.tiles_per_split;
-  const StreamWorkspace scratch(slices_bytes(split, p.m, p.n, p.batches), workspace, workspace_bytes, stream);
-  p.workspace = reinterpret_cast<float*>(scratch.data());
+  const SplitWorkspace scratch(p, split_of(p.m, p.n, p.k, p.batches), workspace, workspace_bytes, stream);
   if (p.a.swizzled) {
     p.b.swizzled ? launch<true, true>(p, stream) : launch<true, false>(p, stream);
   } else {

@@ -21,15 +21,18 @@ struct GemmSplit {
 /// `blocks_per_sm` blocks each: none when the tiles fill the GPU; otherwise enough to fill it,
 /// keeping at least `min_run` K tiles per block (a run's fixed cost is its pipeline's fill and its
 /// slice's round trip through memory: at 128 x 7168 x 2048, runs of 7 K tiles were slower than
-/// no split) and
-/// at most 16 splits (each adds an [M, N] fp32 slice to the workspace).
+/// no split) and at most 16 splits (each adds an [M, N] fp32 slice to the workspace). With
+/// `one_wave`, no more blocks than the GPU holds at once (the skinny kernel, whose blocks all take
+/// the same time: a second wave of a few blocks would add a whole block's time), else at least
+/// as many (the fused kernel's choice).
 inline GemmSplit choose_gemm_split(int64_t tiles, int64_t k_tiles, int64_t sms, int64_t blocks_per_sm,
-                                   int64_t min_run = 16) {
+                                   int64_t min_run = 16, bool one_wave = false) {
   GemmSplit s;
   s.tiles_per_split = k_tiles;
   const int64_t slots = sms * blocks_per_sm;
   if (tiles <= 0 || k_tiles <= 0 || tiles >= slots) return s;
-  const int64_t wanted = std::min<int64_t>({(slots + tiles - 1) / tiles, k_tiles / min_run, 16});
+  const int64_t fill = one_wave ? slots / tiles : (slots + tiles - 1) / tiles;
+  const int64_t wanted = std::min<int64_t>({fill, k_tiles / min_run, 16});
   if (wanted < 2) return s;
   s.tiles_per_split = (k_tiles + wanted - 1) / wanted;
   s.splits = (k_tiles + s.tiles_per_split - 1) / s.tiles_per_split;  // no empty split

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 namespace microscale::cuda {
 namespace {
 
@@ -43,6 +45,21 @@ TEST(GemmSplit, EveryBlockSumsAtLeastTheMinimumRunAndNoSplitIsEmpty) {
   EXPECT_EQ(choose_gemm_split(1, 31, 132, 2).splits, 1);  // too short to split
   EXPECT_EQ(choose_gemm_split(1, 32, 132, 2).splits, 2);
   EXPECT_EQ(choose_gemm_split(1, 32, 132, 2, /*min_run=*/4).splits, 8);
+}
+
+TEST(GemmSplit, OneWaveNeverAsksForMoreBlocksThanTheGpuHolds) {
+  // The skinny kernel at 16 x 7168 x 16384: 112 blocks of 64 rows of B, 128 chunks of K, 396
+  // slots (3 blocks per SM): 3 splits (336 blocks), where filling would take 4 (448: two waves).
+  EXPECT_EQ(choose_gemm_split(112, 128, 132, 3, 8).splits, 4);
+  const GemmSplit s = choose_gemm_split(112, 128, 132, 3, 8, /*one_wave=*/true);
+  EXPECT_EQ(s.splits, 3);
+  EXPECT_EQ(s.tiles_per_split, 43);
+  for (int64_t tiles = 1; tiles < 400; tiles += 3) {
+    const GemmSplit w = choose_gemm_split(tiles, 256, 132, 3, 8, true);
+    ASSERT_LE(w.splits * tiles, std::max<int64_t>(tiles, 396));
+    ASSERT_GE(w.splits * w.tiles_per_split, 256);
+  }
+  EXPECT_EQ(choose_gemm_split(200, 256, 132, 3, 8, true).splits, 1);  // 2 x 200 > 396
 }
 
 TEST(GemmPath, ExpandedOnceBothSidesAreLarge) {

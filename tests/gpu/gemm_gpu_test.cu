@@ -7,12 +7,12 @@
 // accumulation bound K * 2^-23 * sum |a*b|. Also: swizzled scales, batches, ragged M and N, K
 // split over several blocks (small grids), host and device amaxes, alpha / beta / C / bias,
 // strided and in-place D, operands from quantize() (TE's fprop "TN" and wgrad "NT" operands), and
-// each bad argument a microscale::Error. MX pairs (run_mx_checks) and NVFP4 with K not a multiple
-// of 64 run on the expanded path only, within the bound.
+// each bad argument a microscale::Error. MX pairs (run_mx_checks) run on the expanded path only,
+// NVFP4 with K not a multiple of 64 on the skinny and expanded paths, within the bound.
 // Exit status = number of failures (capped).
 //
-// Every other check runs on both paths (cuda::GemmPath::Fused and ::Expanded).
-// Usage: gemm_gpu_test [--quick] [--fused-only] | --time M N K [fused|expanded]
+// Every other check runs on all three paths (cuda::GemmPath::Fused, ::Skinny and ::Expanded).
+// Usage: gemm_gpu_test [--quick] [--kernels-only] | --time M N K [fused|skinny|expanded|auto]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -42,11 +42,17 @@ using namespace microscale;
 namespace {
 
 int g_failures = 0, g_checks = 0;
-// Every check runs on both paths of cuda::gemm (GemmPath): the fused kernel and the expanded one.
+// Every check runs on each path of cuda::gemm (GemmPath): the fused kernel, the skinny one and the
+// expanded path.
 cuda::GemmPath g_path = cuda::GemmPath::Fused;
 
 const char* path_name(cuda::GemmPath path) {
-  return path == cuda::GemmPath::Expanded ? "expanded" : path == cuda::GemmPath::Auto ? "auto" : "fused";
+  switch (path) {
+    case cuda::GemmPath::Expanded: return "expanded";
+    case cuda::GemmPath::Skinny: return "skinny";
+    case cuda::GemmPath::Auto: return "auto";
+    default: return "fused";
+  }
 }
 
 void fail(const std::string& what) {
@@ -473,7 +479,9 @@ void expect_error(const std::string& name, const std::function<void()>& call) {
 
 }  // namespace
 
-// --time M N K: one GEMM shape timed (no checks), for profiling: the median of 20 calls.
+// --time M N K: one GEMM shape timed (no checks), for profiling: the median of 7 runs of 20
+// back-to-back calls (so that the host's cost per call, tens of microseconds, hides behind the
+// GPU's work instead of adding to a lone call's time).
 int time_one_shape(int64_t m, int64_t n, int64_t k, cuda::GemmPath path) {
   std::mt19937_64 rng(1);
   const auto scales = e4m3_codes_of({0.5f, 1.0f, 1.5f, 2.0f});
@@ -486,18 +494,24 @@ int time_one_shape(int64_t m, int64_t n, int64_t k, cuda::GemmPath path) {
   const TensorView d{dd.p, DType::BF16, {m, n}, {}, Device::CUDA};
   const size_t workspace_bytes = cuda::gemm_workspace_bytes(m, n, k, 1, path);
   DeviceBuffer workspace(workspace_bytes);
+  const auto call = [&] {
+    cuda::gemm(ga, gb, {}, d, nullptr, nullptr, nullptr, workspace.p, workspace_bytes, path);
+  };
+  call();
+  CK(cudaDeviceSynchronize());
+  constexpr int kCalls = 20;
   std::vector<float> ms;
   cudaEvent_t start, stop;
   CK(cudaEventCreate(&start));
   CK(cudaEventCreate(&stop));
-  for (int i = 0; i < 20; ++i) {
+  for (int run = 0; run < 7; ++run) {
     CK(cudaEventRecord(start));
-    cuda::gemm(ga, gb, {}, d, nullptr, nullptr, nullptr, workspace.p, workspace_bytes, path);
+    for (int i = 0; i < kCalls; ++i) call();
     CK(cudaEventRecord(stop));
     CK(cudaEventSynchronize(stop));
     float t = 0;
     CK(cudaEventElapsedTime(&t, start, stop));
-    ms.push_back(t);
+    ms.push_back(t / kCalls);
   }
   std::sort(ms.begin(), ms.end());
   const double us = ms[ms.size() / 2] * 1e3;
@@ -658,8 +672,11 @@ void run_checks(bool quick) {
   struct Shape {
     int64_t m, n, k, l;
   };
+  // The skinny kernel's three row tilings (A's rows by 8, 16 and 32) come from M = 1, 7, 16, 31
+  // and 257; its split K from the long K at few output blocks (16 x 136 x 8192: 3 blocks).
   std::vector<Shape> shapes = {{128, 128, 64, 1},  {1, 1, 64, 1},       {7, 200, 128, 1},
-                               {257, 130, 256, 2}, {300, 384, 1024, 1}, {128, 256, 8192, 1}};
+                               {257, 130, 256, 2}, {300, 384, 1024, 1}, {128, 256, 8192, 1},
+                               {16, 136, 8192, 1}, {31, 70, 4096, 3}};
   if (quick) shapes.resize(4);
   const DType dtypes[] = {DType::F32, DType::BF16, DType::F16};
 
@@ -824,11 +841,26 @@ void run_checks(bool quick) {
   }
   if (g_path == cuda::GemmPath::Expanded) {
     run_mx_checks(rng);
-    // NVFP4 whose K is not a multiple of 64 (the fused kernel's K tile): the expanded path only.
+    // NVFP4 whose K is not a multiple of 32 (the skinny kernel's): the expanded path only.
     const HostOperand a = random_operand(96, 80, 1, gpumode_scales, rng);
     const HostOperand b = random_operand(136, 80, 1, gpumode_scales, rng);
     check_gemm("NVFP4 K = 80", a, b, false, Epilogue{}, true, rng);
     check_gemm("NVFP4 K = 80 swizzled", a, b, true, Epilogue{}, true, rng);
+  }
+  if (g_path != cuda::GemmPath::Fused) {
+    // K a multiple of 32 but not of 64 or 128: the skinny kernel's last chunk of 128 codes is
+    // partly past K (the threads past it read zeros), with a split K, batches and both layouts.
+    for (int64_t k : {96, 32 * 131}) {
+      const HostOperand a = random_operand(12, k, 2, gpumode_scales, rng);
+      const HostOperand b = random_operand(150, k, 2, gpumode_scales, rng);
+      for (bool swizzle : {false, true}) {
+        Epilogue e;
+        e.out = DType::BF16;
+        e.with_bias = true;
+        check_gemm("NVFP4 K = " + std::to_string(k) + (swizzle ? " swizzled" : " compact"), a, b, swizzle, e,
+                   true, rng);
+      }
+    }
   }
   // Bad arguments.
   {
@@ -857,10 +889,11 @@ void run_checks(bool quick) {
     unaligned.data.shape = {31, 64};
     unaligned.scales.shape = {31, 8};
     const TensorView d31{dd.p, DType::F32, {31, 31}, {}, Device::CUDA};
-    if (g_path == cuda::GemmPath::Fused) {
-      expect_error("K not a multiple of 64 (fused)", [&] { run(k80, k80, {}, d); });
-      expect_error("MX operands (fused)", [&] { run(mx, mx, {}, d); });
-      expect_error("unaligned codes (fused)", [&] { run(unaligned, unaligned, {}, d31); });
+    if (g_path == cuda::GemmPath::Fused || g_path == cuda::GemmPath::Skinny) {
+      const std::string kernel = path_name(g_path);
+      expect_error("K not a multiple of 64 or 32 (" + kernel + ")", [&] { run(k80, k80, {}, d); });
+      expect_error("MX operands (" + kernel + ")", [&] { run(mx, mx, {}, d); });
+      expect_error("unaligned codes (" + kernel + ")", [&] { run(unaligned, unaligned, {}, d31); });
     } else {  // the expanded path takes these: K = 80 and MX are checked elsewhere
       run(k80, k80, {}, d);
       run(mx, mx, {}, d);
@@ -942,19 +975,22 @@ void run_checks(bool quick) {
 int main(int argc, char** argv) {
   if ((argc == 5 || argc == 6) && std::string(argv[1]) == "--time") {
     const std::string path = argc == 6 ? argv[5] : "fused";
-    if (path != "fused" && path != "expanded") {
-      std::fprintf(stderr, "unknown path '%s' (fused, expanded)\n", path.c_str());
-      return 2;
+    const cuda::GemmPath paths[] = {cuda::GemmPath::Fused, cuda::GemmPath::Skinny, cuda::GemmPath::Expanded,
+                                    cuda::GemmPath::Auto};
+    for (cuda::GemmPath p : paths) {
+      if (path == path_name(p))
+        return time_one_shape(std::stoll(argv[2]), std::stoll(argv[3]), std::stoll(argv[4]), p);
     }
-    return time_one_shape(std::stoll(argv[2]), std::stoll(argv[3]), std::stoll(argv[4]),
-                          path == "expanded" ? cuda::GemmPath::Expanded : cuda::GemmPath::Fused);
+    std::fprintf(stderr, "unknown path '%s' (fused, skinny, expanded, auto)\n", path.c_str());
+    return 2;
   }
   bool quick = false;
-  std::vector<cuda::GemmPath> paths = {cuda::GemmPath::Fused, cuda::GemmPath::Expanded};
+  std::vector<cuda::GemmPath> paths = {cuda::GemmPath::Fused, cuda::GemmPath::Skinny,
+                                       cuda::GemmPath::Expanded};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--quick") quick = true;
-    if (arg == "--fused-only") paths = {cuda::GemmPath::Fused};
+    if (arg == "--kernels-only") paths = {cuda::GemmPath::Fused, cuda::GemmPath::Skinny};  // no cuBLAS
   }
   for (cuda::GemmPath path : paths) {
     g_path = path;

@@ -245,18 +245,19 @@ def test_gemm_on_cuda_mx_columnwise_operands(scheme_dy, scheme_x):
         mst.gemm(qx, mst.quantize(x, "nvfp4"))
 
 
-@pytest.mark.parametrize("path", ["fused", "expanded"])
-def test_gemm_paths_agree_with_the_cpu_gemm(path):
-    # Both paths of cuda::gemm through the binding, beside the CPU GEMM; with a bias (the expanded
-    # path's epilogue kernel) and without (cuBLAS writes D).
+@pytest.mark.parametrize("path", ["fused", "skinny", "expanded"])
+@pytest.mark.parametrize("m", [512, 5])
+def test_gemm_paths_agree_with_the_cpu_gemm(path, m):
+    # Each path of cuda::gemm through the binding, beside the CPU GEMM; with a bias (the expanded
+    # path's epilogue kernel) and without (cuBLAS writes D); many rows of A and few (decode).
     g = torch.Generator().manual_seed(9)
-    x = torch.randn(512, 512, generator=g).to(torch.bfloat16)
+    x = torch.randn(m, 512, generator=g).to(torch.bfloat16)
     w = (torch.randn(640, 512, generator=g) * 0.05).to(torch.bfloat16)
     a, b = mst.quantize(x.cuda(), "nvfp4"), mst.quantize(w.cuda(), "nvfp4", swizzle=True)
     bias = torch.randn(640, generator=g)
     for with_bias in (False, True):
-        d = torch.empty(512, 640, device="cuda", dtype=torch.bfloat16)
-        workspace = torch.empty(ms._C.gemm_workspace_bytes(512, 640, 512, 1, path), dtype=torch.uint8, device="cuda")
+        d = torch.empty(m, 640, device="cuda", dtype=torch.bfloat16)
+        workspace = torch.empty(ms._C.gemm_workspace_bytes(m, 640, 512, 1, path), dtype=torch.uint8, device="cuda")
         ms._C.gemm_cuda(a.rowwise_data, a.rowwise_scale, a.amax[0:1], False, b.rowwise_data, b.rowwise_scale,
                         b.amax[0:1], True, 1.0, 0.0, None, bias.cuda() if with_bias else None, d,
                         torch.cuda.current_stream().cuda_stream, workspace, path)

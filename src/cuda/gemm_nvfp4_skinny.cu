@@ -1,0 +1,341 @@
+// NVFP4 x NVFP4 GEMM on Hopper for an A of few rows (decode: a few tokens against a weight B of
+// N x K). docs/perf.md, "A skinny kernel for few rows of A".
+//
+// Where M is small the work is reading B (N x K codes) and converting it; the tensor cores are
+// nearly idle. The fused kernel (gemm_nvfp4.cu) pads M to its 128-row tile and converts every B
+// tile into shared memory before wgmma reads it; here each thread converts its share of B in
+// registers and hands it straight to mma.sync, with B as the instruction's 16-row operand and A
+// as its 8-column one, so that D^T's tile is computed:
+//
+//   B codes + E4M3 scales --16-byte loads--> registers --convert--> fp16 A fragments --mma.sync-->
+//   A codes + scales      --16-byte loads--> registers --convert--> fp16 B fragments --^
+//   fp32 accumulators --4 warps summed in shared memory, in warp order--> D (or a split's slice)
+//
+// Which K element each fragment slot holds is free, as long as both operands use the same map:
+// in a chunk of 128 codes, thread t % 4 of a row takes codes 32 (t % 4) .. + 31 (16 bytes, two
+// 16-element blocks), 4 of them per mma in the order of nvfp4_word_to_fp16_pairs. The conversion
+// is exact (nvfp4_fp16_codes.cuh): the accumulators hold sum(a * b) * 2^-28.
+//
+// A block is 4 warps over the same 16 * kGroupsN rows of B and 8 * kTilesM rows of A; warp w
+// takes chunks w, w + 4, ... of the block's K range, two chunks ahead of the one it converts
+// (codes by cp.async into shared memory, scales into registers). When the blocks cannot fill the GPU, K is
+// split over several blocks whose fp32 sums go to workspace slices, added in split order by
+// gemm_epilogue_kernel (gemm_split.hpp).
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/cp_async.cuh"
+#include "cuda/cuda_check.hpp"
+#include "cuda/gemm_epilogue.cuh"
+#include "cuda/gemm_nvfp4_skinny.hpp"
+#include "cuda/gemm_split_launch.hpp"
+#include "cuda/nvfp4_fp16_codes.cuh"
+
+namespace microscale::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kChunkK = 128;  // codes of a row per warp step: 4 threads x 32
+constexpr int kChunkBytes = kChunkK / 2;
+// 12 warps per SM, up to 168 registers each. 8 or 16 warps, or 4 stages, measured no faster
+// (docs/perf.md): the SM's integer and conversion work bounds the kernel, not memory.
+constexpr int kBlocksPerSm = 3;
+constexpr int kSplitMinChunks = 8;  // per block: each warp at least 2 chunks of a split
+constexpr int kStages = 3;          // chunks per warp in shared memory: 1 converted, 2 in flight
+
+// 16-row groups of B per block for kTilesM 8-row tiles of A: fewer where A's tiles take the
+// accumulators' registers (kGroupsN * kTilesM * 4 fp32 per thread).
+__host__ __device__ constexpr int groups_n(int tiles_m) { return tiles_m == 4 ? 2 : 4; }
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// D[16 x 8] += A[16 x 16] B[16 x 8] (fp16 in, fp32 accumulators). Fragments, lane = 4 g + t:
+// a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1], a2 = A[g][2t+8, 2t+9], a3 = A[g+8][2t+8, 2t+9];
+// b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]; d = D[g][2t, 2t+1], D[g+8][2t, 2t+1].
+__device__ __forceinline__ void mma_16x8x16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                            uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// One thread's rows of one operand, r0 + 8 j for j < kRows, in batch l: each chunk, its 16 bytes
+// of codes per row (copied into shared memory ahead of use) and their two block scales (loaded
+// into registers ahead of use; low byte first). Rows past the operand and codes past K read as
+// zeros. The sizes and strides are read from the kernel's parameters (constant memory), not kept
+// in registers.
+template <bool Swizzled, int kRows>
+struct ThreadRows {
+  const GemmDeviceOperand& op;
+  const uint8_t* codes;   // row r0's bytes of chunk 0 (the thread's 16)
+  const uint8_t* scales;  // the batch's scales
+  int64_t r0, rows, k;
+  int quad;
+
+  __device__ ThreadRows(const GemmDeviceOperand& op_, int64_t rows_, int64_t k_, int64_t l, int64_t r0_,
+                        int quad_)
+      : op(op_), r0(r0_), rows(rows_), k(k_), quad(quad_) {
+    codes = op.data + l * op.batch_bytes + r0 * op.row_bytes + quad * 16;
+    scales = op.scales + l * op.scale_batch_bytes;
+  }
+
+  __device__ __forceinline__ bool in_k(int64_t chunk) const { return chunk * kChunkK + 32 * quad < k; }
+
+  // Byte offset of the thread's two block scales (2 quad, 2 quad + 1 of the chunk's 8) of `row`.
+  __device__ __forceinline__ int64_t scale_offset(int64_t row, int64_t chunk) const {
+    if constexpr (Swizzled) {  // 128x4 atoms (common.cuh's scale_offset); the pair is adjacent
+      const int64_t atoms_per_row = (k / 16 + 3) / 4;
+      return ((row >> 7) * atoms_per_row + 2 * chunk + (quad >> 1)) * 512 + (row & 31) * 16 +
+             ((row >> 5) & 3) * 4 + 2 * (quad & 1);
+    }
+    return row * op.scale_row_bytes + 8 * chunk + 2 * quad;
+  }
+
+  // Copies the chunk's codes of row j to slot[j * 32] (16-byte slots, one per lane: the warp's
+  // reads of a row are contiguous).
+  __device__ __forceinline__ void copy_codes(int64_t chunk, uint4* slot) const {
+    const bool k_ok = in_k(chunk);
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      const bool valid = k_ok && r0 + 8 * j < rows;
+      copy16(slot + j * 32, valid ? codes + 8 * j * op.row_bytes + chunk * kChunkBytes : op.data, valid);
+    }
+  }
+
+  __device__ __forceinline__ void load_scales(int64_t chunk, uint32_t (&scale)[kRows]) const {
+    const bool k_ok = in_k(chunk);
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      const int64_t row = r0 + 8 * j;
+      scale[j] = k_ok && row < rows
+                     ? __ldg(reinterpret_cast<const unsigned short*>(scales + scale_offset(row, chunk)))
+                     : 0u;
+    }
+  }
+};
+
+// What a thread holds of one chunk: B rows n0 + 16 g + lane / 4 (+ 8) as rows 2 g (+ 1), A rows
+// m0 + 8 i + lane / 4 as rows 2 kGroupsN + i (one array: one shared-memory slot per row).
+template <int kTilesM>
+struct Chunk {
+  static constexpr int kRowsB = 2 * groups_n(kTilesM), kRows = kRowsB + kTilesM;
+  uint4 codes[kRows];
+  uint32_t scales[kRows];
+};
+
+// acc[g][i] += the chunk's products of B's row group g and A's tile i.
+template <int kTilesM>
+__device__ __forceinline__ void multiply(const Chunk<kTilesM>& c,
+                                         float (&acc)[groups_n(kTilesM)][kTilesM][4]) {
+  constexpr int kGroupsN = groups_n(kTilesM), kRowsB = Chunk<kTilesM>::kRowsB, kRows = Chunk<kTilesM>::kRows;
+  ScalePair scale[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) scale[r] = e4m3_scale_pair(c.scales[r] & 0xFF, c.scales[r] >> 8);
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {  // word w of the thread's 16 bytes: 8 codes of block w / 2
+    uint4 a_pairs[kTilesM];
+#pragma unroll
+    for (int i = 0; i < kTilesM; ++i) {
+      const ScalePair& s = scale[kRowsB + i];
+      a_pairs[i] = nvfp4_word_to_fp16_pairs(word_of(c.codes[kRowsB + i], w), w < 2 ? s.low : s.high);
+    }
+#pragma unroll
+    for (int g = 0; g < kGroupsN; ++g) {
+      const uint4 low =
+          nvfp4_word_to_fp16_pairs(word_of(c.codes[2 * g], w), w < 2 ? scale[2 * g].low : scale[2 * g].high);
+      const uint4 high = nvfp4_word_to_fp16_pairs(word_of(c.codes[2 * g + 1], w),
+                                                  w < 2 ? scale[2 * g + 1].low : scale[2 * g + 1].high);
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {  // pairs 2s and 2s + 1: k slots (2t, 2t+1) and (2t+8, 2t+9)
+#pragma unroll
+        for (int i = 0; i < kTilesM; ++i) {
+          mma_16x8x16(acc[g][i], word_of(low, 2 * s), word_of(high, 2 * s), word_of(low, 2 * s + 1),
+                      word_of(high, 2 * s + 1), word_of(a_pairs[i], 2 * s), word_of(a_pairs[i], 2 * s + 1));
+        }
+      }
+    }
+  }
+}
+
+// Shared memory of a block: per warp, kStages chunks of kRows 16-byte slots per lane.
+template <int kTilesM>
+constexpr int shared_bytes() {
+  return kWarps * kStages * Chunk<kTilesM>::kRows * 32 * 16;
+}
+
+template <int kTilesM, bool SwizzledA, bool SwizzledB>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+    nvfp4_skinny_gemm_kernel(const __grid_constant__ GemmDeviceParams p) {
+  constexpr int kGroupsN = groups_n(kTilesM);
+  constexpr int kAccumulators = kGroupsN * kTilesM * 4;
+  extern __shared__ uint4 shared_raw[];  // the warps' stages; then the partial sums
+
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  const int quad = lane % 4, lane_row = lane / 4;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * (16 * kGroupsN),
+                m0 = static_cast<int64_t>(blockIdx.y) * (8 * kTilesM);
+  // blockIdx.z = batch * splits + split; split s sums chunks [s * run, min((s + 1) * run, all)).
+  const int64_t l = blockIdx.z / p.splits, split = blockIdx.z % p.splits;
+  const int64_t chunks = (p.k + kChunkK - 1) / kChunkK;
+  const int64_t first = split * p.tiles_per_split;
+  const int64_t end = chunks - first < p.tiles_per_split ? chunks : first + p.tiles_per_split;
+
+  const ThreadRows<SwizzledB, Chunk<kTilesM>::kRowsB> b_rows(p.b, p.n, p.k, l, n0 + lane_row, quad);
+  const ThreadRows<SwizzledA, kTilesM> a_rows(p.a, p.m, p.k, l, m0 + lane_row, quad);
+  constexpr int kRows = Chunk<kTilesM>::kRows, kRowsB = Chunk<kTilesM>::kRowsB;
+  // This lane's slots: stage s, row j at slots[(s * kRows + j) * 32].
+  uint4* const slots = reinterpret_cast<uint4*>(shared_raw) + warp * kStages * kRows * 32 + lane;
+  // The warp's chunks: first + warp, + 4, ...; `count` of them.
+  const int64_t mine = first + warp < end ? (end - first - warp + kWarps - 1) / kWarps : 0;
+  const int count = static_cast<int>(mine);
+  auto chunk_of = [&](int i) { return first + warp + static_cast<int64_t>(i) * kWarps; };
+  auto copy_chunk = [&](int i) {
+    uint4* stage = slots + (i % kStages) * kRows * 32;
+    b_rows.copy_codes(chunk_of(i), stage);
+    a_rows.copy_codes(chunk_of(i), stage + kRowsB * 32);
+  };
+  auto load_scales = [&](int i, uint32_t(&scale)[kRows]) {
+    uint32_t b[kRowsB], a[kTilesM];
+    b_rows.load_scales(chunk_of(i), b);
+    a_rows.load_scales(chunk_of(i), a);
+#pragma unroll
+    for (int j = 0; j < kRowsB; ++j) scale[j] = b[j];
+#pragma unroll
+    for (int j = 0; j < kTilesM; ++j) scale[kRowsB + j] = a[j];
+  };
+
+  // Pipeline: chunks i + 1 and i + 2 in flight (their codes by cp.async, one commit group per
+  // chunk, an empty group past the last; their scales in registers) while chunk i is converted.
+  // Each lane reads only the slots it copied, so the wait needs no barrier.
+  float acc[kGroupsN][kTilesM][4] = {};
+  uint32_t scales_next[kRows] = {}, scales_after[kRows] = {};
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < count) copy_chunk(i);
+    commit_copies();
+  }
+  if (count > 0) load_scales(0, scales_next);
+  if (count > 1) load_scales(1, scales_after);
+#pragma unroll 1
+  for (int i = 0; i < count; ++i) {
+    Chunk<kTilesM> c;
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      c.scales[j] = scales_next[j];
+      scales_next[j] = scales_after[j];
+    }
+    if (i + 2 < count) load_scales(i + 2, scales_after);
+    wait_copies<kStages - 2>();  // chunk i's group is complete
+    const uint4* stage = slots + (i % kStages) * kRows * 32;
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) c.codes[j] = stage[j * 32];
+    multiply(c, acc);
+    // Into the stage chunk i - 1 used: its slots were read before that chunk's products.
+    if (i + kStages - 1 < count) copy_chunk(i + kStages - 1);
+    commit_copies();
+  }
+
+  // The block's sum: warp 0's, then warps 1, 2, 3's in order (the same sum whatever the timing).
+  float* flat = &acc[0][0][0];
+  wait_copies<0>();
+  __syncthreads();  // the stages are done with: the partial sums take their place
+  auto partial = reinterpret_cast<float(*)[kAccumulators][32]>(shared_raw);
+  if (warp > 0) {
+#pragma unroll
+    for (int i = 0; i < kAccumulators; ++i) partial[warp - 1][i][lane] = flat[i];
+  }
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int w = 0; w < kWarps - 1; ++w) {
+#pragma unroll
+    for (int i = 0; i < kAccumulators; ++i) flat[i] = flat[i] + partial[w][i][lane];
+  }
+
+  // acc[g][i][e] is D[m][n]: n = n0 + 16 g + lane / 4 (+ 8 for e >= 2), m = m0 + 8 i + 2 (lane % 4)
+  // (+ 1 for odd e). A split K leaves its sum (times 2^28, exact) in its workspace slice.
+  const float alpha = effective_alpha(p);
+  float* slice = p.workspace ? p.workspace + (split * p.batches + l) * p.m * p.n : nullptr;
+#pragma unroll
+  for (int g = 0; g < kGroupsN; ++g) {
+#pragma unroll
+    for (int i = 0; i < kTilesM; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t n = n0 + 16 * g + lane_row + 8 * (e / 2), m = m0 + 8 * i + 2 * quad + e % 2;
+        if (m >= p.m || n >= p.n) continue;
+        const float sum = acc[g][i][e] * 0x1p28f;
+        if (slice) {
+          slice[m * p.n + n] = sum;
+        } else {
+          store_result(p, m, n, l, alpha * sum);
+        }
+      }
+    }
+  }
+}
+
+int tiles_m_of(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 : 4; }
+
+// Blocks of the launch without a split: (B's row groups, A's row steps, batches).
+dim3 grid_of(int64_t m, int64_t n, int64_t batches) {
+  const int tiles_m = tiles_m_of(m);
+  const int64_t b_rows = 16 * groups_n(tiles_m), a_rows = 8 * tiles_m;
+  return dim3(static_cast<unsigned>((n + b_rows - 1) / b_rows),
+              static_cast<unsigned>((m + a_rows - 1) / a_rows), static_cast<unsigned>(batches));
+}
+
+GemmSplit split_of(int64_t m, int64_t n, int64_t k, int64_t batches) {
+  const dim3 grid = grid_of(m, n, batches);
+  const int64_t blocks = static_cast<int64_t>(grid.x) * grid.y * grid.z;
+  return choose_gemm_split(blocks, (k + kChunkK - 1) / kChunkK, multiprocessor_count(), kBlocksPerSm,
+                           kSplitMinChunks,
+                           /*one_wave=*/true);
+}
+
+template <int kTilesM, bool SwizzledA, bool SwizzledB>
+void launch(const GemmDeviceParams& p, cudaStream_t stream) {
+  dim3 grid = grid_of(p.m, p.n, p.batches);
+  grid.z = static_cast<unsigned>(p.batches * p.splits);
+  auto kernel = nvfp4_skinny_gemm_kernel<kTilesM, SwizzledA, SwizzledB>;
+  constexpr int kSharedBytes = shared_bytes<kTilesM>();
+  MICROSCALE_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
+  kernel<<<grid, kThreads, kSharedBytes, stream>>>(p);
+  MICROSCALE_CUDA_CHECK(cudaGetLastError());
+}
+
+template <int kTilesM>
+void launch_layouts(const GemmDeviceParams& p, cudaStream_t stream) {
+  if (p.a.swizzled) {
+    p.b.swizzled ? launch<kTilesM, true, true>(p, stream) : launch<kTilesM, true, false>(p, stream);
+  } else {
+    p.b.swizzled ? launch<kTilesM, false, true>(p, stream) : launch<kTilesM, false, false>(p, stream);
+  }
+}
+
+}  // namespace
+
+int64_t skinny_row_steps(int64_t m) { return (m + 8 * tiles_m_of(m) - 1) / (8 * tiles_m_of(m)); }
+
+size_t nvfp4_skinny_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batches) {
+  return split_slices_bytes(split_of(m, n, k, batches), m, n, batches);
+}
+
+void launch_nvfp4_skinny_gemm(const GemmDeviceParams& problem, cudaStream_t stream, void* workspace,
+                              size_t workspace_bytes) {
+  GemmDeviceParams p = problem;
+  const SplitWorkspace scratch(p, split_of(p.m, p.n, p.k, p.batches), workspace, workspace_bytes, stream);
+  switch (tiles_m_of(p.m)) {
+    case 1: launch_layouts<1>(p, stream); break;
+    case 2: launch_layouts<2>(p, stream); break;
+    default: launch_layouts<4>(p, stream); break;
+  }
+  if (p.splits > 1) launch_gemm_epilogue(p, stream);
+}
+
+}  // namespace microscale::cuda
