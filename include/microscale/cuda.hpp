@@ -53,8 +53,8 @@ void swizzle_scales(const TensorView& compact, const TensorView& swizzled, void*
 ///   multiple of 64 only. Best where M or N is small but M is not tiny.
 /// - Skinny: for few rows of A (decode: a handful of tokens against a weight B), one kernel that
 ///   converts its share of the codes in registers and multiplies with mma.sync, reading B once
-///   per 32 rows of A (src/cuda/gemm_nvfp4_skinny.cu). NVFP4 pairs whose K is a multiple of 32
-///   only; any M, but meant for M <= 32.
+///   per 8, 16 or 32 rows of A (M <= 8, <= 16, more; src/cuda/gemm_nvfp4_skinny.cu). NVFP4 pairs whose K is a
+///   multiple of 32 only; any M, but meant for M <= 32.
 /// - Expanded: the operands' blocks are written out once as exact bf16 values (codes times block
 ///   scales; the NVFP4 global scales stay in alpha), and cuBLAS multiplies them with fp32
 ///   accumulation. cuBLAS writes D itself (alpha' by value, or from the device when an amax is
@@ -86,14 +86,15 @@ enum class GemmPath { Auto, Fused, Expanded, Skinny };
 /// torch frontend's gemm does). D, C and bias are device tensors (f32/bf16/f16; D
 /// and C [M, N(, L)] with any positive strides, bias [N] contiguous); problem.out_dtype is
 /// ignored (D's dtype rules); C is D itself or apart from it. Codes need contiguous stored rows;
-/// L <= 65535 and M <= 65535 * 128. The fused and skinny paths also need rows and batches of codes
-/// 16-byte aligned; compact scale rows and batches 4-byte aligned, or swizzled scales 16-byte aligned.
+/// L <= 65535 and M <= 65535 * 128 (Skinny: M <= 65535 * 32). The fused and skinny paths also need
+/// rows and batches of codes 16-byte aligned; the fused path compact scale rows and batches 4-byte
+/// aligned or swizzled scales 16-byte aligned, the skinny path both 2-byte aligned.
 /// Anything else throws microscale::Error. One difference from the CPU GEMM: a byte of a 6-bit
 /// format with its high bits set (no code) reads as NaN here, where the CPU GEMM throws.
 ///
 /// The fused and skinny paths split K over several blocks when their output tiles are too few to
-/// fill the GPU (e.g. M = 128) and adds their fp32 sums in a second kernel (in a fixed order); the expanded
-/// path needs room for the bf16 copies and the fp32 product. Either takes `workspace` (device
+/// fill the GPU (e.g. M = 128) and add their fp32 sums in a second kernel (in a fixed order); the
+/// expanded path needs room for the bf16 copies and the fp32 product. Each takes `workspace` (device
 /// memory of `workspace_bytes`, 256-byte aligned) when it holds gemm_workspace_bytes(M, N, K, L,
 /// path, scheme) bytes, otherwise memory from the stream-ordered pool (cudaMallocAsync, freed on
 /// the stream).
@@ -104,8 +105,10 @@ void gemm(const GemmOperand& a, const GemmOperand& b, const GemmProblem& problem
 /// @brief Bytes of workspace cuda::gemm uses for D [M, N(, L)] = A [M, K] B [N, K]^T of operands
 /// of `scheme` (A's) on the current device along `path` (0: none): enough for any layout, C,
 /// bias and D (the expanded path uses less when cuBLAS writes D itself). Pass the scheme for MX
-/// operands: under Auto the NVFP4 default may answer for the fused path, whose workspace is
-/// smaller (the call would then take memory from the stream-ordered pool).
+/// operands: under Auto the NVFP4 default may answer for the fused or skinny path, whose workspace
+/// is smaller (the call would then take memory from the stream-ordered pool). Under Auto the answer
+/// assumes layouts the fused and skinny kernels read; operands they cannot read go to the expanded
+/// path, which then takes its workspace from the pool.
 size_t gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batches = 1,
                             GemmPath path = GemmPath::Auto, Scheme scheme = Scheme::NVFP4);
 

@@ -25,10 +25,12 @@ __device__ __forceinline__ void copy4(void* dst, const void* src, bool valid) {
 /// Closes this thread's group of copies issued since the last commit.
 __device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::); }
 
-/// Waits until at most `Pending` of this thread's committed groups are still in flight.
+/// Waits until at most `Pending` of this thread's committed groups are still in flight. The
+/// "memory" clobber keeps the compiler from moving shared-memory reads of the copied bytes above
+/// the wait (the skinny kernel reads them with no barrier in between).
 template <int Pending>
 __device__ __forceinline__ void wait_copies() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
 }
 
 }  // namespace microscale::cuda

@@ -1,5 +1,5 @@
-// The GEMM's epilogue kernel over fp32 sums in the workspace, shared by both paths: a split K's
-// second kernel on the fused path (each element's slices added in split order, the same sum
+// The GEMM's epilogue kernel over fp32 sums in the workspace, shared by the paths: a split K's
+// second kernel on the fused and skinny paths (each element's slices added in split order, the same sum
 // whatever order the blocks ran in), and the expanded path's last step (one slice, cuBLAS's
 // product). Two forms: a Linear's fprop (no C, D's rows contiguous, N % 4 == 0) takes four
 // columns per thread with vector loads and stores; every other epilogue (C, strided or unaligned D)

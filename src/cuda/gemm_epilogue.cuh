@@ -1,5 +1,5 @@
-// The CUDA GEMM's epilogue on the device, shared by its two paths (the fused kernel, the expanded
-// path's finishing kernel and its exact fallback): alpha with the NVFP4 global scales folded in,
+// The CUDA GEMM's epilogue on the device, shared by its paths (the fused and skinny kernels, the
+// expanded path's finishing kernel and its exact fallback): alpha with the NVFP4 global scales folded in,
 // then D = alpha' * sum (+ beta C) (+ bias) in core/gemm.cpp's order, read and written in any
 // float dtype.
 #pragma once

@@ -13,7 +13,8 @@
 namespace microscale::cuda {
 
 /// K must be a multiple of kNvfp4SkinnyK (one thread's 16 bytes of codes); rows of codes 16-byte
-/// aligned, compact scale rows 4-byte aligned (the fused kernel's layouts).
+/// aligned, compact scale rows and swizzled scales 2-byte aligned (a thread's two block scales are
+/// one 16-bit load).
 inline constexpr int64_t kNvfp4SkinnyK = 32;
 
 /// The rows of A (M) up to which GemmPath::Auto takes the skinny kernel: past them it reads B

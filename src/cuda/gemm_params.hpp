@@ -49,9 +49,10 @@ struct GemmDeviceParams {
   EpilogueTensor c;
   const void* bias = nullptr;  ///< [N], contiguous, or null
   DType bias_dtype = DType::F32;
-  // Set by the launchers (the fused one by gemm_split.hpp; the expanded one: 1 split, the fp32
-  // product as its slice): K split `splits` ways, `tiles_per_split` K tiles
-  // each, the partial sums in `workspace` ([splits, L, M, N] fp32) when split.
+  // Set by the launchers (the fused and skinny ones by gemm_split.hpp, in units of their own K
+  // tiles; the expanded one: 1 split, the fp32 product as its slice): K split `splits` ways,
+  // `tiles_per_split` K tiles each, the partial sums in `workspace` ([splits, L, M, N] fp32) when
+  // split.
   int64_t splits = 1, tiles_per_split = 0;
   float* workspace = nullptr;
 };

@@ -1,5 +1,5 @@
-// How the CUDA GEMM runs: which path (fused or expanded, cuda.hpp's GemmPath) and, on the fused
-// path, how many ways it splits K (host-only, no CUDA headers: tests/cpp tests it).
+// How the CUDA GEMM runs: which path (cuda.hpp's GemmPath) and, on the fused and skinny paths,
+// how many ways it splits K (host-only, no CUDA headers: tests/cpp tests it).
 //
 // A grid of output tiles smaller than the GPU leaves SMs idle: at M = 128, N = 7168 there are 56
 // tiles of 128 x 128 for 132 SMs that each hold two blocks. Splitting K gives every tile `splits`
