@@ -87,7 +87,10 @@ struct ThreadRows {
 
   // Byte offset of the thread's two block scales (2 quad, 2 quad + 1 of the chunk's 8) of `row`.
   __device__ __forceinline__ int64_t scale_offset(int64_t row, int64_t chunk) const {
-    if constexpr (Swizzled) {  // 128x4 atoms (common.cuh's scale_offset); the pair is adjacent
+    // The swizzled form is common.cuh's scale_offset at column 8 chunk + 2 quad, written with
+    // shifts: rows are never negative, and its signed divisions cost instructions in this loop.
+    // The thread's two scales are adjacent bytes of one atom row.
+    if constexpr (Swizzled) {
       const int64_t atoms_per_row = (k / 16 + 3) / 4;
       return ((row >> 7) * atoms_per_row + 2 * chunk + (quad >> 1)) * 512 + (row & 31) * 16 +
              ((row >> 5) & 3) * 4 + 2 * (quad & 1);
