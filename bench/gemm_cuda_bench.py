@@ -16,14 +16,17 @@ cost):
                it needs M to be a multiple of 16: "-" below that)
   deq+BF16     dequantize both NVFP4 operands to bf16 (microscale's CUDA dequantize), then torch.mm:
                the emulation torchao runs on Hopper, here with microscale's (untuned) CUDA dequantize
-  MXFP8        microscale's call for the MXFP8 E4M3 operands (the expanded path: MX has no fused kernel)
+  MXFP8        microscale's call for the MXFP8 E4M3 operands along the path cuda::gemm picks (the
+               skinny kernel for few rows of A, else the expanded path: MX has no fused kernel);
+               beside it each path forced (MX skinny: M <= 128 only; MX expanded)
   MX deq+BF16  the same emulation for the MXFP8 operands
   + bias       a Linear's fprop: microscale's NVFP4 call with a bf16 bias (cuBLAS writes the fp32
                product, microscale's epilogue kernel adds the bias and rounds once) beside
                torch.addmm of the bf16 tensors (cuBLAS's own bias epilogue)
 
 Prints a table (microseconds, TFLOP/s, ratios to microscale) and writes JSON.
-Usage: python3 bench/gemm_cuda_bench.py [OUT.json] (needs torch with CUDA and microscale built with it)
+Usage: python3 bench/gemm_cuda_bench.py [OUT.json] [--shapes MxNxK,...] (needs torch with CUDA and
+microscale built with it; --shapes times only those shapes)
 """
 
 import json
@@ -91,11 +94,17 @@ def per_call_us(fn, calls, runs=7):
 
 
 def main():
-    out_path = sys.argv[1] if len(sys.argv) > 1 else None
+    args = sys.argv[1:]
+    shapes = SHAPES
+    if "--shapes" in args:
+        at = args.index("--shapes")
+        shapes = [tuple(int(x) for x in s.split("x")) for s in args[at + 1].split(",")]
+        del args[at:at + 2]
+    out_path = args[0] if args else None
     dev = torch.device("cuda")
     torch.manual_seed(0)
     rows = []
-    for m, n, k in SHAPES:
+    for m, n, k in shapes:
         a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         b = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
         qa = mst.quantize(a, "nvfp4")
@@ -126,13 +135,18 @@ def main():
 
         def bf16_bias():
             torch.addmm(bias, a, b.t(), out=d)
-        mx_workspace = torch.empty(_C.gemm_workspace_bytes(m, n, k, 1, "auto", "mxfp8_e4m3"), dtype=torch.uint8,
-                                   device=dev)
+        def mx_along(path):
+            """microscale's MXFP8 call along one path (auto: the one cuda::gemm picks)."""
+            workspace_bytes = _C.gemm_workspace_bytes(m, n, k, 1, path, "mxfp8_e4m3")
+            workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=dev) if workspace_bytes else None
 
-        def mxfp8():
-            _C.gemm_cuda(xa.rowwise_data, xa.rowwise_scale, None, False, xb.rowwise_data, xb.rowwise_scale, None,
-                         False, 1.0, 0.0, None, None, d, torch.cuda.current_stream().cuda_stream, mx_workspace,
-                         "auto", "mxfp8_e4m3", False, "mxfp8_e4m3", False)
+            def mxfp8():
+                _C.gemm_cuda(xa.rowwise_data, xa.rowwise_scale, None, False, xb.rowwise_data, xb.rowwise_scale,
+                             None, False, 1.0, 0.0, None, None, d, torch.cuda.current_stream().cuda_stream,
+                             workspace, path, "mxfp8_e4m3", False, "mxfp8_e4m3", False)
+            return mxfp8
+
+        mxfp8 = mx_along("auto")
 
         def mx_dequant_bf16():
             da = mst.dequantize(xa, "rowwise", torch.bfloat16)
@@ -179,10 +193,12 @@ def main():
              "expanded": per_call_us(along("expanded"), calls), "cuBLAS BF16": per_call_us(bf16, calls),
              "cuBLAS FP8": timed_if_supported(fp8), "deq+BF16": per_call_us(dequant_bf16, calls),
              "MXFP8": per_call_us(mxfp8, calls), "MX deq+BF16": per_call_us(mx_dequant_bf16, calls),
+             "MX skinny": per_call_us(mx_along("skinny"), calls) if m <= 128 else float("nan"),
+             "MX expanded": per_call_us(mx_along("expanded"), calls),
              "microscale + bias": per_call_us(ours_bias, calls), "BF16 + bias": per_call_us(bf16_bias, calls)}
         rows.append({"m": m, "n": n, "k": k, "us": t, "tflops": {key: flops / v / 1e6 for key, v in t.items()},
                      "rel_err_vs_fp32_of_dequantized": rel})
-        del a, b, qa, qb, xa, xb, d, fa, fb, mx_workspace, bias, bias_workspace
+        del a, b, qa, qb, xa, xb, d, fa, fb, bias, bias_workspace
         torch.cuda.empty_cache()
 
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}")
@@ -208,7 +224,9 @@ def main():
     for r in rows:
         us = r["us"]
         print(f"{r['m']:>6} x {r['n']:>5} x {r['k']:>5} | MXFP8 {us['MXFP8']:8.1f} us {r['tflops']['MXFP8']:5.0f} TF | "
-              f"cuBLAS BF16 {us['cuBLAS BF16'] / us['MXFP8']:4.2f}x | MX deq+BF16 {us['MX deq+BF16'] / us['MXFP8']:4.2f}x")
+              f"skinny {us['MX skinny']:8.1f} us | expanded {us['MX expanded']:8.1f} us | "
+              f"cuBLAS BF16 {us['cuBLAS BF16'] / us['MXFP8']:4.2f}x | cuBLAS FP8 {us['cuBLAS FP8'] / us['MXFP8']:4.2f}x | "
+              f"MX deq+BF16 {us['MX deq+BF16'] / us['MXFP8']:4.2f}x")
     print("With a bias (a Linear's fprop; ratio = torch.addmm's time / microscale's, above 1 = microscale faster):")
     for r in rows:
         us = r["us"]

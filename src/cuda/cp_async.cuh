@@ -1,5 +1,5 @@
 // Asynchronous global -> shared copies (cp.async, sm_80+), shared by the GEMM kernels that stage
-// raw codes in shared memory while they work on earlier ones (gemm_nvfp4.cu, gemm_nvfp4_skinny.cu).
+// raw codes in shared memory while they work on earlier ones (gemm_nvfp4.cu and the skinny kernels).
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,12 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
 __device__ __forceinline__ void copy16(void* dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(src),
                "r"(valid ? 16 : 0));
+}
+
+/// 8 bytes global -> shared, zero-filled when !valid.
+__device__ __forceinline__ void copy8(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(shared_address(dst)), "l"(src),
+               "r"(valid ? 8 : 0));
 }
 
 /// 4 bytes global -> shared, zero-filled when !valid.

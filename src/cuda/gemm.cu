@@ -1,7 +1,7 @@
 // microscale::cuda::gemm: the operands and epilogue tensors checked on the host (device memory,
 // shapes, strides, alignment), then one of the three paths launched: the fused kernel
-// (src/cuda/gemm_nvfp4.cu), the skinny kernel for few rows of A (src/cuda/gemm_nvfp4_skinny.cu)
-// or the expanded path (src/cuda/gemm_expanded.cu). The numerics are
+// (src/cuda/gemm_nvfp4.cu), a skinny kernel for few rows of A (src/cuda/gemm_nvfp4_skinny.cu,
+// src/cuda/gemm_mx_skinny.cu) or the expanded path (src/cuda/gemm_expanded.cu). The numerics are
 // core/gemm.cpp's: D = alpha' * sum over blocks (sa * sb * sum a*b) [+ beta C]
 // [+ bias], fp32 accumulation, alpha' folding in the NVFP4 global amaxes.
 #include <algorithm>
@@ -15,6 +15,7 @@
 
 #include "core/view_extent.hpp"
 #include "cuda/gemm_expanded.hpp"
+#include "cuda/gemm_mx_skinny.hpp"
 #include "cuda/gemm_nvfp4.hpp"
 #include "cuda/gemm_nvfp4_skinny.hpp"
 #include "cuda/gemm_split.hpp"
@@ -107,11 +108,31 @@ GemmDeviceOperand device_operand(const GemmOperand& op, const float* device_amax
   return out;
 }
 
-// What the fused and skinny kernels need beyond device_operand: 16-byte aligned rows of codes
-// (their cp.async copies); compact scale rows on 4-byte boundaries or 16-byte aligned swizzled
-// images (the fused kernel's copies), 2-byte boundaries for both (the skinny kernel reads a
-// thread's two block scales as one 16-bit word). Empty when `op` has them, else the reason.
-std::string kernel_layout_problem(const GemmDeviceOperand& op, bool skinny) {
+bool is_mxfp8(Scheme scheme) { return scheme == Scheme::MXFP8_E4M3 || scheme == Scheme::MXFP8_E5M2; }
+
+// What the fused and skinny kernels need beyond device_operand: rows of codes 16-byte aligned (their
+// cp.async copies); compact scale rows on 4-byte boundaries
+// or 16-byte aligned swizzled images (the fused kernel's copies), 2-byte boundaries for both (the
+// skinny kernels read a thread's two block scales as one 16-bit word). The MX skinny kernel also
+// needs K-major MXFP8 codes, compact scale rows of an even number of scales (it reads a chunk's
+// two as one word) and a batch's codes and scales within 2 GiB (its 32-bit offsets).
+// Empty when `op` (of `rows` rows) has them, else the reason.
+std::string kernel_layout_problem(const GemmDeviceOperand& op, int64_t rows, int64_t k, bool skinny) {
+  const bool mx = op.scheme != Scheme::NVFP4;  // only the skinny kernel reads MX (route)
+  if (mx && !is_mxfp8(op.scheme))
+    return std::string("the skinny path reads MXFP8 codes (E4M3, E5M2), not ") +
+           std::string(scheme_name(op.scheme));
+  if (mx && op.stored_transposed)
+    return "MX codes stored transposed (a columnwise output) run on the expanded path";
+  if (mx && !op.swizzled && (k / 32) % 2 != 0)
+    return "compact MX scale rows of an odd number of scales (K % 64 = 32) run on the expanded path";
+  if (mx) {
+    const int64_t code_span = (rows - 1) * op.row_bytes + k;
+    const int64_t scale_span =
+        op.swizzled ? swizzled_rows(rows) * swizzled_cols(k / 32) : (rows - 1) * op.scale_row_bytes + k / 32;
+    if (code_span > INT32_MAX || scale_span > INT32_MAX)
+      return "a batch of codes or scales over 2 GiB runs on the expanded path";
+  }
   if (op.row_bytes % 16 != 0 || op.batch_bytes % 16 != 0 || !aligned(op.data, 16))
     return "rows of codes must start 16-byte aligned";
   const int64_t scale_alignment = skinny ? 2 : op.swizzled ? 16 : 4;
@@ -163,15 +184,17 @@ void require_c_apart_from_d(const TensorView& c, const TensorView& d) {
 // The kernel a GEMM runs on.
 enum class Route { Fused, Skinny, Expanded };
 
-// The route of `path` for an operand pair of `scheme`. The fused kernel takes NVFP4 pairs whose K
-// is a multiple of its K tile, the skinny one those whose K is a multiple of 32, each only where
-// it can read the layouts (`fused_layouts`, `skinny_layouts`). Auto picks the skinny kernel for
-// few rows of A, else the fused one or the expanded path by shape (gemm_split.hpp), the fused one
-// where the expanded path's int sizes (M, N and K times L below 2^31) would not hold.
+// The route of `path` for an operand pair whose A is of `scheme`. The fused kernel takes NVFP4
+// pairs whose K is a multiple of its K tile, the skinny ones NVFP4 pairs whose K is a multiple of
+// 32 and MXFP8 pairs, each only where it can read the layouts (`fused_layouts`, `skinny_layouts`:
+// for MX also B's scheme and both orientations). Auto picks a skinny kernel for few rows of A,
+// else the fused one or the expanded path by shape (gemm_split.hpp), the fused one where the
+// expanded path's int sizes (M, N and K times L below 2^31) would not hold.
 Route route(GemmPath path, Scheme scheme, int64_t m, int64_t n, int64_t k, int64_t batches,
             bool fused_layouts = true, bool skinny_layouts = true) {
   const bool nvfp4 = scheme == Scheme::NVFP4;
-  const bool fused_takes = nvfp4 && k % kNvfp4GemmK == 0, skinny_takes = nvfp4 && k % kNvfp4SkinnyK == 0;
+  const bool fused_takes = nvfp4 && k % kNvfp4GemmK == 0;
+  const bool skinny_takes = nvfp4 ? k % kNvfp4SkinnyK == 0 : is_mxfp8(scheme);
   switch (path) {
     case GemmPath::Fused:
       require(fused_takes, "the fused path takes NVFP4 pairs whose K is a multiple of " +
@@ -180,7 +203,7 @@ Route route(GemmPath path, Scheme scheme, int64_t m, int64_t n, int64_t k, int64
     case GemmPath::Skinny:
       require(skinny_takes, "the skinny path takes NVFP4 pairs whose K is a multiple of " +
                                 std::to_string(kNvfp4SkinnyK) +
-                                " (GemmPath::Expanded or Auto take the rest)");
+                                " and MXFP8 pairs (GemmPath::Expanded or Auto take the rest)");
       require(skinny_row_steps(m) <= 65535, "too many rows of A for the skinny path");
       return Route::Skinny;
     case GemmPath::Expanded: return Route::Expanded;
@@ -236,8 +259,10 @@ void gemm(const GemmOperand& a, const GemmOperand& b, const GemmProblem& problem
   p.batches = la;
   p.alpha = problem.alpha;
   p.beta = problem.beta;
-  const std::string fused_a = kernel_layout_problem(p.a, false), fused_b = kernel_layout_problem(p.b, false);
-  const std::string skinny_a = kernel_layout_problem(p.a, true), skinny_b = kernel_layout_problem(p.b, true);
+  const std::string fused_a = kernel_layout_problem(p.a, m, ka, false);
+  const std::string fused_b = kernel_layout_problem(p.b, n, ka, false);
+  const std::string skinny_a = kernel_layout_problem(p.a, m, ka, true);
+  const std::string skinny_b = kernel_layout_problem(p.b, n, ka, true);
   const Route r = route(path, a.scheme, m, n, ka, la, fused_a.empty() && fused_b.empty(),
                         skinny_a.empty() && skinny_b.empty());
   if (r == Route::Expanded) {
@@ -250,7 +275,9 @@ void gemm(const GemmOperand& a, const GemmOperand& b, const GemmProblem& problem
   const std::string kernel = skinny ? " (skinny path): " : " (fused path): ";
   require(problem_a.empty(), "operand A" + kernel + problem_a);
   require(problem_b.empty(), "operand B" + kernel + problem_b);
-  if (skinny) {
+  if (skinny && a.scheme != Scheme::NVFP4) {
+    launch_mx_skinny_gemm(p, static_cast<cudaStream_t>(stream), workspace, workspace_bytes);
+  } else if (skinny) {
     launch_nvfp4_skinny_gemm(p, static_cast<cudaStream_t>(stream), workspace, workspace_bytes);
   } else {
     launch_nvfp4_gemm(p, static_cast<cudaStream_t>(stream), workspace, workspace_bytes);
@@ -261,7 +288,9 @@ size_t gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batches, Ge
   require(m > 0 && n > 0 && k > 0 && batches > 0, "gemm_workspace_bytes: sizes must be positive");
   switch (route(path, scheme, m, n, k, batches)) {
     case Route::Expanded: return expanded_gemm_workspace_bytes(m, n, k, batches);
-    case Route::Skinny: return nvfp4_skinny_workspace_bytes(m, n, k, batches);
+    case Route::Skinny:
+      return scheme == Scheme::NVFP4 ? nvfp4_skinny_workspace_bytes(m, n, k, batches)
+                                     : mx_skinny_workspace_bytes(m, n, k, batches);
     default: return nvfp4_gemm_workspace_bytes(m, n, k, batches);
   }
 }

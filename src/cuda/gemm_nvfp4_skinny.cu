@@ -26,42 +26,19 @@
 
 #include "cuda/cp_async.cuh"
 #include "cuda/cuda_check.hpp"
-#include "cuda/gemm_epilogue.cuh"
 #include "cuda/gemm_nvfp4_skinny.hpp"
-#include "cuda/gemm_split_launch.hpp"
 #include "cuda/nvfp4_fp16_codes.cuh"
+#include "cuda/skinny_gemm.cuh"
 
 namespace microscale::cuda {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = 32 * kWarps;
+constexpr int kWarps = kSkinnyWarps;
+constexpr int kThreads = kSkinnyThreads;
 constexpr int kChunkK = 128;  // codes of a row per warp step: 4 threads x 32
 constexpr int kChunkBytes = kChunkK / 2;
-// 12 warps per SM, up to 168 registers each. 8 or 16 warps, or 4 stages, measured no faster
-// (docs/perf.md): the SM's integer and conversion work bounds the kernel, not memory.
-constexpr int kBlocksPerSm = 3;
-constexpr int kSplitMinChunks = 8;  // per block: each warp at least 2 chunks of a split
-constexpr int kStages = 3;          // chunks per warp in shared memory: 1 converted, 2 in flight
-
-// 16-row groups of B per block for kTilesM 8-row tiles of A: fewer where A's tiles take the
-// accumulators' registers (kGroupsN * kTilesM * 4 fp32 per thread).
-__host__ __device__ constexpr int groups_n(int tiles_m) { return tiles_m == 4 ? 2 : 4; }
-
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-// D[16 x 8] += A[16 x 16] B[16 x 8] (fp16 in, fp32 accumulators). Fragments, lane = 4 g + t:
-// a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1], a2 = A[g][2t+8, 2t+9], a3 = A[g+8][2t+8, 2t+9];
-// b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]; d = D[g][2t, 2t+1], D[g+8][2t, 2t+1].
-__device__ __forceinline__ void mma_16x8x16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                            uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+constexpr int kStages = kSkinnyStages;
+constexpr auto groups_n = skinny_groups_n;
 
 // One thread's rows of one operand, r0 + 8 j for j < kRows, in batch l: each chunk, its 16 bytes
 // of codes per row (copied into shared memory ahead of use) and their two block scales (loaded
@@ -171,145 +148,56 @@ constexpr int shared_bytes() {
 }
 
 template <int kTilesM, bool SwizzledA, bool SwizzledB>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+__global__ void __launch_bounds__(kThreads, kSkinnyBlocksPerSm)
     nvfp4_skinny_gemm_kernel(const __grid_constant__ GemmDeviceParams p) {
   constexpr int kGroupsN = groups_n(kTilesM);
-  constexpr int kAccumulators = kGroupsN * kTilesM * 4;
   extern __shared__ uint4 shared_raw[];  // the warps' stages; then the partial sums
 
   const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
   const int quad = lane % 4, lane_row = lane / 4;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * (16 * kGroupsN),
-                m0 = static_cast<int64_t>(blockIdx.y) * (8 * kTilesM);
-  // blockIdx.z = batch * splits + split; split s sums chunks [s * run, min((s + 1) * run, all)).
-  const int64_t l = blockIdx.z / p.splits, split = blockIdx.z % p.splits;
-  const int64_t chunks = (p.k + kChunkK - 1) / kChunkK;
-  const int64_t first = split * p.tiles_per_split;
-  const int64_t end = chunks - first < p.tiles_per_split ? chunks : first + p.tiles_per_split;
-
-  const ThreadRows<SwizzledB, Chunk<kTilesM>::kRowsB> b_rows(p.b, p.n, p.k, l, n0 + lane_row, quad);
-  const ThreadRows<SwizzledA, kTilesM> a_rows(p.a, p.m, p.k, l, m0 + lane_row, quad);
+  const SkinnyWarpWork work(p, kChunkK, 16 * kGroupsN, 8 * kTilesM, warp);
+  const ThreadRows<SwizzledB, Chunk<kTilesM>::kRowsB> b_rows(p.b, p.n, p.k, work.l, work.n0 + lane_row, quad);
+  const ThreadRows<SwizzledA, kTilesM> a_rows(p.a, p.m, p.k, work.l, work.m0 + lane_row, quad);
   constexpr int kRows = Chunk<kTilesM>::kRows, kRowsB = Chunk<kTilesM>::kRowsB;
   // This lane's slots: stage s, row j at slots[(s * kRows + j) * 32].
   uint4* const slots = reinterpret_cast<uint4*>(shared_raw) + warp * kStages * kRows * 32 + lane;
-  // The warp's chunks: first + warp, + 4, ...; `count` of them.
-  const int64_t mine = first + warp < end ? (end - first - warp + kWarps - 1) / kWarps : 0;
-  const int count = static_cast<int>(mine);
-  auto chunk_of = [&](int i) { return first + warp + static_cast<int64_t>(i) * kWarps; };
+  auto chunk_of = [&](int i) { return work.chunk(i); };
   auto copy_chunk = [&](int i) {
     uint4* stage = slots + (i % kStages) * kRows * 32;
     b_rows.copy_codes(chunk_of(i), stage);
     a_rows.copy_codes(chunk_of(i), stage + kRowsB * 32);
   };
-  auto load_scales = [&](int i, uint32_t(&scale)[kRows]) {
+  struct Scales {
+    uint32_t of_row[kRows];
+  };
+  auto load_scales = [&](int i, Scales& scales) {
     uint32_t b[kRowsB], a[kTilesM];
     b_rows.load_scales(chunk_of(i), b);
     a_rows.load_scales(chunk_of(i), a);
 #pragma unroll
-    for (int j = 0; j < kRowsB; ++j) scale[j] = b[j];
+    for (int j = 0; j < kRowsB; ++j) scales.of_row[j] = b[j];
 #pragma unroll
-    for (int j = 0; j < kTilesM; ++j) scale[kRowsB + j] = a[j];
+    for (int j = 0; j < kTilesM; ++j) scales.of_row[kRowsB + j] = a[j];
   };
-
-  // Pipeline: chunks i + 1 and i + 2 in flight (their codes by cp.async, one commit group per
-  // chunk, an empty group past the last; their scales in registers) while chunk i is converted.
-  // Each lane reads only the slots it copied, so the wait needs no barrier.
   float acc[kGroupsN][kTilesM][4] = {};
-  uint32_t scales_next[kRows] = {}, scales_after[kRows] = {};
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (i < count) copy_chunk(i);
-    commit_copies();
-  }
-  if (count > 0) load_scales(0, scales_next);
-  if (count > 1) load_scales(1, scales_after);
-#pragma unroll 1
-  for (int i = 0; i < count; ++i) {
+  run_skinny_pipeline<Scales>(work.count, copy_chunk, load_scales, [&](int i, const Scales& scales) {
     Chunk<kTilesM> c;
-#pragma unroll
-    for (int j = 0; j < kRows; ++j) {
-      c.scales[j] = scales_next[j];
-      scales_next[j] = scales_after[j];
-    }
-    if (i + 2 < count) load_scales(i + 2, scales_after);
-    wait_copies<kStages - 2>();  // chunk i's group is complete
     const uint4* stage = slots + (i % kStages) * kRows * 32;
 #pragma unroll
-    for (int j = 0; j < kRows; ++j) c.codes[j] = stage[j * 32];
-    multiply(c, acc);
-    // Into the stage chunk i - 1 used: its slots were read before that chunk's products.
-    if (i + kStages - 1 < count) copy_chunk(i + kStages - 1);
-    commit_copies();
-  }
-
-  // The block's sum: warp 0's, then warps 1, 2, 3's in order (the same sum whatever the timing).
-  float* flat = &acc[0][0][0];
-  wait_copies<0>();
-  __syncthreads();  // the stages are done with: the partial sums take their place
-  auto partial = reinterpret_cast<float(*)[kAccumulators][32]>(shared_raw);
-  if (warp > 0) {
-#pragma unroll
-    for (int i = 0; i < kAccumulators; ++i) partial[warp - 1][i][lane] = flat[i];
-  }
-  __syncthreads();
-  if (warp != 0) return;
-#pragma unroll
-  for (int w = 0; w < kWarps - 1; ++w) {
-#pragma unroll
-    for (int i = 0; i < kAccumulators; ++i) flat[i] = flat[i] + partial[w][i][lane];
-  }
-
-  // acc[g][i][e] is D[m][n]: n = n0 + 16 g + lane / 4 (+ 8 for e >= 2), m = m0 + 8 i + 2 (lane % 4)
-  // (+ 1 for odd e). A split K leaves its sum (times 2^28, exact) in its workspace slice.
-  const float alpha = effective_alpha(p);
-  float* slice = p.workspace ? p.workspace + (split * p.batches + l) * p.m * p.n : nullptr;
-#pragma unroll
-  for (int g = 0; g < kGroupsN; ++g) {
-#pragma unroll
-    for (int i = 0; i < kTilesM; ++i) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t n = n0 + 16 * g + lane_row + 8 * (e / 2), m = m0 + 8 * i + 2 * quad + e % 2;
-        if (m >= p.m || n >= p.n) continue;
-        const float sum = acc[g][i][e] * 0x1p28f;
-        if (slice) {
-          slice[m * p.n + n] = sum;
-        } else {
-          store_result(p, m, n, l, alpha * sum);
-        }
-      }
+    for (int j = 0; j < kRows; ++j) {
+      c.scales[j] = scales.of_row[j];
+      c.codes[j] = stage[j * 32];
     }
-  }
-}
-
-int tiles_m_of(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 : 4; }
-
-// Blocks of the launch without a split: (B's row groups, A's row steps, batches).
-dim3 grid_of(int64_t m, int64_t n, int64_t batches) {
-  const int tiles_m = tiles_m_of(m);
-  const int64_t b_rows = 16 * groups_n(tiles_m), a_rows = 8 * tiles_m;
-  return dim3(static_cast<unsigned>((n + b_rows - 1) / b_rows),
-              static_cast<unsigned>((m + a_rows - 1) / a_rows), static_cast<unsigned>(batches));
-}
-
-GemmSplit split_of(int64_t m, int64_t n, int64_t k, int64_t batches) {
-  const dim3 grid = grid_of(m, n, batches);
-  const int64_t blocks = static_cast<int64_t>(grid.x) * grid.y * grid.z;
-  return choose_gemm_split(blocks, (k + kChunkK - 1) / kChunkK, multiprocessor_count(), kBlocksPerSm,
-                           kSplitMinChunks,
-                           /*one_wave=*/true);
+    multiply(c, acc);
+  });
+  // The accumulators hold sum(a * b) * 2^-28 (nvfp4_fp16_codes.cuh).
+  finish_skinny_block(p, acc, shared_raw, work.n0, work.m0, work.l, work.split, 0x1p28f);
 }
 
 template <int kTilesM, bool SwizzledA, bool SwizzledB>
 void launch(const GemmDeviceParams& p, cudaStream_t stream) {
-  dim3 grid = grid_of(p.m, p.n, p.batches);
-  grid.z = static_cast<unsigned>(p.batches * p.splits);
-  auto kernel = nvfp4_skinny_gemm_kernel<kTilesM, SwizzledA, SwizzledB>;
-  constexpr int kSharedBytes = shared_bytes<kTilesM>();
-  MICROSCALE_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
-  kernel<<<grid, kThreads, kSharedBytes, stream>>>(p);
-  MICROSCALE_CUDA_CHECK(cudaGetLastError());
+  launch_skinny_kernel(nvfp4_skinny_gemm_kernel<kTilesM, SwizzledA, SwizzledB>, shared_bytes<kTilesM>(), p,
+                       stream);
 }
 
 template <int kTilesM>
@@ -323,22 +211,17 @@ void launch_layouts(const GemmDeviceParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-int64_t skinny_row_steps(int64_t m) { return (m + 8 * tiles_m_of(m) - 1) / (8 * tiles_m_of(m)); }
+int64_t skinny_row_steps(int64_t m) { return (m + 8 * skinny_tiles_m(m) - 1) / (8 * skinny_tiles_m(m)); }
 
 size_t nvfp4_skinny_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batches) {
-  return split_slices_bytes(split_of(m, n, k, batches), m, n, batches);
+  return split_slices_bytes(skinny_split(m, n, k, batches, kChunkK), m, n, batches);
 }
 
 void launch_nvfp4_skinny_gemm(const GemmDeviceParams& problem, cudaStream_t stream, void* workspace,
                               size_t workspace_bytes) {
-  GemmDeviceParams p = problem;
-  const SplitWorkspace scratch(p, split_of(p.m, p.n, p.k, p.batches), workspace, workspace_bytes, stream);
-  switch (tiles_m_of(p.m)) {
-    case 1: launch_layouts<1>(p, stream); break;
-    case 2: launch_layouts<2>(p, stream); break;
-    default: launch_layouts<4>(p, stream); break;
-  }
-  if (p.splits > 1) launch_gemm_epilogue(p, stream);
+  run_skinny_gemm(
+      problem, kChunkK, stream, workspace, workspace_bytes,
+      [stream](const GemmDeviceParams& p, auto tiles) { launch_layouts<decltype(tiles)::value>(p, stream); });
 }
 
 }  // namespace microscale::cuda

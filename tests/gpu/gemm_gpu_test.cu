@@ -7,12 +7,13 @@
 // accumulation bound K * 2^-23 * sum |a*b|. Also: swizzled scales, batches, ragged M and N, K
 // split over several blocks (small grids), host and device amaxes, alpha / beta / C / bias,
 // strided and in-place D, operands from quantize() (TE's fprop "TN" and wgrad "NT" operands), and
-// each bad argument a microscale::Error. MX pairs (run_mx_checks) run on the expanded path only,
-// NVFP4 with K not a multiple of 64 on the skinny and expanded paths, within the bound.
+// each bad argument a microscale::Error. MX pairs run on the expanded path (run_mx_checks) and,
+// MXFP8, on the skinny one (run_mx_skinny_checks); NVFP4 with K not a multiple of 64 on the skinny
+// and expanded paths, within the bound.
 // Exit status = number of failures (capped).
 //
 // Every other check runs on all three paths (cuda::GemmPath::Fused, ::Skinny and ::Expanded).
-// Usage: gemm_gpu_test [--quick] [--kernels-only] | --time M N K [fused|skinny|expanded|auto]
+// Usage: gemm_gpu_test [--quick] [--kernels-only] | --time M N K [fused|skinny|expanded|auto] [mxfp8]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -45,6 +46,7 @@ int g_failures = 0, g_checks = 0;
 // Every check runs on each path of cuda::gemm (GemmPath): the fused kernel, the skinny one and the
 // expanded path.
 cuda::GemmPath g_path = cuda::GemmPath::Fused;
+bool g_kernels_only = false;  // --kernels-only: no call may reach cuBLAS (the expanded path)
 
 const char* path_name(cuda::GemmPath path) {
   switch (path) {
@@ -268,8 +270,8 @@ void check_operands(const std::string& name, const GemmOperand& host_a, const Ge
         bool ok;
         if (exact) {
           ok = std::memcmp(&want, &have, 4) == 0 || (std::isnan(want) && std::isnan(have));
-        } else if (std::isnan(want)) {
-          ok = std::isnan(have);
+        } else if (std::isnan(want) || std::isinf(want)) {
+          ok = std::isnan(want) ? std::isnan(have) : have == want;
         } else {
           const double bound = std::fabs(alpha) * (static_cast<double>(k) + 2) * std::ldexp(abs_sum, -23) +
                                std::fabs(want) * (e.out == DType::F32    ? 0x1p-22
@@ -482,17 +484,23 @@ void expect_error(const std::string& name, const std::function<void()>& call) {
 // --time M N K: one GEMM shape timed (no checks), for profiling: the median of 7 runs of 20
 // back-to-back calls (so that the host's cost per call, tens of microseconds, hides behind the
 // GPU's work instead of adding to a lone call's time).
-int time_one_shape(int64_t m, int64_t n, int64_t k, cuda::GemmPath path) {
+int time_one_shape(int64_t m, int64_t n, int64_t k, cuda::GemmPath path, Scheme scheme) {
   std::mt19937_64 rng(1);
-  const auto scales = e4m3_codes_of({0.5f, 1.0f, 1.5f, 2.0f});
-  const HostOperand a = random_operand(m, k, 1, scales, rng), b = random_operand(n, k, 1, scales, rng);
-  DeviceBuffer da(a.codes.data(), a.codes.size()), db(b.codes.data(), b.codes.size());
-  DeviceBuffer das(a.compact.data(), a.compact.size()), dbs(b.compact.data(), b.compact.size());
+  std::vector<std::unique_ptr<DeviceBuffer>> keep;
+  GemmOperand ga, gb;
+  if (scheme == Scheme::NVFP4) {
+    const auto scales = e4m3_codes_of({0.5f, 1.0f, 1.5f, 2.0f});
+    const HostOperand a = random_operand(m, k, 1, scales, rng), b = random_operand(n, k, 1, scales, rng);
+    ga = on_device(a.view(a.codes.data(), a.compact.data(), false, Device::CPU), keep);
+    gb = on_device(b.view(b.codes.data(), b.compact.data(), false, Device::CPU), keep);
+  } else {
+    const std::vector<uint8_t> scales = {120, 121, 122, 123};
+    ga = on_device(manual_mx(scheme, false, m, k, 1, scales, rng).view(), keep);
+    gb = on_device(manual_mx(scheme, false, n, k, 1, scales, rng).view(), keep);
+  }
   DeviceBuffer dd(static_cast<size_t>(m * n * 2));
-  const GemmOperand ga = a.view(da.p, das.p, false, Device::CUDA),
-                    gb = b.view(db.p, dbs.p, false, Device::CUDA);
   const TensorView d{dd.p, DType::BF16, {m, n}, {}, Device::CUDA};
-  const size_t workspace_bytes = cuda::gemm_workspace_bytes(m, n, k, 1, path);
+  const size_t workspace_bytes = cuda::gemm_workspace_bytes(m, n, k, 1, path, scheme);
   DeviceBuffer workspace(workspace_bytes);
   const auto call = [&] {
     cuda::gemm(ga, gb, {}, d, nullptr, nullptr, nullptr, workspace.p, workspace_bytes, path);
@@ -515,8 +523,9 @@ int time_one_shape(int64_t m, int64_t n, int64_t k, cuda::GemmPath path) {
   }
   std::sort(ms.begin(), ms.end());
   const double us = ms[ms.size() / 2] * 1e3;
-  std::printf("%s %lld x %lld x %lld: %.1f us, %.0f TFLOP/s\n", path_name(path), static_cast<long long>(m),
-              static_cast<long long>(n), static_cast<long long>(k), us, 2.0 * m * n * k / us / 1e6);
+  std::printf("%s %s %lld x %lld x %lld: %.1f us, %.0f TFLOP/s\n", std::string(scheme_name(scheme)).c_str(),
+              path_name(path), static_cast<long long>(m), static_cast<long long>(n),
+              static_cast<long long>(k), us, 2.0 * m * n * k / us / 1e6);
   return 0;
 }
 
@@ -658,6 +667,140 @@ void run_mx_checks(std::mt19937_64& rng) {
         fail("FP6 byte that is no code: " + std::to_string(wrong) + " elements not NaN in row 2 only");
     } catch (const Error& err) {
       fail(std::string("FP6 byte that is no code: threw ") + err.what());
+    }
+  }
+}
+
+// The MX skinny kernel (GemmPath::Skinny): K-major MXFP8 pairs, E4M3, E5M2 and mixed, at its
+// three row tilings (M = 1, 5, 16, 31, and 256 over many row steps), compact and swizzled scales,
+// K whose last chunk of two blocks is half past K (swizzled), batches, a split K, the epilogue,
+// operands from quantize() (rows of zeros: 2^-127 scales), the exact form of the scales (A's
+// scales tiny, huge, or beside huge B's), NaN scales, and the layouts it leaves to others.
+void run_mx_skinny_checks(std::mt19937_64& rng) {
+  std::vector<uint8_t> normal_scales;  // 2^-7 .. 2^2
+  for (int c = 120; c <= 129; ++c) normal_scales.push_back(static_cast<uint8_t>(c));
+  struct Shape {
+    int64_t m, n, k, l;
+  };
+  const Shape shapes[] = {{1, 200, 256, 1},  {5, 130, 1024, 2}, {16, 64, 128, 1},
+                          {31, 72, 2048, 1}, {256, 48, 192, 1}, {16, 136, 8192, 1}};
+  for (const Shape& s : shapes) {
+    for (Scheme sa : {Scheme::MXFP8_E4M3, Scheme::MXFP8_E5M2}) {
+      for (Scheme sb : {Scheme::MXFP8_E4M3, Scheme::MXFP8_E5M2}) {
+        for (bool swizzle : {false, true}) {
+          const ManualMx a = manual_mx(sa, false, s.m, s.k, s.l, normal_scales, rng, 0, swizzle);
+          const ManualMx b = manual_mx(sb, false, s.n, s.k, s.l, normal_scales, rng, 0, swizzle);
+          char name[160];
+          std::snprintf(name, sizeof name, "MX skinny %lldx%lldx%lld L%lld %s x %s %s",
+                        static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k),
+                        static_cast<long long>(s.l), std::string(scheme_name(sa)).c_str(),
+                        std::string(scheme_name(sb)).c_str(), swizzle ? "swizzled" : "compact");
+          Epilogue e;
+          e.out = sa == sb ? DType::BF16 : DType::F32;
+          e.workspace = s.k == 8192;
+          check_host_operands(name, a.view(), b.view(), e, rng);
+        }
+      }
+    }
+  }
+  // K = 96 and 32 * 67: the last chunk's second block lies past K (swizzled scales; compact rows of
+  // an odd number of scales are the expanded path's); a 16-byte row pad; C, bias, strided f16 D.
+  for (int64_t k : {96, 32 * 67}) {
+    const ManualMx a = manual_mx(Scheme::MXFP8_E4M3, false, 9, k, 2, normal_scales, rng, 16, true);
+    const ManualMx b = manual_mx(Scheme::MXFP8_E4M3, false, 150, k, 2, normal_scales, rng, 0, true);
+    Epilogue e;
+    e.out = DType::F16;
+    e.alpha = 0x1p-12f;  // sums of up to 2^21 brought into f16's range
+    e.beta = -1.0f;
+    e.with_c = true;
+    e.with_bias = true;
+    e.d_row_pad = 3;
+    check_host_operands("MX skinny K = " + std::to_string(k) + ", C bias strided f16", a.view(), b.view(), e,
+                        rng);
+  }
+  // From quantize(): x with a row of zeros (its blocks' scales 2^-127: the exact form) against W.
+  {
+    const int64_t tokens = 3, in = 512, out = 384;
+    auto x = gaussian(tokens * in, rng, 1.0f);
+    std::fill(x.begin() + in, x.begin() + 2 * in, 0.0f);
+    const auto w = gaussian(out * in, rng, 0.02f);
+    for (bool swizzle : {false, true}) {
+      QuantizeOptions o;
+      o.scheme = Scheme::MXFP8_E4M3;
+      o.rowwise = true;
+      o.scale_layout = swizzle ? ScaleLayout::Swizzled : ScaleLayout::Compact;
+      const QuantizedTensor qx =
+          quantize(TensorView::from_buffer(x.data(), x.size() * 4, DType::F32, {tokens, in}), o);
+      const QuantizedTensor qw = quantize(
+          TensorView::from_buffer(const_cast<float*>(w.data()), w.size() * 4, DType::F32, {out, in}), o);
+      Epilogue e;
+      e.out = DType::BF16;
+      const auto [xa, wb] = te_gemm_operands(qw, qx, "TN");  // A = x (3 rows), B = W
+      check_host_operands(
+          std::string("MX skinny from quantize, a zero row ") + (swizzle ? "swizzled" : "compact"), xa, wb, e,
+          rng);
+    }
+  }
+  // The exact form: A's scales outside [2^-94, 2^90]: tiny (2^-127 ..), huge against tiny B's
+  // (products near 1), huge against normal (large but finite); tiny B's (exact subnormal scales).
+  // (A's values stay below fp32's max, where the oracle, like the CPU GEMM, reads them.)
+  {
+    struct Extreme {
+      const char* name;
+      std::vector<uint8_t> a_scales, b_scales;
+      Scheme scheme;
+      double slack;
+    };
+    const Extreme cases[] = {
+        {"tiny A E4M3", {0, 1, 2}, normal_scales, Scheme::MXFP8_E4M3, 256 * 0x1p-149},
+        {"tiny A E5M2", {0, 3, 6, 9}, normal_scales, Scheme::MXFP8_E5M2, 256 * 0x1p-149},
+        {"huge A, tiny B", {200, 215, 230}, {0, 5, 10}, Scheme::MXFP8_E4M3, 1e-30},
+        {"huge A, normal B", {220, 225}, normal_scales, Scheme::MXFP8_E4M3, 1e-30},
+        {"tiny B E4M3", normal_scales, {0, 1, 2}, Scheme::MXFP8_E4M3, 256 * 0x1p-149},
+        {"mixed A, one chunk slow", {0, 100, 127, 130}, normal_scales, Scheme::MXFP8_E4M3, 256 * 0x1p-149}};
+    for (const Extreme& c : cases) {
+      const ManualMx a = manual_mx(c.scheme, false, 12, 256, 1, c.a_scales, rng);
+      const ManualMx b = manual_mx(c.scheme, false, 90, 256, 1, c.b_scales, rng, 0, true);
+      check_host_operands(std::string("MX skinny scales: ") + c.name, a.view(), b.view(), Epilogue{}, rng,
+                          c.slack);
+    }
+  }
+  // NaN scales (0xFF) in A and in B: NaN rows and columns, also with alpha = 0.
+  {
+    ManualMx a = manual_mx(Scheme::MXFP8_E4M3, false, 6, 128, 1, normal_scales, rng);
+    a.scales[1 * 4 + 2] = 0xFF;  // row 1, block 2
+    ManualMx b = manual_mx(Scheme::MXFP8_E4M3, false, 40, 128, 1, normal_scales, rng);
+    b.scales[17 * 4 + 0] = 0xFF;  // row 17, block 0
+    Epilogue e;
+    check_host_operands("MX skinny NaN scales", a.view(), b.view(), e, rng);
+    e.alpha = 0.0f;
+    check_host_operands("MX skinny NaN scales, alpha 0", a.view(), b.view(), e, rng);
+  }
+  // What the MX skinny kernel leaves to the expanded path: MXFP6 and MXFP4, a transposed operand,
+  // compact rows of an odd number of scales. Forced onto it, each is an error; under Auto, right.
+  {
+    const ManualMx e4m3 = manual_mx(Scheme::MXFP8_E4M3, false, 8, 64, 1, normal_scales, rng);
+    const ManualMx fp6 = manual_mx(Scheme::MXFP6_E2M3, false, 8, 64, 1, normal_scales, rng);
+    const ManualMx transposed = manual_mx(Scheme::MXFP8_E4M3, true, 8, 64, 1, normal_scales, rng);
+    const ManualMx odd_a = manual_mx(Scheme::MXFP8_E4M3, false, 8, 96, 1, normal_scales, rng);
+    const ManualMx odd_b = manual_mx(Scheme::MXFP8_E4M3, false, 24, 96, 1, normal_scales, rng);
+    const std::pair<const ManualMx*, const ManualMx*> pairs[] = {
+        {&fp6, &fp6}, {&e4m3, &transposed}, {&transposed, &e4m3}, {&odd_a, &odd_b}};
+    const char* names[] = {"MXFP6", "B transposed", "A transposed", "compact rows of 3 scales"};
+    for (int i = 0; i < 4; ++i) {
+      std::vector<std::unique_ptr<DeviceBuffer>> keep;
+      const GemmOperand ga = on_device(pairs[i].first->view(), keep),
+                        gb = on_device(pairs[i].second->view(), keep);
+      const int64_t m = pairs[i].first->rows, n = pairs[i].second->rows;
+      DeviceBuffer dd(static_cast<size_t>(m * n * 4));
+      const TensorView d{dd.p, DType::F32, {m, n}, {}, Device::CUDA};
+      expect_error(std::string("MX skinny refuses ") + names[i],
+                   [&] { cuda::gemm(ga, gb, {}, d, nullptr, nullptr, nullptr, nullptr, 0, g_path); });
+      if (g_kernels_only) continue;
+      g_path = cuda::GemmPath::Auto;
+      check_host_operands(std::string("MX under Auto: ") + names[i], pairs[i].first->view(),
+                          pairs[i].second->view(), Epilogue{}, rng);
+      g_path = cuda::GemmPath::Skinny;
     }
   }
 }
@@ -839,6 +982,7 @@ void run_checks(bool quick) {
                  false, rng);
     }
   }
+  if (g_path == cuda::GemmPath::Skinny) run_mx_skinny_checks(rng);
   if (g_path == cuda::GemmPath::Expanded) {
     run_mx_checks(rng);
     // NVFP4 whose K is not a multiple of 32 (the skinny kernel's): the expanded path only.
@@ -892,7 +1036,12 @@ void run_checks(bool quick) {
     if (g_path == cuda::GemmPath::Fused || g_path == cuda::GemmPath::Skinny) {
       const std::string kernel = path_name(g_path);
       expect_error("K not a multiple of 64 or 32 (" + kernel + ")", [&] { run(k80, k80, {}, d); });
-      expect_error("MX operands (" + kernel + ")", [&] { run(mx, mx, {}, d); });
+      if (g_path == cuda::GemmPath::Fused) {
+        expect_error("MX operands (fused)", [&] { run(mx, mx, {}, d); });
+      } else {  // MXFP8 runs on the skinny path (checked in run_mx_skinny_checks)
+        run(mx, mx, {}, d);
+        CK(cudaDeviceSynchronize());
+      }
       expect_error("unaligned codes (" + kernel + ")", [&] { run(unaligned, unaligned, {}, d31); });
     } else {  // the expanded path takes these: K = 80 and MX are checked elsewhere
       run(k80, k80, {}, d);
@@ -973,13 +1122,14 @@ void run_checks(bool quick) {
 }
 
 int main(int argc, char** argv) {
-  if ((argc == 5 || argc == 6) && std::string(argv[1]) == "--time") {
-    const std::string path = argc == 6 ? argv[5] : "fused";
+  if (argc >= 5 && argc <= 7 && std::string(argv[1]) == "--time") {
+    const std::string path = argc >= 6 ? argv[5] : "fused";
+    const Scheme scheme = argc == 7 && std::string(argv[6]) == "mxfp8" ? Scheme::MXFP8_E4M3 : Scheme::NVFP4;
     const cuda::GemmPath paths[] = {cuda::GemmPath::Fused, cuda::GemmPath::Skinny, cuda::GemmPath::Expanded,
                                     cuda::GemmPath::Auto};
     for (cuda::GemmPath p : paths) {
       if (path == path_name(p))
-        return time_one_shape(std::stoll(argv[2]), std::stoll(argv[3]), std::stoll(argv[4]), p);
+        return time_one_shape(std::stoll(argv[2]), std::stoll(argv[3]), std::stoll(argv[4]), p, scheme);
     }
     std::fprintf(stderr, "unknown path '%s' (fused, skinny, expanded, auto)\n", path.c_str());
     return 2;
@@ -990,7 +1140,10 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--quick") quick = true;
-    if (arg == "--kernels-only") paths = {cuda::GemmPath::Fused, cuda::GemmPath::Skinny};  // no cuBLAS
+    if (arg == "--kernels-only") {
+      paths = {cuda::GemmPath::Fused, cuda::GemmPath::Skinny};  // no cuBLAS
+      g_kernels_only = true;
+    }
   }
   for (cuda::GemmPath path : paths) {
     g_path = path;

@@ -267,6 +267,31 @@ def test_gemm_paths_agree_with_the_cpu_gemm(path, m):
         ms._C.gemm_workspace_bytes(512, 640, 512, 1, "fast")
 
 
+@pytest.mark.parametrize("path", ["skinny", "expanded", "auto"])
+@pytest.mark.parametrize("m", [512, 5])
+@pytest.mark.parametrize("scheme_x, scheme_w", [("mxfp8_e4m3", "mxfp8_e4m3"), ("mxfp8_e5m2", "mxfp8_e4m3")])
+def test_mx_gemm_paths_agree_with_the_cpu_gemm(path, m, scheme_x, scheme_w):
+    # MXFP8 pairs on the skinny kernel and the expanded path through the binding, beside the CPU
+    # GEMM; Auto takes the skinny kernel at M = 5. A long K splits it (the workspace from torch).
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(m, 2048, generator=g).to(torch.bfloat16)
+    w = (torch.randn(320, 2048, generator=g) * 0.05).to(torch.bfloat16)
+    a, b = mst.quantize(x.cuda(), scheme_x), mst.quantize(w.cuda(), scheme_w, swizzle=True)
+    bias = torch.randn(320, generator=g)
+    for with_bias in (False, True):
+        d = torch.empty(m, 320, device="cuda", dtype=torch.bfloat16)
+        workspace_bytes = ms._C.gemm_workspace_bytes(m, 320, 2048, 1, path, scheme_x)
+        workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device="cuda")
+        ms._C.gemm_cuda(a.rowwise_data, a.rowwise_scale, None, False, b.rowwise_data, b.rowwise_scale, None, True,
+                        1.0, 0.0, None, bias.cuda() if with_bias else None, d, torch.cuda.current_stream().cuda_stream,
+                        workspace, path, scheme_x, False, scheme_w, False)
+        want = mst.gemm(_to_cpu(a), _to_cpu(b), bias=bias if with_bias else None, out_dtype=torch.bfloat16)
+        _assert_near(d.cpu(), want, f"{path} {scheme_x} x {scheme_w} bias={with_bias}", 2.0**-7)
+    # mst.gemm takes the same route (Auto) and agrees too.
+    _assert_near(mst.gemm(a, b, out_dtype=torch.bfloat16).cpu(), mst.gemm(_to_cpu(a), _to_cpu(b), out_dtype=torch.bfloat16),
+                 f"mst.gemm {scheme_x} x {scheme_w}", 2.0**-7)
+
+
 def test_gemm_on_cuda_split_k_with_torch_workspace_and_without_amax():
     # M = 128 and a long K: few output tiles, so K is split and the partial sums go to a
     # workspace from PyTorch's allocator.
