@@ -53,8 +53,10 @@ void swizzle_scales(const TensorView& compact, const TensorView& swizzled, void*
 ///   multiple of 64 only. Best where M or N is small but M is not tiny.
 /// - Skinny: for few rows of A (decode: a handful of tokens against a weight B), one kernel that
 ///   converts its share of the codes in registers and multiplies with mma.sync, reading B once
-///   per 8, 16 or 32 rows of A (M <= 8, <= 16, more; src/cuda/gemm_nvfp4_skinny.cu). NVFP4 pairs whose K is a
-///   multiple of 32 only; any M, but meant for M <= 32.
+///   per 8, 16 or 32 rows of A (M <= 8, <= 16, more). NVFP4 pairs whose K is a multiple of 32
+///   (src/cuda/gemm_nvfp4_skinny.cu) and K-major MXFP8 pairs, E4M3 or E5M2 either way
+///   (src/cuda/gemm_mx_skinny.cu: each 32-value block multiplied apart and added to the fp32 sums
+///   times its two E8M0 scales); any M, but meant for M <= 32.
 /// - Expanded: the operands' blocks are written out once as exact bf16 values (codes times block
 ///   scales; the NVFP4 global scales stay in alpha), and cuBLAS multiplies them with fp32
 ///   accumulation. cuBLAS writes D itself (alpha' by value, or from the device when an amax is
@@ -88,7 +90,11 @@ enum class GemmPath { Auto, Fused, Expanded, Skinny };
 /// ignored (D's dtype rules); C is D itself or apart from it. Codes need contiguous stored rows;
 /// L <= 65535 and M <= 65535 * 128 (Skinny: M <= 65535 * 32). The fused and skinny paths also need
 /// rows and batches of codes 16-byte aligned; the fused path compact scale rows and batches 4-byte
-/// aligned or swizzled scales 16-byte aligned, the skinny path both 2-byte aligned.
+/// aligned or swizzled scales 16-byte aligned, the skinny path both 2-byte aligned; for MXFP8 also
+/// compact scale rows of an even number of scales (K % 64 == 0; swizzled scales take any K) and a
+/// batch's codes and scales within 2 GiB. (The MX skinny kernel multiplies the scales exactly:
+/// where the CPU GEMM's fp32 value code * scale would overflow, a scale above ~2^112 that no
+/// quantizer writes, it gives the finite product instead of Inf.)
 /// Anything else throws microscale::Error. One difference from the CPU GEMM: a byte of a 6-bit
 /// format with its high bits set (no code) reads as NaN here, where the CPU GEMM throws.
 ///
