@@ -16,12 +16,6 @@ __device__ __forceinline__ void copy16(void* dst, const void* src, bool valid) {
                "r"(valid ? 16 : 0));
 }
 
-/// 8 bytes global -> shared, zero-filled when !valid.
-__device__ __forceinline__ void copy8(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(shared_address(dst)), "l"(src),
-               "r"(valid ? 8 : 0));
-}
-
 /// 4 bytes global -> shared, zero-filled when !valid.
 __device__ __forceinline__ void copy4(void* dst, const void* src, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(dst)), "l"(src),

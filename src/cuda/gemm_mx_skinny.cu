@@ -130,14 +130,15 @@ __device__ __forceinline__ bool fast_b_scales(uint32_t w) {
 // acc + sum * 2^(sa - 127) * 2^(sb - 127) for any pair of E8M0 codes (0xFF: NaN). The exponent
 // e = sa + sb - 254 is split in halves hi = floor(e / 2) and lo = e - hi, both in [-127, 127]:
 // sum * 2^hi rounds only below fp32's normal range, where 2^lo <= 2^-93 shrinks its error below
-// the fma's own; it overflows only where sum * 2^e does. (hi + 127) << 23 is 2^hi but at hi = -127
-// (e <= -253), where it reads 0: |sum * 2^e| < 2^37 * 2^-253 rounds to 0 all the same.
+// the fma's own; it overflows only where sum * 2^e does.
 __device__ __forceinline__ float add_scaled_exact(float acc, float sum, uint32_t sa, uint32_t sb) {
   if (sa == 0xFFu || sb == 0xFFu) return __uint_as_float(0x7FC00000u);
   const int e = static_cast<int>(sa + sb) - 254, hi = e >> 1, lo = e - hi;
-  const float scale_hi = __uint_as_float(static_cast<uint32_t>(hi + 127) << 23);
-  const float scale_lo = __uint_as_float(static_cast<uint32_t>(lo + 127) << 23);
-  return fmaf(sum * scale_hi, scale_lo, acc);
+  // 2^x for x in [-127, 127]: its bits in the exponent, or 2^-127's subnormal bits.
+  const auto power_of_two = [](int x) {
+    return __uint_as_float(x == -127 ? 0x00400000u : static_cast<uint32_t>(x + 127) << 23);
+  };
+  return fmaf(sum * power_of_two(hi), power_of_two(lo), acc);
 }
 
 // acc[g][i] += the chunk's products of B's row group g and A's tile i, block by block. `stage`:
@@ -231,11 +232,12 @@ __global__ void __launch_bounds__(kSkinnyThreads, kSkinnyBlocksPerSm)
   // The four lanes of a row copy its chunk's 64 bytes, 16 each (cp.async.cg: the codes bypass L1,
   // which keeps the scales), and each then reads the 8-byte pieces its fragments take (block b:
   // bytes 32 b + 8 quad .. + 7) from its neighbours' units: lane 4 r + q's 16 bytes go to unit
-  // 4 r + (q ^ swap), swap = (r / 2) % 4, so that a warp's reads of a piece fall in distinct banks.
+  // 4 r + (q ^ swap), swap = 2 ((r / 2) % 2), so that each half-warp's reads of a piece fall in
+  // distinct banks (rows r and r + 2 read opposite halves of their 64 bytes).
   uint8_t* const stages =
       reinterpret_cast<uint8_t*>(shared_slots) + warp * kSkinnyStages * kRows * kStageRowBytes;
   auto stage_of = [&](int i) { return stages + (i % kSkinnyStages) * kRows * kStageRowBytes; };
-  const int swap = (lane_row / 2) % 4;
+  const int swap = 2 * ((lane_row / 2) % 2);
   const uint32_t copy_at = (4 * lane_row + (quad ^ swap)) * 16;
   uint32_t piece_at[kPieces];
 #pragma unroll

@@ -127,9 +127,12 @@ struct SkinnyWarpWork {
 
 /// A warp's pipeline over its `count` chunks: chunks i + 1 and i + 2 in flight (their codes by
 /// cp.async into stage (i % kSkinnyStages), one commit group per chunk, an empty group past the
-/// last; their scales in registers) while chunk i is used. Each lane reads only the slots it
-/// copied, so the wait needs no barrier. `copy(i)` issues chunk i's copies, `load(i, scales)` loads
-/// its scales, `use(i, scales)` multiplies it (its copies complete). Returns with no copy in flight.
+/// last; their scales in registers) while chunk i is used. `copy(i)` issues chunk i's copies,
+/// `load(i, scales)` loads its scales, `use(i, scales)` multiplies it: this lane's copies of it
+/// are complete. A `use` that reads only the slots its lane copied needs no barrier (the NVFP4
+/// kernel); one that reads other lanes' slots starts with __syncwarp() (the MX kernel), which also
+/// keeps chunk i + 2's copies, issued after `use(i)` into the stage chunk i - 1 took, behind every
+/// lane's reads of it. Returns with no copy in flight.
 template <typename Scales, typename Copy, typename Load, typename Use>
 __device__ __forceinline__ void run_skinny_pipeline(int count, Copy&& copy, Load&& load, Use&& use) {
   Scales next{}, after{};
@@ -147,7 +150,7 @@ __device__ __forceinline__ void run_skinny_pipeline(int count, Copy&& copy, Load
     if (i + 2 < count) load(i + 2, after);
     wait_copies<kSkinnyStages - 2>();  // chunk i's group is complete
     use(i, current);
-    // Into the stage chunk i - 1 used: its slots were read before that chunk's products.
+    // Into the stage chunk i - 1 used: this lane read its slots before use(i - 1) returned.
     if (i + kSkinnyStages - 1 < count) copy(i + kSkinnyStages - 1);
     commit_copies();
   }

@@ -180,3 +180,18 @@ def test_gemm_into_out_and_in_place_accumulation():
     assert torch.equal(main_grad, want)
     with pytest.raises(ms.Error, match="out is"):
         mst.gemm(a, b, a_usage="columnwise", b_usage="columnwise", out=torch.empty(64, 128, dtype=torch.bfloat16))
+
+
+def test_cuda_path_names_the_expanded_path_where_the_mx_skinny_kernel_cannot_read():
+    # The CUDA frontend asks gemm_workspace_bytes for the path the call will take: Auto (which may
+    # answer with the skinny kernel's split for few rows of A) only where the skinny kernel reads
+    # the pair, else the expanded path and its bf16 copies.
+    from microscale.torch.gemm import _cuda_gemm_path
+
+    assert _cuda_gemm_path("nvfp4", "nvfp4", False, False, 96) == "auto"
+    assert _cuda_gemm_path("mxfp8_e4m3", "mxfp8_e5m2", False, False, 128) == "auto"
+    assert _cuda_gemm_path("mxfp8_e4m3", "mxfp8_e4m3", False, True, 96) == "auto"  # swizzled: any K
+    assert _cuda_gemm_path("mxfp8_e4m3", "mxfp8_e4m3", False, False, 96) == "expanded"  # 3 scales a row
+    assert _cuda_gemm_path("mxfp8_e4m3", "mxfp8_e4m3", True, True, 128) == "expanded"  # columnwise
+    assert _cuda_gemm_path("mxfp6_e2m3", "mxfp6_e2m3", False, True, 128) == "expanded"
+    assert _cuda_gemm_path("mxfp8_e4m3", "mxfp4", False, True, 128) == "expanded"

@@ -135,19 +135,36 @@ def _gemm_cuda(a, b, a_usage, b_usage, alpha, beta, c, bias, out_dtype, out=None
     if out is not None:  # written in place by the kernels (it may be c itself)
         _require_out(out, (m, n), out_dtype, a_data.device)
     d = out if out is not None else torch.empty((m, n), dtype=out_dtype, device=a_data.device)
+    a_transposed = a_usage == "columnwise" and scheme_a != "nvfp4"
+    b_transposed = b_usage == "columnwise" and scheme_b != "nvfp4"
+    path = _cuda_gemm_path(scheme_a, scheme_b, a_transposed or b_transposed,
+                           a.options.swizzle and b.options.swizzle, k)
     with _on_device(a_data.device):
         # The expanded path's copies (or a split K's partial sums) go to a workspace from
         # PyTorch's allocator (fast to reuse).
-        workspace_bytes = _C.gemm_workspace_bytes(m, n, k, 1, "auto", scheme_a) if min(m, n, k) > 0 else 0
+        workspace_bytes = _C.gemm_workspace_bytes(m, n, k, 1, path, scheme_a) if min(m, n, k) > 0 else 0
         workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=a_data.device) if workspace_bytes else None
         _C.gemm_cuda(_capsule(a_data), _capsule(a_scales), _capsule(a_amax), a.options.swizzle, _capsule(b_data),
                      _capsule(b_scales), _capsule(b_amax), b.options.swizzle, alpha, beta,
                      _capsule(None if c is None else c.detach()), _capsule(None if bias is None else bias.detach()),
-                     _capsule(d), _stream(a_data.device), _capsule(workspace), "auto",
-                     scheme_a, a_usage == "columnwise" and scheme_a != "nvfp4",
-                     scheme_b, b_usage == "columnwise" and scheme_b != "nvfp4",
+                     _capsule(d), _stream(a_data.device), _capsule(workspace), path,
+                     scheme_a, a_transposed, scheme_b, b_transposed,
                      a.options.nvfp4_e4m3_max, b.options.nvfp4_e4m3_max)
     return d
+
+
+def _cuda_gemm_path(scheme_a, scheme_b, transposed, both_swizzled, k):
+    """cuda::gemm's path: "auto", or "expanded" for an MX pair the skinny kernel does not read (a
+    columnwise operand, MXFP6 or MXFP4, compact scale rows of an odd number of scales), which Auto
+    would send there too; named here so that gemm_workspace_bytes sizes the expanded path's copies,
+    not the skinny kernel's split (Auto's answer for few rows of A)."""
+    if scheme_a == "nvfp4":
+        return "auto"
+    mxfp8 = ("mxfp8_e4m3", "mxfp8_e5m2")
+    odd_compact = (k // 32) % 2 == 1 and not both_swizzled
+    if scheme_a not in mxfp8 or scheme_b not in mxfp8 or transposed or odd_compact:
+        return "expanded"
+    return "auto"
 
 
 def _outer_scales(x, usage):
