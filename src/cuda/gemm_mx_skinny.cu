@@ -62,7 +62,8 @@ __device__ __forceinline__ int64_t clamp_row(int64_t row, int64_t rows) {
   return row < rows ? row : rows - 1;
 }
 
-// Row `row`'s 16 bytes of chunk 0 that lane `quad` of its four copies (bytes 16 quad .. + 15).
+// Where the 16 bytes of row `row`'s chunk 0 that the row's lane `quad` copies start (bytes
+// 16 quad .. + 15 of the chunk's 64).
 __device__ __forceinline__ uint32_t code_row_offset(const GemmDeviceOperand& op, int64_t row, int64_t rows,
                                                     int quad) {
   return static_cast<uint32_t>(clamp_row(row, rows) * op.row_bytes + 16 * quad);
