@@ -110,10 +110,10 @@ GemmDeviceOperand device_operand(const GemmOperand& op, const float* device_amax
 
 bool is_mxfp8(Scheme scheme) { return scheme == Scheme::MXFP8_E4M3 || scheme == Scheme::MXFP8_E5M2; }
 
-// What the fused and skinny kernels need beyond device_operand: rows of codes 16-byte aligned (their
-// cp.async copies); compact scale rows on 4-byte boundaries
-// or 16-byte aligned swizzled images (the fused kernel's copies), 2-byte boundaries for both (the
-// skinny kernels read a thread's two block scales as one 16-bit word). The MX skinny kernel also
+// What the fused and skinny kernels need beyond device_operand: rows of codes 16-byte aligned
+// (their cp.async copies); compact scale rows on 4-byte boundaries or 16-byte aligned swizzled
+// images (the fused kernel's copies), 2-byte boundaries for both (the skinny kernels read a
+// thread's two block scales as one 16-bit word). The MX skinny kernel also
 // needs K-major MXFP8 codes, compact scale rows of an even number of scales (it reads a chunk's
 // two as one word) and a batch's codes and scales within 2 GiB (its 32-bit offsets).
 // Empty when `op` (of `rows` rows) has them, else the reason.

@@ -310,7 +310,7 @@ void launch_formats(const GemmDeviceParams& p, cudaStream_t stream) {
 }  // namespace
 
 size_t mx_skinny_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batches) {
-  return split_slices_bytes(skinny_split(m, n, k, batches, kChunkK), m, n, batches);
+  return skinny_workspace_bytes(m, n, k, batches, kChunkK);
 }
 
 void launch_mx_skinny_gemm(const GemmDeviceParams& problem, cudaStream_t stream, void* workspace,

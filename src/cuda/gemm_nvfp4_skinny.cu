@@ -214,7 +214,7 @@ void launch_layouts(const GemmDeviceParams& p, cudaStream_t stream) {
 int64_t skinny_row_steps(int64_t m) { return (m + 8 * skinny_tiles_m(m) - 1) / (8 * skinny_tiles_m(m)); }
 
 size_t nvfp4_skinny_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batches) {
-  return split_slices_bytes(skinny_split(m, n, k, batches, kChunkK), m, n, batches);
+  return skinny_workspace_bytes(m, n, k, batches, kChunkK);
 }
 
 void launch_nvfp4_skinny_gemm(const GemmDeviceParams& problem, cudaStream_t stream, void* workspace,

@@ -11,6 +11,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -61,14 +62,17 @@ inline dim3 skinny_grid(int64_t m, int64_t n, int64_t batches) {
               static_cast<unsigned>((m + a_rows - 1) / a_rows), static_cast<unsigned>(batches));
 }
 
-/// K split so that the blocks (`blocks_per_sm` of them on an SM) fill the GPU in one wave, for
-/// chunks of `chunk_k` elements.
-inline GemmSplit skinny_split(int64_t m, int64_t n, int64_t k, int64_t batches, int64_t chunk_k,
-                              int blocks_per_sm = kSkinnyBlocksPerSm) {
+/// K split so that the blocks fill the GPU in one wave, for chunks of `chunk_k` elements.
+inline GemmSplit skinny_split(int64_t m, int64_t n, int64_t k, int64_t batches, int64_t chunk_k) {
   const dim3 grid = skinny_grid(m, n, batches);
   const int64_t blocks = static_cast<int64_t>(grid.x) * grid.y * grid.z;
-  return choose_gemm_split(blocks, (k + chunk_k - 1) / chunk_k, multiprocessor_count(), blocks_per_sm,
+  return choose_gemm_split(blocks, (k + chunk_k - 1) / chunk_k, multiprocessor_count(), kSkinnyBlocksPerSm,
                            kSkinnySplitMinChunks, /*one_wave=*/true);
+}
+
+/// The split-K workspace (its fp32 slices) of an M x N x K skinny GEMM with chunks of `chunk_k`.
+inline size_t skinny_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t batches, int64_t chunk_k) {
+  return split_slices_bytes(skinny_split(m, n, k, batches, chunk_k), m, n, batches);
 }
 
 /// Launches `kernel` (an instantiation of a skinny kernel, `shared_bytes` of dynamic shared memory)
