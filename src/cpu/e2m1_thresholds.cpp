@@ -158,6 +158,31 @@ void build_e2m1_thresholds(DType input, float s_dec, E2m1Thresholds& out, Thresh
   }
 }
 
+int build_e2m1_doubling_form(DType input, const E2m1Thresholds& thresholds, E2m1Thresholds& doubling) {
+  const int period = 1 << doubling_shift(input);
+  // As a compare's threshold: every value at or above 0x7FFF is never reached by a pattern.
+  const auto as_compare = [](int v) { return std::min(v, 0x7FFF); };
+  int first = 127;
+  for (int code = 126; code >= 0; --code) {  // 127 (NaN) is never a block scale
+    const int16_t* t = thresholds.below[code];
+    bool holds = t[3] >= period - 1 && t[4] >= period - 1 &&  // the subtrahends are >= 0
+                 as_compare(t[3] + period) == as_compare(t[5]) &&
+                 as_compare(t[3] + 2 * period) == as_compare(t[7]) &&
+                 as_compare(t[4] + period) == as_compare(t[6]);
+    for (int k = 1; k < 7; ++k) holds = holds && t[k] <= t[k + 1];  // the codes are monotone in |x|
+    if (!holds) break;
+    first = code;
+    int16_t* d = doubling.below[code];
+    d[0] = t[0];
+    d[1] = t[1];
+    d[2] = t[2];
+    d[3] = static_cast<int16_t>(t[3] - (period - 1));
+    d[4] = static_cast<int16_t>(t[4] - (period - 1));
+    d[5] = d[6] = d[7] = 0;
+  }
+  return first;
+}
+
 const MxE2m1Thresholds& mx_e2m1_thresholds(DType input) {
   if (input == DType::BF16) {
     static const MxE2m1Thresholds bf16 = build_mx<DType::BF16>();  // built on the first bf16 call only

@@ -43,14 +43,20 @@ struct Call {
   const E2m1Thresholds* row_thresholds;  // of the rowwise global scale
   const E2m1Thresholds* col_thresholds;
   const E2m1ThresholdPairs* row_threshold_pairs;  // row_thresholds widened (the AVX2 chunk only)
-  bool avx2;                                      // the AVX2 forms: chunks, RHT (kernel_set.hpp)
-  bool row_stream, col_stream;                    // lines written by streaming stores (store_line)
-  const InputMatrix* x;                           // the input as a matrix (load_rows), for the plain RHT
-  const RhtCoefficients* rht;                     // columnwise through the RHT (bf16 input); null without
-  uint8_t* row_data;                              // (M, K/2)
-  uint8_t* row_scale;                             // (M, K/16)
-  uint8_t* col_data;                              // (K, M/2)
-  uint8_t* col_scale;                             // (K, M/16)
+  // The AVX2 chunk's doubling forms (build_e2m1_doubling_form), which hold from scale code
+  // `doubling_from` on (127: for none) in each direction the call has.
+  const E2m1Thresholds* row_doubling;
+  const E2m1Thresholds* col_doubling;
+  const E2m1ThresholdPairs* row_doubling_pairs;  // row_doubling widened
+  int doubling_from;
+  bool avx2;                    // the AVX2 forms: chunks, RHT (kernel_set.hpp)
+  bool row_stream, col_stream;  // lines written by streaming stores (store_line)
+  const InputMatrix* x;         // the input as a matrix (load_rows), for the plain RHT
+  const RhtCoefficients* rht;   // columnwise through the RHT (bf16 input); null without
+  uint8_t* row_data;            // (M, K/2)
+  uint8_t* row_scale;           // (M, K/16)
+  uint8_t* col_data;            // (K, M/2)
+  uint8_t* col_scale;           // (K, M/16)
 };
 
 // A thread's columnwise outputs of its current group, [column][band of the group]: k x 8 each.

@@ -420,8 +420,8 @@ void quantize_with_input(const InputMatrix& x, const QuantizeOptions& o, Quantiz
     out.columnwise_amax = o.amax_columnwise ? *o.amax_columnwise : rht ? bits_to_float(rht_amax_bits) : amax;
   }
 
-  E2m1Thresholds row_thresholds, col_thresholds;
-  std::optional<nvfp4_16::E2m1ThresholdPairs> row_threshold_pairs;
+  E2m1Thresholds row_thresholds, col_thresholds, row_doubling, col_doubling;
+  std::optional<nvfp4_16::E2m1ThresholdPairs> row_threshold_pairs, row_doubling_pairs;
   Call call{};
   call.avx2 = avx2;
   call.src = src;
@@ -451,6 +451,20 @@ void quantize_with_input(const InputMatrix& x, const QuantizeOptions& o, Quantiz
     call.col_data = out.columnwise_data.data_as<uint8_t>();
     call.col_scale = out.columnwise_scale.data_as<uint8_t>();
     call.col_stream = streamable(x.rows * x.cols / 2, x.rows / 2, call.col_data);  // a line per group
+  }
+  call.doubling_from = 127;
+  if (call.avx2) {  // the AVX2 chunk's doubling forms, from the first code where both directions hold
+    call.doubling_from = 0;
+    if (o.rowwise) {
+      call.doubling_from = build_e2m1_doubling_form(kIn, row_thresholds, row_doubling);
+      call.row_doubling = &row_doubling;
+      call.row_doubling_pairs = &row_doubling_pairs.emplace(row_doubling);
+    }
+    if (o.columnwise) {
+      call.doubling_from =
+          std::max(call.doubling_from, build_e2m1_doubling_form(kIn, *call.col_thresholds, col_doubling));
+      call.col_doubling = &col_doubling;
+    }
   }
   const bool same_codes = o.rowwise && o.columnwise && call.tile_2d &&
                           call.row.multiplier == call.col.multiplier && call.row.s_dec == call.col.s_dec;

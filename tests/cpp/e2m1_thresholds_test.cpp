@@ -14,7 +14,9 @@
 
 #include <cfloat>
 #include <cstdint>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "core/scale_math.hpp"
 #include "cpu/encode_fast.hpp"
@@ -83,6 +85,49 @@ TEST(E2m1Thresholds, WindowedSearchEqualsFullSearch) {
       }
     }
   }
+}
+
+// The doubling form (what the AVX2 NVFP4 chunk compares with) gives the thresholds' codes for every
+// pattern and sign, for each block scale code from the one build_e2m1_doubling_form returns; and
+// it holds from code 1 where the thresholds are normal patterns, from a later code or for none
+// where they are not.
+TEST(E2m1Thresholds, DoublingFormEqualsThresholds) {
+  const float more_amaxes[] = {4.5f, 1.0e-20f, 1.0e20f, 3.0e38f};
+  for (DType input : {DType::BF16, DType::F16}) {
+    for (int set = 0; set < 2; ++set) {
+      for (float amax : set == 0 ? std::vector<float>(std::begin(kAmaxes), std::end(kAmaxes))
+                                 : std::vector<float>(std::begin(more_amaxes), std::end(more_amaxes))) {
+        const float s_dec = 1.0f / nvfp4_global_encode_scale(amax);
+        cpu::E2m1Thresholds t, d;
+        cpu::build_e2m1_thresholds(input, s_dec, t);
+        const int first = cpu::build_e2m1_doubling_form(input, t, d);
+        ASSERT_GE(first, 1) << "code 0's thresholds are subnormal patterns";
+        ASSERT_LE(first, 127);
+        const int shift = cpu::doubling_shift(input);
+        for (int code = first; code < 127; ++code) {
+          for (uint32_t p = 0; p < 0x10000; ++p) {
+            const auto a = static_cast<int16_t>(p & 0x7FFF);
+            const uint16_t sign = (p & 0x8000u) != 0 ? 8 : 0;
+            ASSERT_EQ(cpu::e2m1_code_by_doubling(a, sign, d.below[code], shift),
+                      cpu::e2m1_code_by_thresholds(a, sign, t.below[code]))
+                << dtype_name(input) << " amax " << amax << " scale code " << code << " pattern 0x"
+                << std::hex << p;
+          }
+        }
+      }
+    }
+  }
+  // Where each path is taken (the kernel's tests, quantize_test.cpp, rely on these).
+  const auto first_of = [](DType input, float amax) {
+    cpu::E2m1Thresholds t, d;
+    cpu::build_e2m1_thresholds(input, 1.0f / nvfp4_global_encode_scale(amax), t);
+    return cpu::build_e2m1_doubling_form(input, t, d);
+  };
+  EXPECT_EQ(first_of(DType::BF16, 1.0f), 1);
+  EXPECT_EQ(first_of(DType::F16, 2688.0f), 1);
+  EXPECT_GT(first_of(DType::F16, 1.0f), 1);
+  EXPECT_LT(first_of(DType::F16, 1.0f), 127);
+  EXPECT_EQ(first_of(DType::F16, 3.0e6f), 127);
 }
 
 // The MXFP4 table of `input` against the reference kernel's code (quantize_mx_ref.cpp).

@@ -11,6 +11,7 @@
 
 #include "kernel_sets.hpp"
 #include "microscale/error.hpp"
+#include "microscale/half.hpp"
 #include "microscale/layout.hpp"
 #include "test_data.hpp"
 
@@ -728,6 +729,55 @@ TEST(Quantize, MxSpecialValueSemantics) {
     const Tensor deq = dequantize(q, Usage::Rowwise);
     EXPECT_TRUE(std::isnan(deq.data_as<float>()[5]));  // whole NaN-scale block is NaN
     EXPECT_EQ(deq.data_as<float>()[96], std::ldexp(1.0f, -126));
+  }
+}
+
+// The AVX2 NVFP4 chunk compares with the doubling form of the thresholds where it holds from the
+// call's first scale code on (build_e2m1_doubling_form), and with the thresholds in chunks with a
+// block scale code below it. Here 32 x 768 tensors (3 chunks per band) whose middle chunk holds a
+// block of zeros (scale code 0), one 2^-14 below the amax (codes below the f16 form's first) and
+// NaN-free Gaussian values elsewhere, at amaxes where the form holds from code 1 (bf16 1, f16
+// 2688), from a code above 1 (f16 1) and for no code (f16 3e6): every path, in both directions.
+TEST(Quantize, FastEqualsReferenceNvfp4DoublingForm) {
+  uint32_t seed = 1700;
+  for (DType dtype : {DType::BF16, DType::F16}) {
+    const float amaxes[] = {1.0f, 2688.0f, 3.0e6f};
+    for (float amax : amaxes) {
+      Tensor x = random_tensor(dtype, {32, 768}, Fill::Normal, seed++);
+      auto* bits = x.data_as<uint16_t>();
+      const auto set = [&](int64_t i, float v) {
+        bits[i] = dtype == DType::BF16 ? float_to_bf16(v) : float_to_half(v);
+      };
+      const auto value = [&](int64_t i) {
+        return dtype == DType::BF16 ? bf16_to_float(bits[i]) : half_to_float(bits[i]);
+      };
+      for (int64_t i = 0; i < x.numel(); ++i) set(i, value(i) * (amax / 8.0f));  // within +-amax
+      set(5 * 768 + 300, amax);
+      for (int r = 0; r < 16; ++r) {
+        for (int c = 0; c < 16; ++c) {
+          set(r * 768 + 256 + c, 0.0f);                                               // a block of zeros
+          set((16 + r) * 768 + 320 + c, value((16 + r) * 768 + 320 + c) * 0x1p-14f);  // a tiny block
+        }
+      }
+      for (bool rht : {false, true}) {
+        if (rht && dtype != DType::BF16) continue;
+        for (Tile tile : {Tile::k1x16, Tile::k16x16}) {
+          if (rht && tile == Tile::k16x16) continue;
+          for (int directions = 1; directions <= 3; ++directions) {
+            QuantizeOptions o;
+            o.rowwise = (directions & 1) != 0;
+            o.columnwise = (directions & 2) != 0;
+            o.tile = tile;
+            o.rht = rht && o.columnwise;
+            o.num_threads = 2;
+            expect_fast_equals_ref(x.view(), o,
+                                   std::string(dtype_name(dtype)) + " amax " + std::to_string(amax) +
+                                       (tile == Tile::k16x16 ? " 16x16" : " 1x16") + (o.rht ? " rht" : "") +
+                                       " directions " + std::to_string(directions));
+          }
+        }
+      }
+    }
   }
 }
 
