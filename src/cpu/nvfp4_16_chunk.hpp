@@ -75,7 +75,10 @@ struct Chunk {
   int cols;             // a multiple of 16, <= kChunkCols
   int64_t first_row, col0;
   int band_in_group;
-  bool prefetch_next;  // a chunk follows in this band
+  // What to prefetch (16 rows of kPrefetchBytes from here, the input's row stride): the band's
+  // next chunk, or after its last the next band's first (the thread's next, as a group's bands
+  // and a thread's groups follow in order); null where no whole band follows.
+  const uint16_t* prefetch;
 };
 
 // A block's E4M3 scale code from its amax (numerics-te.md §1.3).

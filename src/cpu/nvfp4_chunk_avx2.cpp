@@ -213,7 +213,7 @@ MICROSCALE_AVX2 void chunk_avx2(const Call& call, const Chunk& c, ColumnStage& s
   // 1. Maxes: col_max[j] for column j, row_max[b * 16 + i] for row i of block b.
   alignas(32) uint16_t col_max[kChunkCols];
   alignas(32) uint16_t row_max[kChunkBlocks * kBlock];
-  if (c.prefetch_next) prefetch_rows(c.src + kChunkCols, stride, kBlock, kPrefetchBytes);
+  if (c.prefetch != nullptr) prefetch_rows(c.prefetch, stride, kBlock, kPrefetchBytes);
   for (int b = 0; b < blocks; ++b) {
     const uint16_t* block = c.src + b * kBlock;
     __m256i m[kBlock];

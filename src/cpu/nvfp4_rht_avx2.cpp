@@ -179,7 +179,7 @@ MICROSCALE_AVX2_INLINE void rht_16_columns(const uint16_t* src, int64_t stride, 
 }
 
 MICROSCALE_AVX2 void rht_chunk(const Call& call, const Chunk& c, ColumnStage& stage) {
-  if (c.prefetch_next) prefetch_rows(c.src + kChunkCols, call.stride, kBlock, kPrefetchBytes);
+  if (c.prefetch != nullptr) prefetch_rows(c.prefetch, call.stride, kBlock, kPrefetchBytes);
   const InputSigns signs(*call.rht);
   alignas(32) uint16_t y[kBlock][kChunkCols];  // the chunk's transform: [output j][column]
   for (int c0 = 0; c0 < c.cols; c0 += kColumns)
@@ -191,7 +191,7 @@ MICROSCALE_AVX2 void rht_chunk(const Call& call, const Chunk& c, ColumnStage& st
   transformed.tile_2d = false;  // the RHT's blocks are 1 x 16 (encode_rht_columns)
   Chunk chunk = c;
   chunk.src = &y[0][0];
-  chunk.prefetch_next = false;
+  chunk.prefetch = nullptr;
   quantize_chunk_avx2<DType::BF16, false, true, false>(transformed, chunk, stage);
 }
 

@@ -781,6 +781,34 @@ TEST(Quantize, FastEqualsReferenceNvfp4DoublingForm) {
   }
 }
 
+// Pass 1 of the 16-bit NVFP4 kernel reads rows [0, h) beside [h, rows), h = ceil(rows / 2), an odd
+// count's last row beside itself: the amax wherever it lies, first row, either half, last row.
+TEST(Quantize, Nvfp4AmaxInAnyRow) {
+  uint32_t seed = 1800;
+  for (DType dtype : {DType::BF16, DType::F16}) {
+    for (int64_t rows : {1, 2, 17, 32, 33}) {
+      for (int64_t at : {int64_t{0}, rows / 2 - 1, rows / 2, (rows + 1) / 2, rows - 1}) {
+        if (at < 0 || at >= rows) continue;
+        Tensor x = random_tensor(dtype, {rows, 48}, Fill::Normal, seed++);
+        x.data_as<uint16_t>()[at * 48 + 17] =
+            dtype == DType::BF16 ? float_to_bf16(-100.0f) : float_to_half(-100.0f);
+        for (bool columnwise : {false, true}) {
+          if (columnwise && rows % 16 != 0) continue;
+          QuantizeOptions o;
+          o.rowwise = true;
+          o.columnwise = columnwise;
+          o.num_threads = 2;
+          const std::string what = std::string(dtype_name(dtype)) + " rows " + std::to_string(rows) +
+                                   " amax in row " + std::to_string(at) +
+                                   (columnwise ? " both directions" : "");
+          EXPECT_EQ(quantize(x.view(), o).rowwise_amax, 100.0f) << what;
+          expect_fast_equals_ref(x.view(), o, what);
+        }
+      }
+    }
+  }
+}
+
 TEST(Quantize, Nvfp4WorkedExample) {
   // numerics-te.md §1.5: amax 10, a block with amax 3 -> scale 128 (0x70), codes as listed.
   const float block[16] = {-1.5f, 0.7f, 2.2f,  -0.01f, 1.0f, 2.9f, 0.33f, -0.26f,
