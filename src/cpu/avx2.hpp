@@ -49,7 +49,8 @@ MICROSCALE_AVX2_INLINE __m256i lane_maxes(const __m256i (&m)[16]) {
 }
 
 // Prefetches `bytes` of each of `rows` rows from `first` (row stride `stride` elements): the next
-// chunk of a band, which the hardware prefetchers do not follow (its rows are read side by side).
+// chunk of a band (or the next band's first), which the hardware prefetchers do not follow (its
+// rows are read side by side).
 MICROSCALE_AVX2_INLINE void prefetch_rows(const uint16_t* first, int64_t stride, int rows, int64_t bytes) {
   for (int i = 0; i < rows; ++i) {
     const char* row = reinterpret_cast<const char*>(first + i * stride);

@@ -112,7 +112,8 @@ MICROSCALE_CPU_INLINE uint16_t e2m1_code_by_thresholds(int16_t a, uint16_t sign,
 /// small codes have the large encode scales: their thresholds may lie among the subnormal
 /// patterns, where doubling doubles the pattern (always so for code 0, a zero block scale; for
 /// f16 inputs, whose normal range is narrow, often for the codes of blocks 2^-10 below the amax).
-/// The kernel takes the doubling form for chunks whose scale codes are all from there on.
+/// The kernel takes the doubling form for chunks whose scale codes are all from there on. Only
+/// the rows of those codes are written.
 int build_e2m1_doubling_form(DType input, const E2m1Thresholds& thresholds, E2m1Thresholds& doubling);
 
 /// log2 of the input's patterns per binade: the shift of the doubling form.

@@ -21,8 +21,8 @@ constexpr int kBlock = 16;                         // NVFP4 block; also the rows
 constexpr int kChunkCols = 256;                    // columns of a chunk
 constexpr int kChunkBlocks = kChunkCols / kBlock;  // rowwise blocks per row of a chunk
 constexpr int kGroupBands = 8;                     // 8 bytes per band: a 64-byte columnwise line
-// A chunk prefetches the same columns of the next chunk of its band (the hardware prefetchers do
-// not follow 16 rows read side by side).
+// A chunk prefetches the next chunk of its band, or the next band's first (the hardware
+// prefetchers do not follow 16 rows read side by side): at most this much of each row.
 constexpr int64_t kPrefetchBytes = kChunkCols * 2;
 
 // One direction's global scales, from its amax (numerics-te.md §1.2).
@@ -44,10 +44,10 @@ struct Call {
   const E2m1Thresholds* col_thresholds;
   const E2m1ThresholdPairs* row_threshold_pairs;  // row_thresholds widened (the AVX2 chunk only)
   // The AVX2 chunk's doubling forms (build_e2m1_doubling_form), which hold from scale code
-  // `doubling_from` on (127: for none) in each direction the call has.
-  const E2m1Thresholds* row_doubling;
+  // `doubling_from` on (127: for none) in each direction the call has: the rowwise one widened
+  // for broadcasts, the columnwise one as a table.
+  const E2m1ThresholdPairs* row_doubling_pairs;
   const E2m1Thresholds* col_doubling;
-  const E2m1ThresholdPairs* row_doubling_pairs;  // row_doubling widened
   int doubling_from;
   bool avx2;                    // the AVX2 forms: chunks, RHT (kernel_set.hpp)
   bool row_stream, col_stream;  // lines written by streaming stores (store_line)
@@ -75,10 +75,12 @@ struct Chunk {
   int cols;             // a multiple of 16, <= kChunkCols
   int64_t first_row, col0;
   int band_in_group;
-  // What to prefetch (16 rows of kPrefetchBytes from here, the input's row stride): the band's
-  // next chunk, or after its last the next band's first (the thread's next, as a group's bands
-  // and a thread's groups follow in order); null where no whole band follows.
+  // What to prefetch (the chunk's rows, `prefetch_bytes` of each from here, the input's row
+  // stride): the band's next chunk, or after its last the next band's first, where a whole band
+  // follows (the thread's next band, but after a thread's last group: another thread's, which
+  // costs a prefetch); null where none follows.
   const uint16_t* prefetch;
+  int prefetch_bytes;  // <= kPrefetchBytes
 };
 
 // A block's E4M3 scale code from its amax (numerics-te.md §1.3).

@@ -17,12 +17,14 @@
 //              additions per direction (e2m1_code_by_thresholds). Rowwise codes of 4 rows are
 //              packed two per byte by a multiply-add and two packs; columnwise codes of row i go
 //              to nibble i % 4 of one of 4 accumulators, which an interleave turns into the
-//              columns' 8 bytes of the band. Where the call's thresholds have their doubling form
-//              (build_e2m1_doubling_form) for all the chunk's scale codes, 5 numbers per block and
-//              13 operations per direction instead (e2m1_codes_doubling): 6 % less time in L2,
-//              up to 3.5 % at 4096 x 4096 (docs/perf.md, fifty-second session).
-// 5.7 instructions per element instead of 7.8; whole bands only (a rowwise-only call's last band
-// may be short: the plain chunk takes it).
+//              columns' 8 bytes of the band.
+// 5.7 instructions per element instead of 7.8 (with the thresholds); whole bands only (a
+// rowwise-only call's last band may be short: the plain chunk takes it).
+// Where the call's thresholds have their doubling form (build_e2m1_doubling_form) for all of a
+// chunk's scale codes, step 3 compares with 5 numbers per block scale instead of 8 (5 broadcasts)
+// in 13 operations per direction instead of 16 (e2m1_codes_doubling). Paired, the thresholds took
+// 1.04-1.08x the form's time at 4096 x 4096 in one run, 1.00-1.04x in another, 1.07x with the
+// input in L2 (docs/perf.md, fifty-second session).
 // Functions carry a target attribute (MICROSCALE_AVX2, avx2.hpp).
 #include "cpu/nvfp4_16_chunk.hpp"
 
@@ -32,7 +34,7 @@
 
 #include <cstring>
 
-#include "cpu/avx2.hpp"  // lane_maxes, e2m1_codes, copy_row, prefetch_rows
+#include "cpu/avx2.hpp"  // lane_maxes, e2m1_codes(_doubling), copy_row, prefetch_rows
 #include "cpu/input16.hpp"
 
 namespace microscale::cpu::nvfp4_16 {
@@ -186,102 +188,7 @@ MICROSCALE_AVX2_INLINE void transpose_16x16_bytes(__m128i (&m)[16]) {
   }
 }
 
-template <DType kIn, bool kRows, bool kCols, bool kSameCodes, bool kDoubling>
-MICROSCALE_AVX2_INLINE void encode_chunk(const Call& call, const Chunk& c, ColumnStage& stage,
-                                         const uint8_t* row_codes, const uint8_t* col_codes);
-
-// The smallest of the n (a multiple of 16) scale codes at `codes` (16-byte aligned), at most `at_most`.
-MICROSCALE_AVX2_INLINE int min_code(const uint8_t* codes, int n, int at_most) {
-  __m128i m = _mm_set1_epi8(static_cast<char>(at_most));
-  for (int j = 0; j < n; j += 16)
-    m = _mm_min_epu8(m, _mm_load_si128(reinterpret_cast<const __m128i*>(codes + j)));
-  m = _mm_min_epu8(m, _mm_srli_si128(m, 8));
-  m = _mm_min_epu8(m, _mm_srli_si128(m, 4));
-  m = _mm_min_epu8(m, _mm_srli_si128(m, 2));
-  m = _mm_min_epu8(m, _mm_srli_si128(m, 1));
-  return _mm_cvtsi128_si32(m) & 0xFF;
-}
-
-// kDoubling: the call's doubling forms hold from some scale code on (call.doubling_from); a chunk
-// with a block below it takes the thresholds.
-template <DType kIn, bool kRows, bool kCols, bool kSameCodes, bool kDoubling>
-MICROSCALE_AVX2 void chunk_avx2(const Call& call, const Chunk& c, ColumnStage& stage) {
-  static_assert(!kSameCodes || (kRows && kCols));
-  const int blocks = c.cols / kBlock;
-  const int64_t stride = call.stride;
-
-  // 1. Maxes: col_max[j] for column j, row_max[b * 16 + i] for row i of block b.
-  alignas(32) uint16_t col_max[kChunkCols];
-  alignas(32) uint16_t row_max[kChunkBlocks * kBlock];
-  if (c.prefetch != nullptr) prefetch_rows(c.prefetch, stride, kBlock, kPrefetchBytes);
-  for (int b = 0; b < blocks; ++b) {
-    const uint16_t* block = c.src + b * kBlock;
-    __m256i m[kBlock];
-    __m256i column = _mm256_setzero_si256();
-#pragma GCC unroll 16
-    for (int i = 0; i < kBlock; ++i) {
-      m[i] = max_keys<kIn>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + i * stride)));
-      column = _mm256_max_epi16(column, m[i]);
-    }
-    __m256i rows = lane_maxes(m);
-    if (call.tile_2d) {  // every block of a 16 x 16 tile takes the tile's max
-      __m256i tile = _mm256_max_epi16(rows, _mm256_permute2x128_si256(rows, rows, 0x01));
-      tile = _mm256_max_epi16(tile, _mm256_shuffle_epi32(tile, 0x4E));
-      tile = _mm256_max_epi16(tile, _mm256_shuffle_epi32(tile, 0xB1));
-      tile = _mm256_max_epi16(tile, _mm256_srli_epi32(tile, 16));
-      column = rows = _mm256_shuffle_epi8(tile, _mm256_set1_epi16(0x0100));  // word 0 to every lane
-    }
-    _mm256_store_si256(reinterpret_cast<__m256i*>(col_max + b * kBlock), column);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(row_max + b * kBlock), rows);
-  }
-
-  // 2. Scale codes, to the outputs.
-  alignas(32) uint8_t row_codes[kChunkBlocks * kBlock];  // [block][row], as row_max
-  alignas(32) uint8_t col_codes[kChunkCols];
-  if constexpr (kRows) {
-    __m128i codes[kChunkBlocks];  // codes[b] lane i: row i of block b; then codes[i] lane b
-    for (int b = 0; b < kChunkBlocks; ++b) {
-      codes[b] = b < blocks ? block_scale_codes<kIn>(row_max + b * kBlock, call.row) : _mm_setzero_si128();
-      _mm_store_si128(reinterpret_cast<__m128i*>(row_codes + b * kBlock), codes[b]);
-    }
-    transpose_16x16_bytes(codes);
-    uint8_t* scale = call.row_scale + c.first_row * (call.k / kBlock) + c.col0 / kBlock;
-    for (int i = 0; i < kBlock; ++i) {
-      uint8_t* row = scale + i * (call.k / kBlock);
-      if (blocks == kChunkBlocks) {
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(row), codes[i]);
-      } else {
-        alignas(16) uint8_t bytes[kChunkBlocks];
-        _mm_store_si128(reinterpret_cast<__m128i*>(bytes), codes[i]);
-        std::memcpy(row, bytes, blocks);
-      }
-    }
-  }
-  if constexpr (kCols) {
-    for (int b = 0; b < blocks; ++b) {
-      _mm_store_si128(reinterpret_cast<__m128i*>(col_codes + b * kBlock),
-                      block_scale_codes<kIn>(col_max + b * kBlock, call.col));
-    }
-    uint8_t* __restrict scale = stage.scale.get() + c.col0 * kGroupBands + c.band_in_group;
-    for (int j = 0; j < blocks * kBlock; ++j) scale[j * kGroupBands] = col_codes[j];
-  }
-
-  // 3. The element codes.
-  bool doubling = kDoubling;
-  if constexpr (kDoubling) {
-    int least = 126;
-    if constexpr (kRows) least = min_code(row_codes, blocks * kBlock, least);
-    if constexpr (kCols && !kSameCodes) least = min_code(col_codes, blocks * kBlock, least);
-    doubling = least >= call.doubling_from;
-  }
-  if (doubling) {
-    encode_chunk<kIn, kRows, kCols, kSameCodes, true>(call, c, stage, row_codes, col_codes);
-  } else {
-    encode_chunk<kIn, kRows, kCols, kSameCodes, false>(call, c, stage, row_codes, col_codes);
-  }
-}
-
-// Step 3 of chunk_avx2: each block's element codes, against the thresholds or (kDoubling) their
+// Step 3 of chunk_avx2 (below): each block's element codes, against the thresholds or (kDoubling) their
 // doubling forms of its scale codes (row_codes [block][row], col_codes [column]), to the outputs.
 template <DType kIn, bool kRows, bool kCols, bool kSameCodes, bool kDoubling>
 MICROSCALE_AVX2_INLINE void encode_chunk(const Call& call, const Chunk& c, ColumnStage& stage,
@@ -347,6 +254,95 @@ MICROSCALE_AVX2_INLINE void encode_chunk(const Call& call, const Chunk& c, Colum
       copy_row(row_lines[i], blocks * (kBlock / 2), call.row_stream && blocks == kChunkBlocks, out);
     }
   }
+}
+
+// The smallest of the n (a multiple of 16) scale codes at `codes` (16-byte aligned), at most `at_most`.
+MICROSCALE_AVX2_INLINE int min_code(const uint8_t* codes, int n, int at_most) {
+  __m128i m = _mm_set1_epi8(static_cast<char>(at_most));
+  for (int j = 0; j < n; j += 16)
+    m = _mm_min_epu8(m, _mm_load_si128(reinterpret_cast<const __m128i*>(codes + j)));
+  m = _mm_min_epu8(m, _mm_srli_si128(m, 8));
+  m = _mm_min_epu8(m, _mm_srli_si128(m, 4));
+  m = _mm_min_epu8(m, _mm_srli_si128(m, 2));
+  m = _mm_min_epu8(m, _mm_srli_si128(m, 1));
+  return _mm_cvtsi128_si32(m) & 0xFF;
+}
+
+// kDoubling: the call's doubling forms hold from some scale code on (call.doubling_from); a chunk
+// with a block below it takes the thresholds.
+template <DType kIn, bool kRows, bool kCols, bool kSameCodes, bool kDoubling>
+MICROSCALE_AVX2 void chunk_avx2(const Call& call, const Chunk& c, ColumnStage& stage) {
+  static_assert(!kSameCodes || (kRows && kCols));
+  const int blocks = c.cols / kBlock;
+  const int64_t stride = call.stride;
+
+  // 1. Maxes: col_max[j] for column j, row_max[b * 16 + i] for row i of block b.
+  alignas(32) uint16_t col_max[kChunkCols];
+  alignas(32) uint16_t row_max[kChunkBlocks * kBlock];
+  if (c.prefetch != nullptr) prefetch_rows(c.prefetch, stride, kBlock, c.prefetch_bytes);
+  for (int b = 0; b < blocks; ++b) {
+    const uint16_t* block = c.src + b * kBlock;
+    __m256i m[kBlock];
+    __m256i column = _mm256_setzero_si256();
+#pragma GCC unroll 16
+    for (int i = 0; i < kBlock; ++i) {
+      m[i] = max_keys<kIn>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + i * stride)));
+      column = _mm256_max_epi16(column, m[i]);
+    }
+    __m256i rows = lane_maxes(m);
+    if (call.tile_2d) {  // every block of a 16 x 16 tile takes the tile's max
+      __m256i tile = _mm256_max_epi16(rows, _mm256_permute2x128_si256(rows, rows, 0x01));
+      tile = _mm256_max_epi16(tile, _mm256_shuffle_epi32(tile, 0x4E));
+      tile = _mm256_max_epi16(tile, _mm256_shuffle_epi32(tile, 0xB1));
+      tile = _mm256_max_epi16(tile, _mm256_srli_epi32(tile, 16));
+      column = rows = _mm256_shuffle_epi8(tile, _mm256_set1_epi16(0x0100));  // word 0 to every lane
+    }
+    _mm256_store_si256(reinterpret_cast<__m256i*>(col_max + b * kBlock), column);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(row_max + b * kBlock), rows);
+  }
+
+  // 2. Scale codes, to the outputs.
+  alignas(32) uint8_t row_codes[kChunkBlocks * kBlock];  // [block][row], as row_max
+  alignas(32) uint8_t col_codes[kChunkCols];
+  if constexpr (kRows) {
+    __m128i codes[kChunkBlocks];  // codes[b] lane i: row i of block b; then codes[i] lane b
+    for (int b = 0; b < kChunkBlocks; ++b) {
+      codes[b] = b < blocks ? block_scale_codes<kIn>(row_max + b * kBlock, call.row) : _mm_setzero_si128();
+      _mm_store_si128(reinterpret_cast<__m128i*>(row_codes + b * kBlock), codes[b]);
+    }
+    transpose_16x16_bytes(codes);
+    uint8_t* scale = call.row_scale + c.first_row * (call.k / kBlock) + c.col0 / kBlock;
+    for (int i = 0; i < kBlock; ++i) {
+      uint8_t* row = scale + i * (call.k / kBlock);
+      if (blocks == kChunkBlocks) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(row), codes[i]);
+      } else {
+        alignas(16) uint8_t bytes[kChunkBlocks];
+        _mm_store_si128(reinterpret_cast<__m128i*>(bytes), codes[i]);
+        std::memcpy(row, bytes, blocks);
+      }
+    }
+  }
+  if constexpr (kCols) {
+    for (int b = 0; b < blocks; ++b) {
+      _mm_store_si128(reinterpret_cast<__m128i*>(col_codes + b * kBlock),
+                      block_scale_codes<kIn>(col_max + b * kBlock, call.col));
+    }
+    uint8_t* __restrict scale = stage.scale.get() + c.col0 * kGroupBands + c.band_in_group;
+    for (int j = 0; j < blocks * kBlock; ++j) scale[j * kGroupBands] = col_codes[j];
+  }
+
+  // 3. The element codes.
+  if constexpr (kDoubling) {
+    int least = 126;
+    if constexpr (kRows) least = min_code(row_codes, blocks * kBlock, least);
+    if constexpr (kCols && !kSameCodes) least = min_code(col_codes, blocks * kBlock, least);
+    if (least >= call.doubling_from) {
+      encode_chunk<kIn, kRows, kCols, kSameCodes, true>(call, c, stage, row_codes, col_codes);
+      return;
+    }
+  }
+  encode_chunk<kIn, kRows, kCols, kSameCodes, false>(call, c, stage, row_codes, col_codes);
 }
 
 }  // namespace

@@ -179,7 +179,7 @@ MICROSCALE_AVX2_INLINE void rht_16_columns(const uint16_t* src, int64_t stride, 
 }
 
 MICROSCALE_AVX2 void rht_chunk(const Call& call, const Chunk& c, ColumnStage& stage) {
-  if (c.prefetch != nullptr) prefetch_rows(c.prefetch, call.stride, kBlock, kPrefetchBytes);
+  if (c.prefetch != nullptr) prefetch_rows(c.prefetch, call.stride, kBlock, c.prefetch_bytes);
   const InputSigns signs(*call.rht);
   alignas(32) uint16_t y[kBlock][kChunkCols];  // the chunk's transform: [output j][column]
   for (int c0 = 0; c0 < c.cols; c0 += kColumns)

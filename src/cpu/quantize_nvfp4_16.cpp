@@ -136,7 +136,7 @@ MICROSCALE_CPU_DISPATCH void quantize_chunk(const Call& call, const Chunk& c, Co
     // The hardware prefetchers do not follow 16 rows read side by side (the AVX-512 kernels
     // measured it).
     if (c.prefetch != nullptr) {
-      for (int64_t l = 0; l < kPrefetchBytes; l += 64)
+      for (int64_t l = 0; l < c.prefetch_bytes; l += 64)
         __builtin_prefetch(reinterpret_cast<const char*>(c.prefetch + i * call.stride) + l);
     }
     alignas(64) uint16_t magnitude[kChunkCols];
@@ -351,6 +351,9 @@ void quantize_groups(const Call& call, int threads) {
           c.prefetch = !band_ends         ? c.src + kChunkCols
                        : !next_band_whole ? nullptr
                                           : call.src + (c.first_row + kBlock) * call.stride;
+          // The prefetched chunk's bytes per row: no further than its row's end.
+          c.prefetch_bytes = 2 * static_cast<int>(std::min<int64_t>(
+                                     kChunkCols, call.k - (band_ends ? 0 : col0 + kChunkCols)));
           bool avx2 = false;
 #ifdef MICROSCALE_HAVE_AVX2_KERNELS
           avx2 = call.avx2 && c.rows == kBlock;  // whole bands (a rowwise-only call's last may not be)
@@ -425,7 +428,7 @@ void quantize_with_input(const InputMatrix& x, const QuantizeOptions& o, Quantiz
       rht_amax_bits = std::max(rht_amax_bits, float_bits(running));
     }
   } else if (need_amax) {
-    // Rows [0, h) beside [h, rows), h = ceil(rows / 2); an odd count's last row beside itself.
+    // Rows [0, h) beside [h, rows), h = ceil(rows / 2); for an odd count, row h - 1 beside itself.
     const int64_t half = (x.rows + 1) / 2;
 #pragma omp parallel for num_threads(threads) schedule(static) reduction(max : amax_bits)
     for (int64_t r = 0; r < half; ++r) {
@@ -440,7 +443,8 @@ void quantize_with_input(const InputMatrix& x, const QuantizeOptions& o, Quantiz
     out.columnwise_amax = o.amax_columnwise ? *o.amax_columnwise : rht ? bits_to_float(rht_amax_bits) : amax;
   }
 
-  E2m1Thresholds row_thresholds, col_thresholds, row_doubling, col_doubling;
+  E2m1Thresholds row_thresholds, col_thresholds;
+  E2m1Thresholds row_doubling{}, col_doubling{};  // the codes below a form's first are left zero
   std::optional<nvfp4_16::E2m1ThresholdPairs> row_threshold_pairs, row_doubling_pairs;
   Call call{};
   call.avx2 = avx2;
@@ -474,17 +478,18 @@ void quantize_with_input(const InputMatrix& x, const QuantizeOptions& o, Quantiz
   }
   call.doubling_from = 127;
   if (call.avx2) {  // the AVX2 chunk's doubling forms, from the first code where both directions hold
-    call.doubling_from = 0;
-    if (o.rowwise) {
-      call.doubling_from = build_e2m1_doubling_form(kIn, row_thresholds, row_doubling);
-      call.row_doubling = &row_doubling;
-      call.row_doubling_pairs = &row_doubling_pairs.emplace(row_doubling);
-    }
-    if (o.columnwise) {
-      call.doubling_from =
-          std::max(call.doubling_from, build_e2m1_doubling_form(kIn, *call.col_thresholds, col_doubling));
+    const int row_first = o.rowwise ? build_e2m1_doubling_form(kIn, row_thresholds, row_doubling) : 0;
+    int col_first = 0;
+    if (o.columnwise && call.col_thresholds == &row_thresholds) {
+      col_first = row_first;
+      call.col_doubling = &row_doubling;
+    } else if (o.columnwise) {
+      col_first = build_e2m1_doubling_form(kIn, *call.col_thresholds, col_doubling);
       call.col_doubling = &col_doubling;
     }
+    call.doubling_from = std::max(row_first, col_first);
+    if (o.rowwise && call.doubling_from < 127)
+      call.row_doubling_pairs = &row_doubling_pairs.emplace(row_doubling);
   }
   const bool same_codes = o.rowwise && o.columnwise && call.tile_2d &&
                           call.row.multiplier == call.col.multiplier && call.row.s_dec == call.col.s_dec;

@@ -19,7 +19,9 @@
 #include <vector>
 
 #include "core/scale_math.hpp"
+#include "cpu/avx2.hpp"
 #include "cpu/encode_fast.hpp"
+#include "cpu/kernel_set.hpp"
 #include "microscale/format.hpp"
 #include "microscale/half.hpp"
 
@@ -105,13 +107,15 @@ TEST(E2m1Thresholds, DoublingFormEqualsThresholds) {
         ASSERT_LE(first, 127);
         const int shift = cpu::doubling_shift(input);
         for (int code = first; code < 127; ++code) {
-          for (uint32_t p = 0; p < 0x10000; ++p) {
+          for (uint32_t p = 0; p < 0x10000; ++p) {  // a plain compare: ~10^8 of them
             const auto a = static_cast<int16_t>(p & 0x7FFF);
             const uint16_t sign = (p & 0x8000u) != 0 ? 8 : 0;
-            ASSERT_EQ(cpu::e2m1_code_by_doubling(a, sign, d.below[code], shift),
-                      cpu::e2m1_code_by_thresholds(a, sign, t.below[code]))
-                << dtype_name(input) << " amax " << amax << " scale code " << code << " pattern 0x"
-                << std::hex << p;
+            const uint16_t got = cpu::e2m1_code_by_doubling(a, sign, d.below[code], shift);
+            const uint16_t want = cpu::e2m1_code_by_thresholds(a, sign, t.below[code]);
+            if (got != want) {
+              FAIL() << dtype_name(input) << " amax " << amax << " scale code " << code << " pattern 0x"
+                     << std::hex << p << ": " << got << ", thresholds " << want;
+            }
           }
         }
       }
@@ -129,6 +133,56 @@ TEST(E2m1Thresholds, DoublingFormEqualsThresholds) {
   EXPECT_LT(first_of(DType::F16, 1.0f), 127);
   EXPECT_EQ(first_of(DType::F16, 3.0e6f), 127);
 }
+
+#ifdef MICROSCALE_HAVE_AVX2_KERNELS
+// e2m1_codes_doubling (the AVX2 chunk's, avx2.hpp) of 16 patterns with sign lanes `sign`.
+template <int kShift>
+MICROSCALE_AVX2 void doubling_codes_avx2(const uint16_t* a, const uint16_t* sign, const int16_t* d,
+                                         uint16_t* out) {
+  __m256i t[5];
+  for (int k = 0; k < 5; ++k) t[k] = _mm256_set1_epi16(d[k]);
+  const __m256i codes =
+      cpu::e2m1_codes_doubling<kShift>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)),
+                                       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sign)), t);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), codes);
+}
+
+// The AVX2 form gives e2m1_code_by_doubling's code in every lane: every pattern and sign, every
+// code where a form holds, for bf16 and f16.
+TEST(E2m1Thresholds, Avx2DoublingCodesEqualScalar) {
+  if (cpu::cpu_kernel_set() < cpu::KernelSet::Avx2) GTEST_SKIP() << "no AVX2 on this CPU";
+  for (DType input : {DType::BF16, DType::F16}) {
+    for (float amax : {1.0f, 2688.0f, 0.3748f}) {
+      cpu::E2m1Thresholds t, d;
+      cpu::build_e2m1_thresholds(input, 1.0f / nvfp4_global_encode_scale(amax), t);
+      const int first = cpu::build_e2m1_doubling_form(input, t, d);
+      const int shift = cpu::doubling_shift(input);
+      for (int code = first; code < 127; ++code) {
+        for (uint32_t p0 = 0; p0 < 0x10000; p0 += 16) {
+          alignas(32) uint16_t a[16], sign[16], got[16];
+          for (int l = 0; l < 16; ++l) {
+            a[l] = static_cast<uint16_t>((p0 + l) & 0x7FFF);
+            sign[l] = ((p0 + l) & 0x8000u) != 0 ? 8 : 0;
+          }
+          if (input == DType::BF16) {
+            doubling_codes_avx2<cpu::doubling_shift(DType::BF16)>(a, sign, d.below[code], got);
+          } else {
+            doubling_codes_avx2<cpu::doubling_shift(DType::F16)>(a, sign, d.below[code], got);
+          }
+          for (int l = 0; l < 16; ++l) {
+            const uint16_t want =
+                cpu::e2m1_code_by_doubling(static_cast<int16_t>(a[l]), sign[l], d.below[code], shift);
+            if (got[l] != want) {
+              FAIL() << dtype_name(input) << " amax " << amax << " scale code " << code << " pattern 0x"
+                     << std::hex << p0 + l << ": " << got[l] << ", scalar " << want;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+#endif  // MICROSCALE_HAVE_AVX2_KERNELS
 
 // The MXFP4 table of `input` against the reference kernel's code (quantize_mx_ref.cpp).
 void expect_mx_thresholds_equal_reference(DType input) {

@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "core/scale_math.hpp"
+#include "cpu/e2m1_thresholds.hpp"
 #include "kernel_sets.hpp"
 #include "microscale/error.hpp"
 #include "microscale/half.hpp"
@@ -734,30 +736,52 @@ TEST(Quantize, MxSpecialValueSemantics) {
 
 // The AVX2 NVFP4 chunk compares with the doubling form of the thresholds where it holds from the
 // call's first scale code on (build_e2m1_doubling_form), and with the thresholds in chunks with a
-// block scale code below it. Here 32 x 768 tensors (3 chunks per band) whose middle chunk holds a
-// block of zeros (scale code 0), one 2^-14 below the amax (codes below the f16 form's first) and
-// NaN-free Gaussian values elsewhere, at amaxes where the form holds from code 1 (bf16 1, f16
-// 2688), from a code above 1 (f16 1) and for no code (f16 3e6): every path, in both directions.
+// block scale code below it. Here 32 x 768 tensors (3 chunks per band) with both amaxes given:
+// Gaussian values within +-amax (f16's range capping them), and in the middle chunks a block of
+// zeros (scale code 0 both ways), a block 2^-14 below the rest (low codes both ways; below the
+// f16 form's first), and in the last chunks one row of a block far below the rest (a low rowwise
+// code only) and one column of a band (a low columnwise code only). The amaxes make the form hold from code
+// 1 (bf16 1 and 3e6, f16 2688), from a later code (f16 1) and for none (f16 3e6): every path, in
+// each direction and both.
 TEST(Quantize, FastEqualsReferenceNvfp4DoublingForm) {
+  const auto first_code = [](DType input, float amax) {  // as the call builds it from its amax
+    cpu::E2m1Thresholds t, d;
+    cpu::build_e2m1_thresholds(input, 1.0f / nvfp4_global_encode_scale(amax), t);
+    return cpu::build_e2m1_doubling_form(input, t, d);
+  };
   uint32_t seed = 1700;
   for (DType dtype : {DType::BF16, DType::F16}) {
-    const float amaxes[] = {1.0f, 2688.0f, 3.0e6f};
-    for (float amax : amaxes) {
+    for (float amax : {1.0f, 2688.0f, 3.0e6f}) {
+      const int first = first_code(dtype, amax);
+      if (dtype == DType::BF16 || amax == 2688.0f) {
+        EXPECT_EQ(first, 1) << amax;
+      } else if (amax == 1.0f) {
+        EXPECT_TRUE(first > 1 && first < 127) << first;
+      } else {
+        EXPECT_EQ(first, 127);
+      }
       Tensor x = random_tensor(dtype, {32, 768}, Fill::Normal, seed++);
       auto* bits = x.data_as<uint16_t>();
-      const auto set = [&](int64_t i, float v) {
-        bits[i] = dtype == DType::BF16 ? float_to_bf16(v) : float_to_half(v);
+      const auto set = [&](int64_t r, int64_t c, float v) {
+        bits[r * 768 + c] = dtype == DType::BF16 ? float_to_bf16(v) : float_to_half(v);
       };
-      const auto value = [&](int64_t i) {
-        return dtype == DType::BF16 ? bf16_to_float(bits[i]) : half_to_float(bits[i]);
+      const auto value = [&](int64_t r, int64_t c) {
+        return dtype == DType::BF16 ? bf16_to_float(bits[r * 768 + c]) : half_to_float(bits[r * 768 + c]);
       };
-      for (int64_t i = 0; i < x.numel(); ++i) set(i, value(i) * (amax / 8.0f));  // within +-amax
-      set(5 * 768 + 300, amax);
+      const float peak = std::min(amax, 60000.0f);
+      for (int64_t r = 0; r < 32; ++r) {
+        for (int64_t c = 0; c < 768; ++c) set(r, c, std::clamp(value(r, c) * (peak / 4.0f), -peak, peak));
+      }
       for (int r = 0; r < 16; ++r) {
         for (int c = 0; c < 16; ++c) {
-          set(r * 768 + 256 + c, 0.0f);                                               // a block of zeros
-          set((16 + r) * 768 + 320 + c, value((16 + r) * 768 + 320 + c) * 0x1p-14f);  // a tiny block
+          set(r, 256 + c, 0.0f);                                    // a block of zeros
+          set(16 + r, 320 + c, value(16 + r, 320 + c) * 0x1p-14f);  // a tiny block
         }
+        // Nonzero: zeros get code 0 from any form. So low that their block's scale code is 0
+        // (bf16) or below the f16 form's first.
+        const float low = dtype == DType::BF16 ? 0x1p-20f : 0x1p-16f;
+        set(16 + r, 600, value(16 + r, 600) * low);  // a column of a band
+        set(3, 512 + r, value(3, 512 + r) * low);    // a row of a block
       }
       for (bool rht : {false, true}) {
         if (rht && dtype != DType::BF16) continue;
@@ -769,6 +793,7 @@ TEST(Quantize, FastEqualsReferenceNvfp4DoublingForm) {
             o.columnwise = (directions & 2) != 0;
             o.tile = tile;
             o.rht = rht && o.columnwise;
+            o.amax_rowwise = o.amax_columnwise = amax;
             o.num_threads = 2;
             expect_fast_equals_ref(x.view(), o,
                                    std::string(dtype_name(dtype)) + " amax " + std::to_string(amax) +
@@ -781,8 +806,9 @@ TEST(Quantize, FastEqualsReferenceNvfp4DoublingForm) {
   }
 }
 
-// Pass 1 of the 16-bit NVFP4 kernel reads rows [0, h) beside [h, rows), h = ceil(rows / 2), an odd
-// count's last row beside itself: the amax wherever it lies, first row, either half, last row.
+// Pass 1 of the 16-bit NVFP4 kernel reads rows [0, h) beside [h, rows), h = ceil(rows / 2), and
+// for an odd count row h - 1 beside itself: the amax wherever it lies, first row, either half,
+// last row.
 TEST(Quantize, Nvfp4AmaxInAnyRow) {
   uint32_t seed = 1800;
   for (DType dtype : {DType::BF16, DType::F16}) {
