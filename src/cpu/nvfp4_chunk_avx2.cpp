@@ -64,7 +64,7 @@ MICROSCALE_AVX2_INLINE __m256i max_keys(__m256i x) {
 }
 
 // The numbers per block scale that a block's codes compare with: the thresholds (e2m1_codes), or
-// their doubling form (e2m1_codes_doubling), which the call takes where it holds for every scale.
+// their doubling form (e2m1_codes_doubling), which a chunk takes where it holds for all its scales.
 template <bool kDoubling>
 constexpr int kSteps = kDoubling ? 5 : 8;
 
@@ -188,8 +188,9 @@ MICROSCALE_AVX2_INLINE void transpose_16x16_bytes(__m128i (&m)[16]) {
   }
 }
 
-// Step 3 of chunk_avx2 (below): each block's element codes, against the thresholds or (kDoubling) their
-// doubling forms of its scale codes (row_codes [block][row], col_codes [column]), to the outputs.
+// Step 3 of chunk_avx2 (below): each block's element codes, against the thresholds or
+// (kDoubling) the doubling forms of its scale codes (row_codes [block][row], col_codes
+// [column]), to the outputs.
 template <DType kIn, bool kRows, bool kCols, bool kSameCodes, bool kDoubling>
 MICROSCALE_AVX2_INLINE void encode_chunk(const Call& call, const Chunk& c, ColumnStage& stage,
                                          const uint8_t* row_codes, const uint8_t* col_codes) {
