@@ -740,9 +740,9 @@ TEST(Quantize, MxSpecialValueSemantics) {
 // Gaussian values within +-amax (f16's range capping them), and in the middle chunks a block of
 // zeros (scale code 0 both ways), a block 2^-14 below the rest (low codes both ways; below the
 // f16 form's first), and in the last chunks one row of a block far below the rest (a low rowwise
-// code only) and one column of a band (a low columnwise code only). The amaxes make the form hold from code
-// 1 (bf16 1 and 3e6, f16 2688), from a later code (f16 1) and for none (f16 3e6): every path, in
-// each direction and both.
+// code only) and one column of a band (a low columnwise code only). The amaxes make the form
+// hold from code 1 (bf16 1 and 3e6, f16 2688), from a later code (f16 1) and for none (f16 3e6):
+// every path, in each direction and both.
 TEST(Quantize, FastEqualsReferenceNvfp4DoublingForm) {
   const auto first_code = [](DType input, float amax) {  // as the call builds it from its amax
     cpu::E2m1Thresholds t, d;
