@@ -39,7 +39,7 @@
 #include <type_traits>
 
 #include "core/element_codec.hpp"
-#include "cpu/avx2.hpp"  // lane_maxes, e2m1_codes, copy_row, prefetch_rows
+#include "cpu/avx2.hpp"  // lane_maxes, e2m1_codes, copy_row, prefetch_row
 
 namespace microscale::cpu::mx16 {
 namespace {
@@ -196,7 +196,6 @@ MICROSCALE_AVX2_INLINE __m256i load16(const uint16_t* p) {
 // (every slot defined, 0 past the chunk's blocks, as chunk_terms reads them all).
 MICROSCALE_AVX2_INLINE void maxes(const Chunk& c, uint16_t* col_max, uint16_t* row_max) {
   const int blocks = c.cols / kBlock;
-  if (c.prefetch_next) prefetch_rows(c.src + kChunkCols, c.stride, kBlock, kPrefetchBytes);
   alignas(32) uint16_t by_block[kChunkBlocks][kBlock] = {};  // [block][row]
   const __m256i magnitude = _mm256_set1_epi16(0x7FFF);
   for (int b = 0; b < blocks; ++b) {
@@ -236,6 +235,7 @@ MICROSCALE_AVX2_INLINE void encode(const Chunk& c, const Terms& row, const Terms
   if constexpr (kSubnormalForm && kCol) subnormal_multipliers<Codec, kIn>(col, c.cols, col_multiplier);
   for (int i = 0; i < kBlock; ++i) {
     const uint16_t* x = c.src + i * c.stride;
+    if (c.prefetch_next) prefetch_row(x + kChunkCols, kPrefetchBytes);  // the next chunk's row i
     __m256i any_outside = _mm256_setzero_si256();
     for (int b = 0; b < blocks; ++b) {
       const int first = b * kBlock;
@@ -400,6 +400,7 @@ MICROSCALE_AVX2_INLINE void encode_fp4(const Chunk& c, const uint8_t* row_scale,
   alignas(32) uint8_t row_out[kChunkCols / 2], col_out[kChunkCols / 2];
   for (int i = 0; i < kBlock; ++i) {
     const uint16_t* x = c.src + i * c.stride;
+    if (c.prefetch_next) prefetch_row(x + kChunkCols, kPrefetchBytes);  // the next chunk's row i
     for (int b = 0; b < blocks; ++b) {
       [[maybe_unused]] __m256i row_t[8];  // thresholds; the two-step form's lower, step1, step2 in 0-2
       if constexpr (kRow) {

@@ -34,7 +34,7 @@
 
 #include <cstring>
 
-#include "cpu/avx2.hpp"  // lane_maxes, e2m1_codes(_doubling), copy_row, prefetch_rows
+#include "cpu/avx2.hpp"  // lane_maxes, e2m1_codes(_doubling), copy_row, prefetch_line_of_rows
 #include "cpu/input16.hpp"
 
 namespace microscale::cpu::nvfp4_16 {
@@ -210,6 +210,9 @@ MICROSCALE_AVX2_INLINE void encode_chunk(const Call& call, const Chunk& c, Colum
   alignas(64) uint8_t row_lines[kBlock][kChunkCols / 2];
   for (int b = 0; b < blocks; ++b) {
     const uint16_t* block = c.src + b * kBlock;
+    // The next chunk's line at this pair of blocks, of each row.
+    if (c.prefetch != nullptr && b % 2 == 0 && b * kBlock * 2 < c.prefetch_bytes)
+      prefetch_line_of_rows(c.prefetch, stride, kBlock, b * kBlock);
     __m256i col_t[kN];
     if constexpr (kCols && !kSameCodes) {
 #pragma GCC unroll 8
@@ -248,6 +251,10 @@ MICROSCALE_AVX2_INLINE void encode_chunk(const Call& call, const Chunk& c, Colum
     if constexpr (kCols)
       store_column_words(acc, stage.data.get() + (c.col0 + b * kBlock) * kGroupBands + c.band_in_group);
   }
+  // The next chunk's lines past this chunk's width (a row's last, narrower chunk before a band).
+  for (int64_t at = (blocks + 1) / 2 * 2 * kBlock; c.prefetch != nullptr && at * 2 < c.prefetch_bytes;
+       at += 2 * kBlock)
+    prefetch_line_of_rows(c.prefetch, stride, kBlock, at);
   if constexpr (kRows) {
     for (int i = 0; i < kBlock; ++i) {
       uint8_t* out = call.row_data + (c.first_row + i) * (call.k / 2) + c.col0 / 2;
@@ -280,7 +287,6 @@ MICROSCALE_AVX2 void chunk_avx2(const Call& call, const Chunk& c, ColumnStage& s
   // 1. Maxes: col_max[j] for column j, row_max[b * 16 + i] for row i of block b.
   alignas(32) uint16_t col_max[kChunkCols];
   alignas(32) uint16_t row_max[kChunkBlocks * kBlock];
-  if (c.prefetch != nullptr) prefetch_rows(c.prefetch, stride, kBlock, c.prefetch_bytes);
   for (int b = 0; b < blocks; ++b) {
     const uint16_t* block = c.src + b * kBlock;
     __m256i m[kBlock];

@@ -25,7 +25,7 @@
 #include <algorithm>
 #include <bit>
 
-#include "cpu/avx2.hpp"      // prefetch_rows
+#include "cpu/avx2.hpp"      // prefetch_line_of_rows
 #include "cpu/rht_band.hpp"  // rht_column_exact
 #include "microscale/half.hpp"
 
@@ -179,11 +179,18 @@ MICROSCALE_AVX2_INLINE void rht_16_columns(const uint16_t* src, int64_t stride, 
 }
 
 MICROSCALE_AVX2 void rht_chunk(const Call& call, const Chunk& c, ColumnStage& stage) {
-  if (c.prefetch != nullptr) prefetch_rows(c.prefetch, call.stride, kBlock, c.prefetch_bytes);
   const InputSigns signs(*call.rht);
   alignas(32) uint16_t y[kBlock][kChunkCols];  // the chunk's transform: [output j][column]
-  for (int c0 = 0; c0 < c.cols; c0 += kColumns)
+  for (int c0 = 0; c0 < c.cols; c0 += kColumns) {
+    // The next chunk's line at these 32 columns, of each row. (The rowwise chunk that follows
+    // prefetches the same lines again over its own work: faster, in one paired run by ~4 %, than
+    // leaving them to this one.)
+    if (c.prefetch != nullptr && c0 % 32 == 0 && c0 * 2 < c.prefetch_bytes)
+      prefetch_line_of_rows(c.prefetch, call.stride, kBlock, c0);
     rht_16_columns(c.src + c0, call.stride, *call.rht, signs, &y[0][c0], kChunkCols);
+  }
+  for (int64_t at = (c.cols + 31) / 32 * 32; c.prefetch != nullptr && at * 2 < c.prefetch_bytes; at += 32)
+    prefetch_line_of_rows(c.prefetch, call.stride, kBlock, at);  // past this chunk's width
   // The transform as a band of its own, whose columnwise blocks the AVX2 chunk encodes.
   Call transformed = call;
   transformed.src = &y[0][0];
