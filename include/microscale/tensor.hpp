@@ -42,11 +42,15 @@ struct TensorView {
   bool is_contiguous() const;
 };
 
-/// @brief An owning, contiguous host tensor (zero-initialised).
+/// @brief An owning, contiguous host tensor (zero-initialised, unless made by uninitialized()).
 class Tensor {
  public:
   Tensor() = default;
   Tensor(DType dtype, std::vector<int64_t> shape);
+  /// @brief A tensor whose bytes are left as they are (not zeroed): for an output every byte of
+  /// which the caller writes (the allocating quantize() and dequantize() do), where zeroing first
+  /// would write the memory twice.
+  static Tensor uninitialized(DType dtype, std::vector<int64_t> shape);
 
   bool defined() const { return storage_ != nullptr; }
   DType dtype() const { return dtype_; }
@@ -70,6 +74,8 @@ class Tensor {
   Tensor reshaped(std::vector<int64_t> shape) const;
 
  private:
+  Tensor(DType dtype, std::vector<int64_t> shape, bool zeroed);
+
   std::shared_ptr<std::byte[]> storage_;
   DType dtype_ = DType::U8;
   std::vector<int64_t> shape_;

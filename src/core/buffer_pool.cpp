@@ -1,5 +1,6 @@
 #include "core/buffer_pool.hpp"
 
+#include <atomic>
 #include <cstring>
 #include <iterator>
 #include <list>
@@ -88,16 +89,38 @@ BufferPool& pool() {
 
 bool reusable(size_t capacity, size_t bytes) { return capacity >= bytes && capacity - bytes <= bytes / 8; }
 
-std::shared_ptr<std::byte[]> zeroed_buffer(size_t bytes) {
-  if (bytes < kPooledMinBytes) return std::shared_ptr<std::byte[]>(new std::byte[bytes]());
+namespace {
+
+// A buffer of `bytes` (new or from the pool), its first `bytes` bytes zeroed when `zeroed`.
+std::shared_ptr<std::byte[]> buffer(size_t bytes, bool zeroed) {
+  if (bytes < kPooledMinBytes) {
+    return std::shared_ptr<std::byte[]>(zeroed ? new std::byte[bytes]() : new std::byte[bytes]);
+  }
   Block b = pool().take(bytes);
-  if (b.data != nullptr) {
+  if (b.data == nullptr) {
+    b = {zeroed ? new std::byte[bytes]() : new std::byte[bytes], bytes};
+  } else if (zeroed) {
     std::memset(b.data, 0, bytes);
-  } else {
-    b = {new std::byte[bytes](), bytes};
   }
   const size_t capacity = b.capacity;
   return std::shared_ptr<std::byte[]>(b.data, [capacity](std::byte* p) { pool().give_back({p, capacity}); });
+}
+
+std::atomic<int> uninitialized_fill{-1};
+
+}  // namespace
+
+std::shared_ptr<std::byte[]> zeroed_buffer(size_t bytes) { return buffer(bytes, true); }
+
+std::shared_ptr<std::byte[]> uninitialized_buffer(size_t bytes) {
+  std::shared_ptr<std::byte[]> b = buffer(bytes, false);
+  const int fill = uninitialized_fill.load(std::memory_order_relaxed);
+  if (fill >= 0) std::memset(b.get(), fill, bytes);
+  return b;
+}
+
+void fill_uninitialized_buffers_for_tests(int byte) {
+  uninitialized_fill.store(byte, std::memory_order_relaxed);
 }
 
 size_t pooled_bytes() { return pool().held(); }

@@ -24,6 +24,14 @@ constexpr size_t kPooledMaxBytes = size_t{512} << 20;
 /// that forks while another thread allocates may find the pool locked in the child.
 std::shared_ptr<std::byte[]> zeroed_buffer(size_t bytes);
 
+/// @brief As zeroed_buffer, but the first `bytes` bytes are left as they are (a reused buffer's
+/// old bytes, or new memory): for a caller that writes every byte it reads back.
+std::shared_ptr<std::byte[]> uninitialized_buffer(size_t bytes);
+
+/// @brief Tests: fill every uninitialized_buffer with `byte` (0-255), so that a byte its caller
+/// failed to write shows; -1 (the default) leaves them unfilled.
+void fill_uninitialized_buffers_for_tests(int byte);
+
 /// @brief Whether a pooled buffer of `capacity` bytes may serve a request for `bytes`: large
 /// enough, and at most 1/8 larger (a small request does not take a big buffer that a later
 /// request of its size would have reused).

@@ -145,11 +145,22 @@ void validate_quantize(const InputMatrix& x, const QuantizeOptions& o) {
 
 namespace {
 
-// `reuse`'s tensor when it is a `dtype` tensor of `shape` (quantize_into), else a new zeroed one.
-Tensor output_tensor(const Tensor* reuse, DType dtype, const std::vector<int64_t>& shape) {
+// Whether new output tensors start zeroed. The kernels write every byte of their outputs (reused
+// ones hold the last call's bytes), so only the reference path, the oracle, keeps zeroed ones.
+// NOTE: zeroing first took 3.6 ms of a 21 ms NVFP4 and 5.7 ms of a 20 ms MXFP8 row+col call at
+// 4096 x 4096 on Zen 3 (docs/perf.md, fifty-third session).
+enum class NewOutputs { Zeroed, Uninitialized };
+
+Tensor new_tensor(NewOutputs outputs, DType dtype, const std::vector<int64_t>& shape) {
+  return outputs == NewOutputs::Zeroed ? Tensor(dtype, shape) : Tensor::uninitialized(dtype, shape);
+}
+
+// `reuse`'s tensor when it is a `dtype` tensor of `shape` (quantize_into), else a new one.
+Tensor output_tensor(const Tensor* reuse, NewOutputs outputs, DType dtype,
+                     const std::vector<int64_t>& shape) {
   if (reuse != nullptr && reuse->defined() && reuse->dtype() == dtype && reuse->shape() == shape)
     return *reuse;
-  return Tensor(dtype, shape);
+  return new_tensor(outputs, dtype, shape);
 }
 
 // The largest of a row-scaled direction's amaxes (NaN never in them: the kernels skip it).
@@ -161,7 +172,7 @@ float largest(const Tensor& amaxes) {
 }
 
 QuantizedTensor allocate(const TensorView& input, const InputMatrix& x, const QuantizeOptions& o,
-                         const QuantizedTensor* reuse) {
+                         const QuantizedTensor* reuse, NewOutputs outputs) {
   QuantizedTensor q;
   q.scheme = o.scheme;
   q.tile = o.tile;
@@ -180,8 +191,8 @@ QuantizedTensor allocate(const TensorView& input, const InputMatrix& x, const Qu
   // outputs written over each other: each buffer is reused once at most.
   std::vector<const void*> taken;
   auto output = [&](const Tensor* reused, const std::vector<int64_t>& shape, DType dtype = DType::U8) {
-    Tensor t = output_tensor(reused, dtype, shape);
-    if (std::find(taken.begin(), taken.end(), t.data()) != taken.end()) t = Tensor(dtype, shape);
+    Tensor t = output_tensor(reused, outputs, dtype, shape);
+    if (std::find(taken.begin(), taken.end(), t.data()) != taken.end()) t = new_tensor(outputs, dtype, shape);
     taken.push_back(t.data());
     return t;
   };
@@ -230,14 +241,14 @@ void swizzle_outputs(QuantizedTensor& q) {
 using Kernel = void (*)(const InputMatrix&, const QuantizeOptions&, QuantizedTensor&);
 
 QuantizedTensor run(const TensorView& input, const QuantizeOptions& options, Kernel nvfp4, Kernel mx,
-                    const QuantizedTensor* reuse = nullptr) {
+                    NewOutputs outputs, const QuantizedTensor* reuse = nullptr) {
   const IeeeSubnormals ieee;  // whatever FTZ/DAZ the caller set (fp_environment.hpp)
   const InputMatrix x = make_input_matrix(input);
   validate_quantize(x, options);
   require(!options.stochastic_rounding || options.stochastic_rounding->device_seed == nullptr,
           "a stochastic-rounding seed in device memory (device_seed) is for the CUDA backend; the CPU "
           "takes the seed by value");
-  QuantizedTensor q = allocate(input, x, options, reuse);
+  QuantizedTensor q = allocate(input, x, options, reuse, outputs);
   (options.scheme == Scheme::NVFP4 ? nvfp4 : mx)(x, options, q);
   if (q.rowwise_amaxes.defined()) q.rowwise_amax = largest(q.rowwise_amaxes);
   if (q.columnwise_amaxes.defined()) q.columnwise_amax = largest(q.columnwise_amaxes);
@@ -373,15 +384,15 @@ ScaleMode parse_scale_mode(std::string_view name) {
 }
 
 QuantizedTensor quantize(const TensorView& input, const QuantizeOptions& options) {
-  return run(input, options, cpu::quantize_nvfp4, cpu::quantize_mx);
+  return run(input, options, cpu::quantize_nvfp4, cpu::quantize_mx, NewOutputs::Uninitialized);
 }
 
 void quantize_into(const TensorView& input, const QuantizeOptions& options, QuantizedTensor& out) {
-  out = run(input, options, cpu::quantize_nvfp4, cpu::quantize_mx, &out);
+  out = run(input, options, cpu::quantize_nvfp4, cpu::quantize_mx, NewOutputs::Uninitialized, &out);
 }
 
 QuantizedTensor quantize_ref(const TensorView& input, const QuantizeOptions& options) {
-  return run(input, options, cpu::quantize_nvfp4_ref, cpu::quantize_mx_ref);
+  return run(input, options, cpu::quantize_nvfp4_ref, cpu::quantize_mx_ref, NewOutputs::Zeroed);
 }
 
 // A QuantizedTensor's fields agree with each other for `usage` (one filled in by hand may not):

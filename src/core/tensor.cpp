@@ -96,7 +96,14 @@ bool TensorView::is_contiguous() const {
   return true;
 }
 
-Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
+Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : Tensor(dtype, std::move(shape), true) {}
+
+Tensor Tensor::uninitialized(DType dtype, std::vector<int64_t> shape) {
+  return Tensor(dtype, std::move(shape), false);
+}
+
+Tensor::Tensor(DType dtype, std::vector<int64_t> shape, bool zeroed)
+    : dtype_(dtype), shape_(std::move(shape)) {
   const size_t bytes = static_cast<size_t>(checked_numel(shape_, static_cast<int64_t>(dtype_size(dtype_)))) *
                        dtype_size(dtype_);
   // Data 64-byte aligned (a cache line, a ZMM register): the quantizers write whole output lines.
@@ -104,7 +111,8 @@ Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(
   // with fresh pages every time (page faults measured at ~40 % of a 4096 x 4096 quantize); and
   // large buffers from zeroed_buffer's pool, which reuses them (buffer_pool.hpp says why).
   constexpr size_t kAlignment = 64;
-  const std::shared_ptr<std::byte[]> owner = detail::zeroed_buffer(bytes + kAlignment);
+  const std::shared_ptr<std::byte[]> owner =
+      zeroed ? detail::zeroed_buffer(bytes + kAlignment) : detail::uninitialized_buffer(bytes + kAlignment);
   const size_t offset = (kAlignment - reinterpret_cast<uintptr_t>(owner.get()) % kAlignment) % kAlignment;
   storage_ = std::shared_ptr<std::byte[]>(owner, owner.get() + offset);
 }
